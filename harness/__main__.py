@@ -1,0 +1,96 @@
+"""`python -m harness setup|doctor`: prepare the host toolchain, or report on it.
+
+setup  lays out the QNN tree, builds the interposer and probes the bridge (all cached; fast when done).
+doctor prints versions, SDK, bridge, adb and devices; exits non-zero with one line per missing piece.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+from importlib import metadata
+
+from harness.qnn.sdk import SdkError
+from harness.qnn.toolchain import ToolchainError, prepare
+
+DEFAULT_EMULATED_SOCS = ("SM8650", "SM8750")
+
+
+def _version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _adb_server_port() -> int:
+    return int(os.environ.get("ANDROID_ADB_SERVER_PORT", "5037"))
+
+
+def _server_listening(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.settimeout(0.5)
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+def setup(args: argparse.Namespace) -> int:
+    try:
+        toolchain = prepare(args.qnn_sdk)
+    except (SdkError, ToolchainError) as error:
+        print(f"setup: {error}", file=sys.stderr)
+        return 1
+    bridge = "on" if toolchain.probe.bridge_device_config else "off"
+    print(f"setup: QNN {toolchain.probe.build_id} from {toolchain.sdk.origin}, device-config bridge {bridge}")
+    return 0
+
+
+def doctor(args: argparse.Namespace) -> int:
+    problems: list[str] = []
+    print(f"python      {sys.version.split()[0]} ({sys.executable})")
+    for package in ("torch", "torchao", "executorch", "onnxruntime-qnn", "adbutils", "pytest", "pytest-xdist"):
+        version = _version(package)
+        print(f"{package:<11} {version}")
+        if version == "not installed" and package in ("torch", "executorch", "adbutils"):
+            problems.append(f"{package} is not installed: run the README's set-up command")
+    try:
+        toolchain = prepare(args.qnn_sdk)
+        probe = toolchain.probe
+        print(f"qnn sdk     {toolchain.sdk.root} (from {toolchain.sdk.origin})")
+        print(f"qnn build   {probe.build_id}; QNN API {probe.library_api or '?'}, executorch tested against {probe.built_for_api or '?'}")
+        print(f"bridge      {'on' if probe.bridge_device_config else 'off'} (without: {probe.without_bridge}; with: {probe.with_bridge or '-'})")
+        print(f"interposer  {toolchain.interposer}")
+    except (SdkError, ToolchainError) as error:
+        problems.append(str(error))
+    try:
+        import adbutils
+
+        adb = adbutils.adb_path()
+        version = subprocess.run([adb, "version"], capture_output=True, text=True, timeout=10).stdout.splitlines()
+        print(f"adb         {adb} ({version[0] if version else 'unknown version'})")
+        port = _adb_server_port()
+        if _server_listening(port):
+            devices = adbutils.AdbClient(host="127.0.0.1", port=port).list()
+            listed = ", ".join(f"{d.serial} ({d.state})" for d in devices) or "none"
+            print(f"adb server  127.0.0.1:{port}; attached devices: {listed}")
+        else:
+            print(f"adb server  none on 127.0.0.1:{port} (not started by doctor); attached devices: none seen")
+    except Exception as error:  # any adb trouble is a problem to report, not a crash
+        problems.append(f"adb unusable ({error}): reinstall adbutils, or set ADBUTILS_ADB_PATH to an adb binary")
+    print(f"emulated    {', '.join(DEFAULT_EMULATED_SOCS)} (default when no --device is given)")
+    for problem in problems:
+        print(f"doctor: {problem}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harness")
+    parser.add_argument("command", choices=("setup", "doctor"))
+    parser.add_argument("--qnn-sdk", default=None, help="QNN SDK root (else QNN_SDK_ROOT, else the onnxruntime-qnn wheel)")
+    args = parser.parse_args(argv)
+    return {"setup": setup, "doctor": doctor}[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

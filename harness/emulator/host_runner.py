@@ -1,0 +1,108 @@
+"""The emulated device's qnn_executor_runner: same flags and files as upstream's, on the HTP simulator.
+
+    python -m harness.emulator.host_runner --model_path M.pte --input_list_path list.txt
+        --output_folder_path out [--method_index 0] [--iteration 1]
+
+One process per invocation, like the device runner: the program is loaded once and every line of
+the input list runs on that one loaded method, so state carries from line to line. Line i's outputs
+are written as out/output_{i}_{k}.raw. The interposer's execute trace goes to out/trace.jsonl.
+Fault switches for tests come from $EMULATED_FAULTS_FILE (runner_hang, runner_crash, runner_exit,
+runner_fewer_outputs).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+# executorch ScalarType codes -> numpy dtype names (the raw files are plain little-endian arrays)
+SCALAR_TYPES = {0: "uint8", 1: "int8", 2: "int16", 3: "int32", 4: "int64", 5: "float16", 6: "float32",
+                7: "float64", 11: "bool"}
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="qnn_executor_runner")
+    parser.add_argument("--model_path", required=True)
+    parser.add_argument("--input_list_path", required=True)
+    parser.add_argument("--output_folder_path", required=True)
+    parser.add_argument("--method_index", type=int, default=0)
+    parser.add_argument("--iteration", type=int, default=1)
+    parser.add_argument("--warm_up", type=int, default=0)
+    parser.add_argument("--shared_buffer", action="store_true")
+    parser.add_argument("--etdump_path", default="")
+    return parser.parse_args(argv)
+
+
+def read_faults() -> dict:
+    path = os.environ.get("EMULATED_FAULTS_FILE")
+    if path and Path(path).is_file():
+        try:
+            return json.loads(Path(path).read_text() or "{}")
+        except json.JSONDecodeError:
+            return {}
+    return {}
+
+
+def apply_start_faults(faults: dict) -> None:
+    if faults.get("runner_hang"):
+        print("runner: hanging (fault switch)", flush=True)
+        while True:
+            time.sleep(3600)
+    if faults.get("runner_crash"):
+        print("runner: crashing (fault switch)", flush=True)
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if faults.get("runner_exit") is not None:
+        print(f"runner: exiting {faults['runner_exit']} (fault switch)", flush=True)
+        sys.exit(int(faults["runner_exit"]))
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    faults = read_faults()
+    apply_start_faults(faults)
+    output_dir = Path(args.output_folder_path)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    os.environ["QNNSUITE_TRACE"] = str(output_dir / "trace.jsonl")
+    (output_dir / "trace.jsonl").unlink(missing_ok=True)
+
+    import numpy as np
+    import torch
+    from executorch.extension.pybindings.portable_lib import _load_for_executorch
+
+    model_path = Path(args.model_path)
+    if not model_path.is_file():
+        print(f"runner: model not found: {model_path}", file=sys.stderr)
+        return 2
+    try:
+        module = _load_for_executorch(str(model_path))
+    except Exception as error:
+        print(f"runner: cannot load {model_path}: {error}", file=sys.stderr)
+        return 3
+    method = module.method_names()[args.method_index] if hasattr(module, "method_names") else "forward"
+    meta = module.method_meta(method)
+    lines = [line.split() for line in Path(args.input_list_path).read_text().splitlines() if line.strip()]
+    started = time.perf_counter()
+    for iteration in range(args.iteration):
+        for line_index, files in enumerate(lines):
+            inputs = []
+            for index, name in enumerate(files):
+                info = meta.input_tensor_meta(index)
+                array = np.fromfile(name, dtype=SCALAR_TYPES[int(info.dtype())]).reshape(info.sizes())
+                inputs.append(torch.from_numpy(array))
+            outputs = module.run_method(method, tuple(inputs))
+            if iteration != args.iteration - 1:
+                continue
+            count = len(outputs) - (1 if faults.get("runner_fewer_outputs") else 0)
+            for index, output in enumerate(outputs[:count]):
+                output.detach().contiguous().numpy().tofile(output_dir / f"output_{line_index}_{index}.raw")
+    elapsed_ms = (time.perf_counter() - started) * 1000
+    print(f"runner: {len(lines)} line(s) x {args.iteration} iteration(s) in {elapsed_ms:.1f} ms", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

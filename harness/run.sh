@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The README's two commands:   harness/run.sh suite [pytest args]   |   harness/run.sh tests [pytest args]
+# (and harness/run.sh doctor). Each first makes sure the environment is in place, doing nothing slow
+# when it already is: a git-ignored venv with the pins of requirements.txt, the QNN host tree laid out
+# from the onnxruntime-qnn wheel, the interposer built and the bridge probed (both cached in .qnn/).
+#
+# QNNSUITE_EXECUTORCH picks the executorch under test: unset = the pin in requirements.txt;
+#   a version (1.6.0), a requirement (executorch==1.6.0.dev20261129), a wheel file path, or
+#   "installed" = keep whatever the venv has (e.g. `pip install -e` of a source build).
+# QNNSUITE_VENV uses another virtual environment instead of .venv.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+command=${1:-}
+[ $# -gt 0 ] && shift
+case "$command" in
+  suite|tests|doctor) ;;
+  *) echo "usage: harness/run.sh suite|tests|doctor [pytest args]" >&2; exit 2 ;;
+esac
+
+venv=${QNNSUITE_VENV:-.venv}
+choice=${QNNSUITE_EXECUTORCH:-pinned}
+python_bin=$(command -v python3.11 || command -v python3)
+if [ ! -x "$venv/bin/python" ]; then
+  echo "setup: creating $venv" >&2
+  "$python_bin" -m venv "$venv"
+fi
+
+case "$choice" in
+  pinned) executorch=$(grep -E '^executorch==' requirements.txt) ;;
+  installed) executorch="" ;;
+  *.whl) [ -f "$choice" ] || { echo "setup: QNNSUITE_EXECUTORCH=$choice: no such wheel file; give an existing .whl path" >&2; exit 2; }
+         executorch=$(realpath "$choice") ;;
+  executorch*) executorch=$choice ;;
+  *) executorch="executorch==$choice" ;;
+esac
+
+stamp_file="$venv/.qnnsuite-stamp"
+wheel_mtime=$( [ -f "$executorch" ] && stat -c %Y "$executorch" || true)
+stamp=$( (cat requirements.txt; echo "$executorch $wheel_mtime") | sha256sum | cut -c1-32)
+if [ "$(cat "$stamp_file" 2>/dev/null)" != "$stamp" ]; then
+  echo "setup: installing pinned packages into $venv (first run takes a few minutes)" >&2
+  grep -vE '^executorch==' requirements.txt > "$venv/.requirements-without-executorch.txt"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$venv/.requirements-without-executorch.txt" ${executorch:+"$executorch"}
+  echo "$stamp" > "$stamp_file"
+fi
+"$venv/bin/python" -c 'import executorch' 2>/dev/null || {
+  echo "setup: executorch is not importable from $venv: unset QNNSUITE_EXECUTORCH or install one into $venv" >&2; exit 2; }
+
+if [ "$command" = doctor ]; then
+  exec "$venv/bin/python" -m harness doctor "$@"
+fi
+"$venv/bin/python" -m harness setup
+if [ "$command" = tests ]; then
+  exec "$venv/bin/python" -m pytest harness/tests "$@"
+fi
+exec "$venv/bin/python" -m pytest suites "$@"
