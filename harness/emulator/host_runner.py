@@ -7,7 +7,7 @@ One process per invocation, like the device runner: the program is loaded once a
 the input list runs on that one loaded method, so state carries from line to line. Line i's outputs
 are written as out/output_{i}_{k}.raw. The interposer's execute trace goes to out/trace.jsonl.
 Fault switches for tests come from $EMULATED_FAULTS_FILE (runner_hang, runner_crash, runner_exit,
-runner_fewer_outputs).
+runner_fewer_outputs, runner_reload_each_line: a broken runner that loses state between steps).
 """
 from __future__ import annotations
 
@@ -77,13 +77,13 @@ def main(argv: list[str]) -> int:
     if not model_path.is_file():
         print(f"runner: model not found: {model_path}", file=sys.stderr)
         return 2
-    try:
+    try:  # loading is lazy: a corrupt program shows when its methods are first read
         module = _load_for_executorch(str(model_path))
+        method = module.method_names()[args.method_index]
+        meta = module.method_meta(method)
     except Exception as error:
         print(f"runner: cannot load {model_path}: {error}", file=sys.stderr)
         return 3
-    method = module.method_names()[args.method_index] if hasattr(module, "method_names") else "forward"
-    meta = module.method_meta(method)
     lines = [line.split() for line in Path(args.input_list_path).read_text().splitlines() if line.strip()]
     started = time.perf_counter()
     for iteration in range(args.iteration):
@@ -93,6 +93,8 @@ def main(argv: list[str]) -> int:
                 info = meta.input_tensor_meta(index)
                 array = np.fromfile(name, dtype=SCALAR_TYPES[int(info.dtype())]).reshape(info.sizes())
                 inputs.append(torch.from_numpy(array))
+            if faults.get("runner_reload_each_line") and line_index:
+                module = _load_for_executorch(str(model_path))
             outputs = module.run_method(method, tuple(inputs))
             if iteration != args.iteration - 1:
                 continue

@@ -24,6 +24,7 @@ class ModelCard:
     expected_partitions: int = 1
     tags: frozenset[str] = field(default_factory=frozenset)
     module: str = ""  # where the card is registered, so a child process can find it again
+    dtypes: tuple[str, ...] = DTYPES  # where the card is meaningful (the matrix skips the others)
 
     @property
     def reference(self) -> str:

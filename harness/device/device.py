@@ -1,0 +1,211 @@
+"""One Android device over a real adb server: its identity, its workspaces, push/run/pull and its lock.
+
+Modelled on Mobly's device controller: one object owns the device's lifecycle (state checks, SoC
+detection, workspaces it created and removes, one user at a time) so that suites and fixtures never
+speak adb themselves.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shlex
+import tempfile
+import time
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Iterator
+
+import adbutils
+from filelock import FileLock
+
+from harness.qnn import soc as soc_table
+
+WORKSPACE_ROOT = "/data/local/tmp/qnnsuite"
+# Android 12+ reports the SoC directly; older builds only name the platform.
+PLATFORM_TO_SOC = {"lahaina": "SM8350", "taro": "SM8450", "cape": "SM8475", "kalama": "SM8550",
+                   "pineapple": "SM8650", "sun": "SM8750", "canoe": "SM8850"}
+KILLED_BY_TIMEOUT = (124, 137)  # toybox/coreutils `timeout`: TERM -> 124, -s KILL -> 137
+ADB_GRACE_S = 30  # host-side adb timeout beyond the device-side one, in case the device hangs
+
+
+class DeviceError(RuntimeError):
+    """A device problem worded as one line that names the device, the problem and the fix."""
+
+
+class DeviceLost(DeviceError):
+    """The device stopped answering (disconnected, rebooted, adb connection dropped)."""
+
+
+@dataclass(frozen=True)
+class RunResult:
+    command: str
+    exit_code: int
+    output: str
+    duration_s: float
+
+    @property
+    def timed_out(self) -> bool:
+        return self.exit_code in KILLED_BY_TIMEOUT
+
+
+def lock_dir() -> Path:
+    """Fixed, machine-wide, so two separate pytest runs serialise on a device too."""
+    return Path(os.environ.get("QNNSUITE_LOCK_DIR", Path(tempfile.gettempdir()) / "qnnsuite-locks"))
+
+
+class Device:
+    def __init__(self, serial: str, client: adbutils.AdbClient) -> None:
+        self.serial = serial
+        self._client = client
+        self._adb = client.device(serial)
+        self._workspaces: set[str] = set()
+
+    def __repr__(self) -> str:
+        return f"Device({self.serial})"
+
+    # --- identity -------------------------------------------------------------------------------
+    def getprop(self, name: str) -> str:
+        return self.shell(f"getprop {name}", timeout_s=30).output.strip()
+
+    @cached_property
+    def soc(self) -> str:
+        model = self.getprop("ro.soc.model") or self.getprop("ro.hardware.chipname")
+        if not model:
+            platform = self.getprop("ro.board.platform")
+            model = PLATFORM_TO_SOC.get(platform, "")
+            if not model:
+                raise DeviceError(f"device {self.serial}: cannot tell its SoC (no ro.soc.model, platform {platform!r} "
+                                  f"unknown): pass --soc to filter, or report the platform name")
+        try:
+            return soc_table.lookup(model).name
+        except soc_table.UnknownSocError as error:
+            raise DeviceError(f"device {self.serial}: {error}") from error
+
+    @cached_property
+    def htp_arch(self) -> int:
+        return soc_table.lookup(self.soc).htp_arch
+
+    @cached_property
+    def abi(self) -> str:
+        return self.getprop("ro.product.cpu.abi")
+
+    @cached_property
+    def model(self) -> str:
+        return self.getprop("ro.product.model")
+
+    # --- commands -------------------------------------------------------------------------------
+    def shell(self, command: str, timeout_s: float = 60) -> RunResult:
+        started = time.perf_counter()
+        try:
+            result = self._adb.shell2(command, timeout=timeout_s, v2=True)
+        except adbutils.AdbTimeout as error:
+            raise DeviceError(f"device {self.serial}: `{command[:80]}` did not answer in {timeout_s:.0f} s") from error
+        except (adbutils.AdbError, OSError, EOFError) as error:
+            what = command.split("&&")[-1].strip()[:60]
+            raise DeviceLost(f"device {self.serial} lost during `{what}` ({error}): "
+                             f"check the cable/connection and `adb devices`") from error
+        return RunResult(command, result.returncode, result.output, time.perf_counter() - started)
+
+    def run(self, command: str, cwd: str, timeout_s: float, env: dict[str, str] | None = None) -> RunResult:
+        """Run with a device-side kill after timeout_s (a hung runner must not outlive its case)."""
+        assignments = " ".join(f"{key}={value}" for key, value in (env or {}).items())
+        line = f"cd {shlex.quote(cwd)} && {assignments} timeout -s KILL {int(timeout_s)} {command}"
+        return self.shell(line, timeout_s=timeout_s + ADB_GRACE_S)
+
+    # --- files ----------------------------------------------------------------------------------
+    def remote_sha256(self, remote: str) -> str | None:
+        result = self.shell(f"sha256sum {shlex.quote(remote)} 2>/dev/null", timeout_s=120)
+        digest = result.output.split()[0] if result.exit_code == 0 and result.output.strip() else ""
+        return digest if re.fullmatch(r"[0-9a-f]{64}", digest) else None
+
+    def push(self, local: Path, remote: str, mode: int = 0o644, skip_unchanged: bool = True) -> bool:
+        """Push unless the device already has these bytes; True when bytes were transferred.
+
+        skip_unchanged=False saves the device-side hash for files going into a directory that was
+        just emptied (one adb round trip per file less)."""
+        if skip_unchanged and self.remote_sha256(remote) == hashlib.sha256(local.read_bytes()).hexdigest():
+            return False
+        try:
+            self._adb.sync.push(str(local), remote, mode=mode)
+        except (adbutils.AdbError, OSError, EOFError) as error:
+            self._explain_failed_push(local, remote, error)
+        return True
+
+    def _explain_failed_push(self, local: Path, remote: str, error: Exception) -> None:
+        """adb reports a refused push as a bare FAIL; tell a full disk from a lost device."""
+        try:
+            free = self.free_kb(remote.rsplit("/", 1)[0] or "/")
+        except DeviceError:
+            raise DeviceLost(f"device {self.serial} lost while pushing {local.name} ({error}): "
+                             f"check the connection and `adb devices`") from error
+        size_kb = local.stat().st_size // 1024 + 1
+        if free is not None and free < size_kb:
+            raise DeviceError(f"device {self.serial}: no space left on device pushing {local.name} ({size_kb} KB, "
+                              f"{free} KB free): free space under {WORKSPACE_ROOT}") from error
+        raise DeviceError(f"device {self.serial} refused the push of {local.name} to {remote} ({error}): "
+                          f"check permissions and `adb -s {self.serial} shell df {WORKSPACE_ROOT}`") from error
+
+    def free_kb(self, remote_dir: str) -> int | None:
+        """Available KB where remote_dir lives, from the device's df (None if unreadable)."""
+        result = self.shell(f"df -k {shlex.quote(remote_dir)} 2>/dev/null | tail -n 1", timeout_s=30)
+        fields = result.output.split()
+        return int(fields[3]) if len(fields) >= 4 and fields[3].isdigit() else None
+
+    def pull(self, remote: str, local: Path) -> None:
+        local.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._adb.sync.pull(remote, str(local))
+        except (adbutils.AdbError, OSError, EOFError) as error:
+            raise DeviceLost(f"device {self.serial} lost while pulling {remote} ({error}): "
+                             f"check the connection and `adb devices`") from error
+
+    def list_dir(self, remote: str) -> list[str]:
+        result = self.shell(f"ls {shlex.quote(remote)} 2>/dev/null", timeout_s=60)
+        return result.output.split() if result.exit_code == 0 else []
+
+    # --- workspaces and exclusive use -----------------------------------------------------------
+    def workspace(self, name: str) -> str:
+        path = f"{WORKSPACE_ROOT}/{name}"
+        result = self.shell(f"mkdir -p {shlex.quote(path)}")
+        if result.exit_code != 0:
+            raise DeviceError(f"device {self.serial}: cannot create {path} ({result.output.strip()}): "
+                              f"check free space and permissions under {WORKSPACE_ROOT}")
+        self._workspaces.add(path)
+        return path
+
+    def remove_workspaces(self) -> list[str]:
+        """Remove what this object created; returns what could not be removed (device gone)."""
+        left = []
+        for path in sorted(self._workspaces):
+            try:
+                self.shell(f"rm -rf {shlex.quote(path)}")
+            except DeviceError:
+                left.append(path)
+        self._workspaces.clear()
+        return left
+
+    @property
+    def workspaces(self) -> list[str]:
+        return sorted(self._workspaces)
+
+    @contextlib.contextmanager
+    def exclusive(self, holder: str, wait: bool = True) -> Iterator[None]:
+        """One user of this device at a time, across xdist workers and separate pytest runs.
+
+        With wait=False a busy device raises filelock.Timeout at once. Each hold is appended to
+        <lock dir>/<serial>.uses.jsonl so overlap can be measured.
+        """
+        directory = lock_dir()
+        directory.mkdir(parents=True, exist_ok=True)
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", self.serial)
+        with FileLock(str(directory / f"{safe}.lock"), timeout=-1 if wait else 0):
+            started = time.time()
+            try:
+                yield
+            finally:
+                with open(directory / f"{safe}.uses.jsonl", "a") as log:
+                    log.write(json.dumps({"holder": holder, "pid": os.getpid(), "start": started, "end": time.time()}) + "\n")

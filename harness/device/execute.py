@@ -1,0 +1,128 @@
+"""Running one lowered case on a device: push the program and inputs, run N steps, pull what came out.
+
+Follows the runner contract of DESIGN.md: an input list with one line per step, outputs named
+outputs/output_{step}_{index}.raw; the interposer's trace (emulated devices) comes back too.
+"""
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from harness.device.device import Device, DeviceError
+from harness.device.payload import RUNNER_NAME, PayloadFile
+
+RUNNER_TIMEOUT_S = 300
+RUNNER_EXECUTION = re.compile(r"^runner: .* in ([0-9.]+) ms$", re.MULTILINE)
+
+
+class RunnerFailed(DeviceError):
+    """The runner ran but did not produce a full result; its log is in the message."""
+
+
+@dataclass
+class DeviceRun:
+    outputs: list[list[np.ndarray]]  # [step][output index], flat arrays in the runner's byte layout
+    output_files: list[list[Path]]
+    trace: Path | None
+    log: str
+    timings_s: dict[str, float] = field(default_factory=dict)
+    pushed_bytes: int = 0
+
+
+def prepare_workspace(device: Device, workspace: str, payload: list[PayloadFile]) -> int:
+    """Push the runner and libraries once per device per run (unchanged files are skipped)."""
+    transferred = 0
+    for item in payload:
+        if device.push(item.local, f"{workspace}/{item.remote_name}", mode=item.mode):
+            transferred += item.local.stat().st_size
+    return transferred
+
+
+def write_inputs(steps: list[tuple], directory: Path) -> list[list[Path]]:
+    directory.mkdir(parents=True, exist_ok=True)
+    files = []
+    for step, inputs in enumerate(steps):
+        row = []
+        for index, tensor in enumerate(inputs):
+            path = directory / f"input_{step}_{index}.raw"
+            np.ascontiguousarray(tensor.detach().numpy() if hasattr(tensor, "detach") else tensor).tofile(path)
+            row.append(path)
+        files.append(row)
+    return files
+
+
+def _exit_description(result) -> str:
+    if "format error" in result.output.lower():
+        return "could not start (exec format error: built for another architecture than this device)"
+    if result.exit_code > 128:
+        name = {6: "SIGABRT", 7: "SIGBUS", 9: "SIGKILL", 11: "SIGSEGV"}.get(result.exit_code - 128, "")
+        return f"crashed with signal {result.exit_code - 128} {name}".rstrip() + f" (exit {result.exit_code})"
+    return f"exited {result.exit_code}"
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1][:200] if lines else "nothing"
+
+
+def _tail(text: str, lines: int = 15) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def run_case(device: Device, workspace: str, case_dir_name: str, pte: Path, steps: list[tuple],
+             local_dir: Path, output_count: int, timeout_s: float = RUNNER_TIMEOUT_S) -> DeviceRun:
+    timings: dict[str, float] = {}
+    started = time.perf_counter()
+    remote = f"{workspace}/{case_dir_name}"
+    device.shell(f"rm -rf {remote} && mkdir -p {remote}/outputs")
+    input_files = write_inputs(steps, local_dir / "inputs")
+    input_list = local_dir / "input_list.txt"
+    input_list.write_text("".join(" ".join(path.name for path in row) + "\n" for row in input_files))
+    pushed = 0
+    for path in [pte, input_list, *(path for row in input_files for path in row)]:
+        name = "model.pte" if path == pte else path.name
+        device.push(path, f"{remote}/{name}", skip_unchanged=False)  # the case directory was just emptied
+        pushed += path.stat().st_size
+    timings["push"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    result = device.run(f"{workspace}/{RUNNER_NAME} --model_path model.pte --input_list_path input_list.txt "
+                        f"--output_folder_path outputs", cwd=remote, timeout_s=timeout_s,
+                        env={"LD_LIBRARY_PATH": f"{workspace}:$LD_LIBRARY_PATH", "ADSP_LIBRARY_PATH": workspace})
+    timings["run"] = time.perf_counter() - started
+    executed = RUNNER_EXECUTION.search(result.output)
+    if executed:  # the emulated runner reports its own execution time, imports excluded
+        timings["runner_exec"] = float(executed.group(1)) / 1000
+    (local_dir / "runner.log").write_text(result.output)
+    if result.timed_out:
+        raise RunnerFailed(f"runner on {device.serial} hung and was killed after {timeout_s:.0f} s "
+                           f"(last words: {_last_line(result.output)}); its log:\n{_tail(result.output)}")
+    if result.exit_code != 0:
+        raise RunnerFailed(f"runner on {device.serial} {_exit_description(result)} (last words: "
+                           f"{_last_line(result.output)}); its log:\n{_tail(result.output)}")
+
+    started = time.perf_counter()
+    present = set(device.list_dir(f"{remote}/outputs"))
+    outputs, files = [], []
+    for step in range(len(steps)):
+        names = [f"output_{step}_{index}.raw" for index in range(output_count)]
+        missing = [name for name in names if name not in present]
+        if missing:
+            raise RunnerFailed(f"runner on {device.serial} wrote no {', '.join(missing[:3])} "
+                               f"(expected {output_count} output(s) x {len(steps)} step(s)); its log:\n{_tail(result.output)}")
+        row = []
+        for name in names:
+            device.pull(f"{remote}/outputs/{name}", local_dir / "outputs" / name)
+            row.append(local_dir / "outputs" / name)
+        files.append(row)
+        outputs.append([np.fromfile(path, dtype=np.uint8) for path in row])
+    trace = None
+    if "trace.jsonl" in present:
+        trace = local_dir / "outputs" / "trace.jsonl"
+        device.pull(f"{remote}/outputs/trace.jsonl", trace)
+    timings["pull"] = time.perf_counter() - started
+    return DeviceRun(outputs, files, trace, result.output, timings, pushed)

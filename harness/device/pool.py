@@ -1,0 +1,117 @@
+"""The devices of a run as one pytest worker sees them: who serves which SoC, exclusive use, losses.
+
+Every worker has its own workspace on each device (named after the run and the worker); the
+payload (runner and libraries) is pushed once per device per worker and skipped when unchanged.
+A device that is lost fails its own cases with the line that said so; the rest go on.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import adbutils
+from filelock import Timeout
+
+from harness.device.device import Device, DeviceError, DeviceLost
+from harness.device.execute import prepare_workspace
+from harness.device.payload import for_device
+
+LOCK_POLL_S = 0.2
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """What the controller learned about a device, handed to every worker."""
+
+    serial: str
+    soc: str
+    htp_arch: int
+    abi: str
+    model: str
+    emulated: bool
+
+
+@dataclass
+class DevicePool:
+    specs: list[DeviceSpec]
+    adb_port: int
+    workspace_name: str  # run id + worker id
+    runner: Path | None = None
+    sdk_root: Path | None = None
+    _devices: dict[str, Device] = field(default_factory=dict)
+    _prepared: dict[str, str] = field(default_factory=dict)  # serial -> workspace path
+    _lost: dict[str, str] = field(default_factory=dict)  # serial -> the line that said so
+
+    def socs(self) -> list[str]:
+        return sorted({spec.soc for spec in self.specs})
+
+    def spec(self, serial: str) -> DeviceSpec:
+        return next(spec for spec in self.specs if spec.serial == serial)
+
+    def _device(self, serial: str) -> Device:
+        if serial not in self._devices:
+            self._devices[serial] = Device(serial, adbutils.AdbClient(host="127.0.0.1", port=self.adb_port))
+        return self._devices[serial]
+
+    @contextlib.contextmanager
+    def acquire(self, soc: str, holder: str) -> Iterator[tuple[Device, str]]:
+        """A device of this SoC for exclusive use, with its prepared workspace.
+
+        With several devices of one SoC the first free one is taken; with one, this simply waits.
+        """
+        candidates = [spec for spec in self.specs if spec.soc == soc]
+        if not candidates:
+            raise DeviceError(f"no device for SoC {soc} in this run: attach one or drop it with --soc")
+        while True:
+            alive = [spec for spec in candidates if spec.serial not in self._lost]
+            if not alive:
+                raise DeviceLost(self._lost[candidates[0].serial])
+            for spec in alive:
+                device = self._device(spec.serial)
+                with contextlib.ExitStack() as hold:
+                    try:
+                        hold.enter_context(device.exclusive(holder, wait=len(alive) == 1))
+                    except Timeout:
+                        continue
+                    yield device, self._workspace(device, spec)
+                    return
+            time.sleep(LOCK_POLL_S)
+
+    def mark_lost(self, serial: str, line: str) -> None:
+        """From now on this device's cases fail at once with the line that lost it."""
+        self._lost[serial] = line
+
+    def back_online(self, serial: str, within_s: float) -> bool:
+        """Whether a dropped device reconnects (adb retries a dropped TCP/USB link by itself)."""
+        deadline = time.monotonic() + within_s
+        while time.monotonic() < deadline:
+            try:
+                if self._device(serial).shell("echo ok", timeout_s=5).output.strip() == "ok":
+                    return True
+            except DeviceError:
+                pass
+            time.sleep(0.3)
+        return False
+
+    def _workspace(self, device: Device, spec: DeviceSpec) -> str:
+        if spec.serial not in self._prepared:
+            workspace = device.workspace(self.workspace_name)
+            prepare_workspace(device, workspace, for_device(spec.abi, spec.htp_arch, self.runner, self.sdk_root))
+            self._prepared[spec.serial] = workspace
+        return self._prepared[spec.serial]
+
+    def close(self, keep: bool) -> list[str]:
+        """Remove this worker's workspaces (or list them when kept); returns lines to print."""
+        lines = []
+        for serial, device in self._devices.items():
+            if keep:
+                lines += [f"kept workspace {serial}:{path}" for path in device.workspaces]
+                continue
+            if serial in self._lost:
+                continue
+            lines += [f"could not remove workspace {serial}:{path} (device gone)" for path in device.remove_workspaces()]
+        return lines
+

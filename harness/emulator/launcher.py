@@ -1,0 +1,308 @@
+"""An emulated fleet: a private real adb server on a loopback port plus one emulated device per SoC.
+
+Each device is a `harness.emulator.adbd` process connected to the server with `adb connect`, so stock adb
+tooling (adbutils, the adb CLI) sees ordinary `127.0.0.1:PORT` devices. Everything started is owned by PID.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from harness.emulator.adbd import write_atomically
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+START_TIMEOUT_S = 20.0
+STOP_TIMEOUT_S = 5.0
+# Per-SoC properties; any other SoC name gets GENERIC_PLATFORM.
+SOC_PLATFORMS = {"SM8650": "pineapple", "SM8750": "sun"}
+GENERIC_PLATFORM = "emulated"
+# No USB scan, no emulator port probing, no mDNS: the private server only knows the devices we connect.
+ADB_SERVER_ENV = {"ADB_USB": "0", "ADB_EMU": "0", "ADB_MDNS": "0"}
+
+
+class FleetError(RuntimeError):
+    """The emulated fleet could not be started or used."""
+
+
+@dataclass(frozen=True)
+class EmulatedDeviceInfo:
+    """One emulated device as the rest of the harness sees it."""
+
+    soc: str
+    serial: str
+    root: Path
+    pid: int
+    faults_file: Path
+
+
+def device_properties(soc: str, name: str) -> dict[str, str]:
+    """System properties of an emulated device of the given SoC."""
+    return {
+        "ro.soc.model": soc,
+        "ro.soc.manufacturer": "QTI",
+        "ro.board.platform": SOC_PLATFORMS.get(soc, GENERIC_PLATFORM),
+        "ro.product.model": f"Emulated {soc}",
+        "ro.product.name": name,
+        "ro.product.device": name,
+        "ro.product.manufacturer": "QUALCOMM",
+        "ro.product.cpu.abi": "x86_64",  # commands are host binaries
+        "ro.build.version.sdk": "35",
+        "ro.serialno": f"emulated-{name}",
+    }
+
+
+def host_request(adb_port: int, service: str, timeout: float = 10.0) -> str:
+    """One request to the adb server's host protocol over a raw socket.
+
+    Used instead of adbutils for server control because adbutils starts a server on the default port when
+    it cannot reach the one it was given.
+    """
+    with socket.create_connection(("127.0.0.1", adb_port), timeout=timeout) as sock:
+        encoded = service.encode()
+        sock.sendall(b"%04x" % len(encoded) + encoded)
+        reply = sock.makefile("rb")
+        status = reply.read(4)
+        if status == b"OKAY" and service == "host:kill":
+            return ""
+        length_text = reply.read(4)
+        payload = reply.read(int(length_text, 16)).decode(errors="replace") if length_text else ""
+        if status != b"OKAY":
+            raise FleetError(f"adb server refused {service!r}: {payload or status!r}")
+        return payload
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on now, from the ephemeral range (so never adb's default 5037)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def kill_sandbox_processes(root: Path) -> None:
+    """Kill leftover device commands (they carry ANDROID_ROOT_SANDBOX=root), as a vanished device loses them."""
+    marker = f"ANDROID_ROOT_SANDBOX={root.resolve()}".encode()
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and marker in (proc / "environ").read_bytes().split(b"\0"):
+                os.kill(int(proc.name), signal.SIGKILL)
+        except (OSError, ValueError):
+            continue
+
+
+def end_process(process: subprocess.Popen[bytes], sig: signal.Signals = signal.SIGTERM) -> None:
+    """Signal a child we started and reap it, escalating to SIGKILL if it lingers."""
+    if process.poll() is None:
+        process.send_signal(sig)
+        try:
+            process.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+class EmulatorFleet:
+    """A private adb server and emulated devices; a context manager that cleans up everything it started."""
+
+    def __init__(self, socs: list[str], workdir: Path, device_env: dict[str, str] | None = None) -> None:
+        """device_env: the environment device commands run in (the QNN toolchain's, for the host runner).
+        With it, each device also gets a runner server (harness.emulator.runner_server), so a run costs a
+        fork instead of a fresh Python with torch and executorch to import."""
+        self.socs = list(socs)
+        self.device_env = device_env
+        self._runner_servers: dict[str, subprocess.Popen[bytes]] = {}
+        self.workdir = Path(workdir).resolve()
+        self.adb_port = 0
+        self.devices: list[EmulatedDeviceInfo] = []
+        self._server: subprocess.Popen[bytes] | None = None
+        self._device_processes: dict[str, subprocess.Popen[bytes]] = {}
+
+    @property
+    def started_pids(self) -> list[int]:
+        """Every process this fleet started (the adb server first), kept after stop() for leak checks."""
+        processes = [self._server] if self._server else []
+        processes += list(self._device_processes.values()) + list(self._runner_servers.values())
+        return [process.pid for process in processes]
+
+    def __enter__(self) -> EmulatorFleet:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def start(self) -> EmulatorFleet:
+        """Start the server and one device per SoC; on any failure stop what was started and re-raise."""
+        atexit.register(self.stop)
+        try:
+            self._start_server()
+            for soc in self.socs:
+                self.add_device(soc)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start_server(self) -> None:
+        import adbutils  # the wheel bundles the adb binary
+
+        adb = os.environ.get("ADBUTILS_ADB_PATH") or adbutils.adb_path()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.adb_port = free_port()
+        log = open(self.workdir / "adb-server.log", "wb")
+        # A private HOME keeps the server's key and its per-port marker files out of the user's ~/.android.
+        server_home = self.workdir / "adb-home"
+        server_home.mkdir(exist_ok=True)
+        self._server = subprocess.Popen([adb, "-P", str(self.adb_port), "server", "nodaemon"],
+                                        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                        env={**os.environ, **ADB_SERVER_ENV, "HOME": str(server_home)})
+        log.close()
+        self._wait_for("the adb server to answer", self._server_answers)
+
+    def _server_answers(self) -> bool:
+        assert self._server is not None
+        if self._server.poll() is not None:
+            log = self.workdir / "adb-server.log"
+            raise FleetError(f"adb server exited with {self._server.returncode}; see {log}")
+        try:
+            return bool(host_request(self.adb_port, "host:version", timeout=1.0))
+        except OSError:
+            return False
+
+    def add_device(self, soc: str, **faults: Any) -> EmulatedDeviceInfo:
+        """Start one more device, with faults already set (e.g. unauthorized=True), and connect it."""
+        name, index = soc.lower(), 1
+        while name in self._device_processes:  # a second device of one SoC gets its own directory
+            index += 1
+            name = f"{soc.lower()}-{index}"
+        device_dir = self.workdir / name
+        root, props_file, port_file = device_dir / "root", device_dir / "props.json", device_dir / "port"
+        root.mkdir(parents=True, exist_ok=True)
+        port_file.unlink(missing_ok=True)
+        write_atomically(props_file, json.dumps(device_properties(soc, name), indent=1))
+        faults_file = root / ".faults.json"
+        write_atomically(faults_file, json.dumps(faults))
+        env = self._device_environment(name, device_dir, root)
+        log = open(device_dir / "adbd.log", "wb")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "harness.emulator.adbd", "--root", str(root), "--props-file", str(props_file),
+             "--port-file", str(port_file), "--banner-name", name],
+            cwd=PROJECT_ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env)
+        log.close()
+        self._device_processes[name] = process
+
+        def port_written() -> bool:
+            if process.poll() is not None:
+                raise FleetError(f"emulated {soc} exited with {process.returncode}; see {device_dir / 'adbd.log'}")
+            return port_file.exists()
+
+        self._wait_for(f"emulated {soc} to listen", port_written)
+        serial = f"127.0.0.1:{int(port_file.read_text())}"
+        expected = "offline" if faults.get("offline") else "unauthorized" if faults.get("unauthorized") else "device"
+        # The server answers `connect` only after the handshake, which an offline device never gives.
+        try:
+            host_request(self.adb_port, f"host:connect:{serial}", timeout=1.0 if expected == "offline" else 10.0)
+        except TimeoutError:
+            if expected != "offline":
+                raise
+        self._wait_for(f"{serial} to be {expected}", lambda: self.device_states().get(serial) == expected)
+        info = EmulatedDeviceInfo(soc=soc, serial=serial, root=root.resolve(), pid=process.pid,
+                                  faults_file=faults_file.resolve())
+        self.devices.append(info)
+        return info
+
+    def _device_environment(self, name: str, device_dir: Path, root: Path) -> dict[str, str] | None:
+        """The device's command environment, with its own runner server when there is a device_env."""
+        if self.device_env is None:
+            return None
+        from harness.emulator.runner_server import start_server
+
+        socket_path = device_dir / "runner.sock"
+        # ANDROID_ROOT_SANDBOX marks the server as the device's: pulling the plug kills it too.
+        server_env = {**self.device_env, "ANDROID_ROOT_SANDBOX": str(root.resolve())}
+        self._runner_servers[name] = start_server(socket_path, server_env)
+        return {**self.device_env, "QNNSUITE_RUNNER_SOCKET": str(socket_path)}
+
+    def device_states(self) -> dict[str, str]:
+        """serial -> state (device, offline, unauthorized, ...) as the adb server lists them."""
+        listing = host_request(self.adb_port, "host:devices")
+        return dict(line.split("\t", 1) for line in listing.splitlines() if "\t" in line)
+
+    def device(self, serial: str) -> EmulatedDeviceInfo:
+        """The live device with this serial; FleetError names the known ones otherwise."""
+        for info in self.devices:
+            if info.serial == serial:
+                return info
+        raise FleetError(f"no emulated device {serial!r}; known: {[info.serial for info in self.devices]}")
+
+    def set_faults(self, serial: str, **faults: Any) -> None:
+        """Merge fault switches into the device's faults file (None switches one off); seen at the next request."""
+        faults_file = self.device(serial).faults_file
+        current = json.loads(faults_file.read_text()) if faults_file.exists() else {}
+        write_atomically(faults_file, json.dumps({**current, **faults}))
+
+    def stop_device(self, serial: str) -> None:
+        """SIGKILL the device process and the commands it ran: the device vanishes as if unplugged."""
+        info = self.device(serial)
+        end_process(self._device_processes[info.root.parent.name], signal.SIGKILL)
+        kill_sandbox_processes(info.root)
+        self.devices.remove(info)
+
+    def stop(self) -> None:
+        """Stop every device (and its runner server), then the adb server; idempotent."""
+        from harness.emulator.runner_server import stop_server
+
+        for name, process in self._device_processes.items():
+            if name in self._runner_servers:
+                stop_server(self._runner_servers[name])
+            end_process(process)
+            kill_sandbox_processes(self.workdir / name / "root")
+        self.devices.clear()
+        if self._server is not None:
+            if self._server.poll() is None:
+                try:
+                    host_request(self.adb_port, "host:kill", timeout=STOP_TIMEOUT_S)
+                except OSError:
+                    pass
+            end_process(self._server)
+        atexit.unregister(self.stop)
+
+    def _wait_for(self, what: str, condition: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not condition():
+            if time.monotonic() > deadline:
+                raise FleetError(f"timed out after {START_TIMEOUT_S:.0f} s waiting for {what}")
+            time.sleep(0.05)
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-ready description: the adb port and every device."""
+        return {"adb_port": self.adb_port,
+                "devices": [{key: str(value) if isinstance(value, Path) else value
+                             for key, value in asdict(info).items()} for info in self.devices]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--soc", action="append", required=True, help="SoC of one device (repeatable)")
+    parser.add_argument("--workdir", type=Path, required=True, help="directory for device roots and logs")
+    arguments = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    with EmulatorFleet(arguments.soc, arguments.workdir) as fleet:
+        print(json.dumps(fleet.describe()), flush=True)
+        try:
+            signal.pause()
+        except KeyboardInterrupt:
+            pass
+
+
+if __name__ == "__main__":
+    main()
