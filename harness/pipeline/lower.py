@@ -18,15 +18,18 @@ LOWER_TIMEOUT_S = 900
 
 @dataclass(frozen=True)
 class Case:
-    """One cell of the matrix: card x dtype x skip_mutable_buffer x SoC."""
+    """One cell of the matrix: card x dtype x skip_mutable_buffer x SoC (x how it is lowered)."""
 
     card: ModelCard
     dtype: str
     skip_mutable_buffer: bool
     soc: str
+    lowering: str = "qnn"  # to_edge_transform_and_lower_to_qnn, or "meta_llama" (export_llama_lib's way)
 
     @property
     def mode(self) -> str:
+        if self.lowering == "meta_llama":
+            return "meta_llama"
         return "skip_mutbuf" if self.skip_mutable_buffer else "delegate_mutbuf"
 
     @property
@@ -42,6 +45,7 @@ class LoweredArtifact:
     log: str
     wall_s: float
     qnn_errors: list[str] = field(default_factory=list)
+    cached: bool = False  # read back from the artifact cache rather than lowered now
 
     @property
     def pte(self) -> Path:
@@ -67,7 +71,7 @@ class LoweredArtifact:
 def lower_case(case: Case, toolchain: Toolchain, directory: Path, steps: int) -> LoweredArtifact:
     directory.mkdir(parents=True, exist_ok=True)
     request = {"card": case.card.reference, "dtype": case.dtype, "skip_mutable_buffer": case.skip_mutable_buffer,
-               "soc": case.soc, "steps": steps, "out_dir": str(directory)}
+               "soc": case.soc, "lowering": case.lowering, "steps": steps, "out_dir": str(directory)}
     request_path = directory / "request.json"
     request_path.write_text(json.dumps(request, indent=1))
     for stale in ("model.pte", "facts.json"):

@@ -27,14 +27,12 @@ def main(request_path: str) -> int:
         started = now
 
     try:
-        import torch
-
         from harness.pipeline import card as card_registry
         from harness.pipeline import stages
+        from harness.pipeline.eager import build_model
 
         card = card_registry.find(request["card"])
-        torch.manual_seed(0)
-        model = card.build().eval()
+        model = build_model(card)
         calibration = card.steps(request["steps"])
         example = calibration[0]
         stage_done("import_and_build")
@@ -43,10 +41,15 @@ def main(request_path: str) -> int:
         if request["dtype"] != "fp16":
             model, facts["quantize"] = stages.quantize(card, model, request["dtype"], calibration)
             stage_done("quantize")
-        edge = stages.lower(model, example, request["soc"], request["dtype"], request["skip_mutable_buffer"])
+        if request["lowering"] == "meta_llama":
+            without = stages.lower_meta_llama(build_model(card), example, request["soc"], convert_bmm_to_matmul=False)
+            facts["partitions_without_convert_bmm"] = stages.partition_facts(without, card.mutated_buffers)
+            edge = stages.lower_meta_llama(model, example, request["soc"], convert_bmm_to_matmul=True)
+        else:
+            edge = stages.lower(model, example, request["soc"], request["dtype"], request["skip_mutable_buffer"])
         facts["partitions"] = stages.partition_facts(edge, card.mutated_buffers)
         stage_done("lower")
-        program = edge.to_executorch()
+        program = edge.to_executorch(stages.backend_config(card))
         (out_dir / "model.pte").write_bytes(program.buffer)
         stage_done("serialize")
     except Exception as error:

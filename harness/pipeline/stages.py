@@ -36,14 +36,18 @@ def quantize(card: ModelCard, model: torch.nn.Module, dtype: str, calibration: l
     quantizer = QnnQuantizer()
     quantizer.set_default_quant_config(getattr(QuantDtype, QUANT_DTYPES[dtype]), act_observer=MinMaxObserver)
     graph_module = torch.export.export(model, calibration[0]).module()
+    readers_before = buffer_readers(graph_module, card.mutated_buffers)
     prepared = prepare_pt2e(graph_module, quantizer)
     annotated = annotated_buffer_inputs(prepared, card.mutated_buffers)
     for inputs in calibration:
         prepared(*inputs)
     converted = convert_pt2e(prepared)
     _restore_buffers(converted, initial)
+    readers_after = buffer_readers(converted, card.mutated_buffers)
     facts = {"annotated_buffer_inputs": annotated,
-             "qdq_around_buffers": qdq_around_buffers(converted, card.mutated_buffers)}
+             "qdq_around_buffers": qdq_around_buffers(converted, card.mutated_buffers),
+             "folded_buffer_reads": {name: {"before": readers_before[name], "after": readers_after.get(name, 0)}
+                                     for name in readers_before if readers_after.get(name, 0) < readers_before[name]}}
     return converted, facts
 
 
@@ -79,6 +83,16 @@ def annotated_buffer_inputs(prepared: torch.fx.GraphModule, buffers: tuple[str, 
     return found
 
 
+def buffer_readers(graph_module: torch.fx.GraphModule, buffers: tuple[str, ...]) -> dict[str, int]:
+    """How many ops use each mutated buffer (observers and q/dq aside). If convert_pt2e has fewer
+    than the exported graph, some reads were folded into constants: state frozen at calibration."""
+    counts = {name: 0 for name in buffers}
+    for node, name in _buffer_nodes(graph_module, buffers).items():
+        counts[name] += sum(1 for user in node.users if "activation_post_process" not in str(user.target)
+                            and "quantize" not in str(user.target))
+    return counts
+
+
 def qdq_around_buffers(converted: torch.fx.GraphModule, buffers: tuple[str, ...]) -> list[dict[str, str]]:
     """quantize/dequantize nodes fed by a mutated buffer (it must reach the delegate unquantized)."""
     found = []
@@ -104,6 +118,28 @@ def lower(model: torch.nn.Module, example: tuple, soc_name: str, dtype: str, ski
     return to_edge_transform_and_lower_to_qnn(model, example, specs, skip_mutable_buffer=skip_mutable_buffer)
 
 
+def lower_meta_llama(model: torch.nn.Module, example: tuple, soc_name: str, convert_bmm_to_matmul: bool):
+    """The way executorch's Meta llama export lowers for QNN (export_llama_lib, qnn=True): to_edge,
+    the QNN capture-program passes with AnnotateStack and ConvertBmmToMatmul switched on, then
+    to_backend with its QnnPartitioner, which hard-wires skip_mutable_buffer=True. The pass can be
+    switched off to record what it is worth."""
+    from executorch.backends.qualcomm._passes import AnnotateStack, ConvertBmmToMatmul
+    from executorch.backends.qualcomm._passes.qnn_pass_manager import get_qnn_pass_manager_cls
+    from executorch.backends.qualcomm.utils.constants import QCOM_PASS_ACTIVATE_KEY
+    from executorch.exir import EdgeCompileConfig, to_edge
+    from executorch.extension.llm.export.partitioner_lib import get_qnn_partitioner
+
+    edge = to_edge(torch.export.export(model, example), compile_config=EdgeCompileConfig(_check_ir_validity=False))
+    manager_class = get_qnn_pass_manager_cls()
+    passes = manager_class.get_capture_program_passes()
+    passes[AnnotateStack][QCOM_PASS_ACTIVATE_KEY] = True
+    passes[ConvertBmmToMatmul][QCOM_PASS_ACTIVATE_KEY] = convert_bmm_to_matmul
+    manager_class().transform_for_to_edge_pipeline(edge.exported_program(),
+                                                   dep_table=manager_class.get_passes_dependency_for_capture_program(),
+                                                   passes_job=passes)
+    return edge.to_backend(get_qnn_partitioner(True, None, 0, soc_name))
+
+
 def partition_facts(edge_manager, buffers: tuple[str, ...]) -> dict[str, Any]:
     """Delegates in the lowered top-level graph, and which mutated buffers stayed outside them."""
     program = edge_manager.exported_program()
@@ -113,8 +149,24 @@ def partition_facts(edge_manager, buffers: tuple[str, ...]) -> dict[str, Any]:
         if node.op == "call_function" and "executorch_call_delegate" in str(node.target):
             lowered = getattr(graph_module, str(node.args[0].target))
             delegates.append({"name": str(node.args[0].target), "backend": lowered.backend_id})
-    outside_ops = sorted({str(node.target) for node in graph_module.graph.nodes
+    outside_ops = sorted({getattr(node.target, "__name__", str(node.target)) for node in graph_module.graph.nodes
                           if node.op == "call_function" and "executorch_call_delegate" not in str(node.target)
                           and "getitem" not in str(node.target)})
     buffers_outside = sorted(set(program.graph_signature.buffers_to_mutate.values()) & set(buffers))
     return {"delegates": delegates, "ops_outside": outside_ops, "buffers_outside": buffers_outside}
+
+
+def backend_config(card: ModelCard):
+    """Serialize with the card's buffers marked as initialised.
+
+    ExecuTorch leaves mutable buffers uninitialised unless InitializedMutableBufferPass names them
+    (measured: without it even the portable runtime starts an arange buffer at zeros). A stateful
+    model that needs its registered value opts in this way, so the suite does too; what a backend
+    then does with the initial value is what the initial-state check measures.
+    """
+    from executorch.exir import ExecutorchBackendConfig
+    from executorch.exir.passes.init_mutable_pass import InitializedMutableBufferPass
+
+    # The pass matches placeholder names, where an FQN's dots are underscores (b_layers_0_..._k_cache).
+    patterns = [name.replace(".", "_") for name in card.mutated_buffers]
+    return ExecutorchBackendConfig(passes=[InitializedMutableBufferPass(patterns)])

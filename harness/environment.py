@@ -1,0 +1,36 @@
+"""What a report says about where it ran: versions, QNN build, device and host, per SoC."""
+from __future__ import annotations
+
+import platform
+import socket
+import sys
+from importlib import metadata
+
+from harness.context import RunContext
+from harness.qnn.toolchain import Toolchain
+
+
+def _version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def per_soc(context: RunContext, toolchain: Toolchain | None, started: str, finished: str) -> dict[str, dict]:
+    common = {
+        "executorch": _version("executorch"), "torch": _version("torch"), "torchao": _version("torchao"),
+        "qnn_build_id": toolchain.probe.build_id if toolchain else "unknown",
+        "qnn_sdk": f"{toolchain.sdk.root} ({toolchain.sdk.origin})" if toolchain else "unknown",
+        "bridge": ("on" if toolchain.probe.bridge_device_config else "off") if toolchain else "unknown",
+        "host": f"{socket.gethostname()} ({platform.machine()}, {platform.system()} {platform.release()})",
+        "python": sys.version.split()[0], "run_id": context.run_id, "started": started, "finished": finished,
+    }
+    environments = {}
+    for spec in context.devices:
+        entry = environments.setdefault(spec.soc, {**common, "soc": spec.soc, "htp_arch": f"V{spec.htp_arch}",
+                                                   "device_serial": spec.serial, "device_model": spec.model,
+                                                   "emulated": spec.emulated})
+        if spec.serial not in entry["device_serial"].split(", "):
+            entry["device_serial"] += f", {spec.serial}"
+    return environments

@@ -1,0 +1,106 @@
+"""Command-line options of the suite, and their parsed, validated form.
+
+Kept apart from the hooks (harness/plugin.py) as pytest does with its own plugins: this module only
+declares options and turns them into a RunOptions value, with one clear line for each bad value.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from harness.pipeline.card import DTYPES
+from harness.qnn import soc as soc_table
+
+DEFAULT_EMULATED = ("SM8650", "SM8750")
+DEFAULT_STEPS = 4
+DEFAULT_LLAMA_STEPS = 8
+DEFAULT_CACHE_DIR = Path(__file__).resolve().parent.parent / ".cache" / "artifacts"
+
+
+def add_options(parser: pytest.Parser) -> None:
+    group = parser.getgroup("qnnsuite", "QNN mutable-buffer conformance")
+    group.addoption("--device", action="append", default=[], metavar="SERIAL",
+                    help="adb serial of a device to test (repeatable; 'all' = every attached device; "
+                         "ANDROID_SERIAL is honoured). Without it, emulated devices are used.")
+    group.addoption("--soc", action="append", default=[], metavar="SOC", help="only run cases for these SoCs")
+    group.addoption("--emulate", default=None, metavar="SOC[,SOC]",
+                    help=f"emulated devices to start when no --device is given (default {','.join(DEFAULT_EMULATED)})")
+    group.addoption("--dtype", action="append", default=[], choices=DTYPES, help="only these dtypes (repeatable)")
+    group.addoption("--steps", type=int, default=None, metavar="N",
+                    help=f"steps per case (default {DEFAULT_STEPS}; llama cards {DEFAULT_LLAMA_STEPS})")
+    group.addoption("--runner", default=None, metavar="PATH", help="Android qnn_executor_runner to push to phones")
+    group.addoption("--qnn-sdk", default=None, metavar="PATH",
+                    help="QNN SDK root (else QNN_SDK_ROOT, else the onnxruntime-qnn wheel's libraries)")
+    group.addoption("--models", action="append", default=[], metavar="MODULE",
+                    help="also load model cards from this importable module (repeatable)")
+    group.addoption("--report-dir", default="reports", metavar="DIR", help="where reports/<run>/<SOC>/ are written")
+    group.addoption("--baseline", default=None, metavar="PATH", help="report.json (or a folder of them) to gate against")
+    group.addoption("--compile-only", action="store_true", help="export, quantize and lower only; no device runs")
+    group.addoption("--runner-timeout", type=float, default=300.0, metavar="S",
+                    help="kill a device run after S seconds (default 300)")
+    group.addoption("--cache-dir", default=str(DEFAULT_CACHE_DIR), metavar="DIR",
+                    help="lowered artifacts kept by content key across runs (default .cache/artifacts)")
+    group.addoption("--no-cache", action="store_true", help="lower every case afresh (this run only)")
+    group.addoption("--keep-workspace", action="store_true", help="keep device workspaces and print their paths")
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    device_options: tuple[str, ...]
+    soc_filter: tuple[str, ...]
+    emulate: tuple[str, ...]
+    dtypes: tuple[str, ...]
+    steps: int | None
+    runner: Path | None
+    qnn_sdk: str | None
+    models: tuple[str, ...]
+    report_dir: Path
+    baseline: Path | None
+    compile_only: bool
+    keep_workspace: bool
+    runner_timeout_s: float
+    cache_dir: Path | None  # None with --no-cache
+
+    def steps_for(self, tags: frozenset[str]) -> int:
+        if self.steps is not None:
+            return self.steps
+        return DEFAULT_LLAMA_STEPS if "llama" in tags else DEFAULT_STEPS
+
+
+def _socs(values: list[str], option: str) -> tuple[str, ...]:
+    names = [value.strip().upper() for raw in values for value in raw.split(",") if value.strip()]
+    try:
+        return tuple(soc_table.lookup(name).name for name in names)
+    except soc_table.UnknownSocError as error:
+        raise pytest.UsageError(f"{option}: {error}") from error
+
+
+def parse(config: pytest.Config) -> RunOptions:
+    steps = config.getoption("--steps")
+    if steps is not None and steps < 1:
+        raise pytest.UsageError(f"--steps {steps}: give a step count of 1 or more")
+    runner = config.getoption("--runner")
+    if runner and not Path(runner).is_file():
+        raise pytest.UsageError(f"--runner {runner} does not exist: pass the path of your Android qnn_executor_runner")
+    baseline = config.getoption("--baseline")
+    if baseline and not Path(baseline).exists():
+        raise pytest.UsageError(f"--baseline {baseline} does not exist: pass a previous report.json or a folder of them")
+    emulate = config.getoption("--emulate")
+    return RunOptions(
+        device_options=tuple(config.getoption("--device")),
+        soc_filter=_socs(config.getoption("--soc"), "--soc"),
+        emulate=_socs([emulate], "--emulate") if emulate else DEFAULT_EMULATED,
+        dtypes=tuple(config.getoption("--dtype")) or DTYPES,
+        steps=steps,
+        runner=Path(runner).resolve() if runner else None,
+        qnn_sdk=config.getoption("--qnn-sdk"),
+        models=tuple(config.getoption("--models")),
+        report_dir=Path(config.getoption("--report-dir")),
+        baseline=Path(baseline) if baseline else None,
+        compile_only=config.getoption("--compile-only"),
+        keep_workspace=config.getoption("--keep-workspace"),
+        runner_timeout_s=config.getoption("--runner-timeout"),
+        cache_dir=None if config.getoption("--no-cache") else Path(config.getoption("--cache-dir")).resolve(),
+    )

@@ -1,0 +1,36 @@
+"""Content keys for lowered artifacts, so a case is lowered once and reused across checks, workers
+and runs until something that shapes the result changes.
+
+The key covers the card (its module's source and name), dtype, mode, lowering path, SoC, the
+calibration length, the harness code that lowers, and the executorch / torch / torchao / QNN build
+under test. Anything else (device, run id) cannot change a .pte and stays out of it.
+"""
+from __future__ import annotations
+
+import hashlib
+import inspect
+import sys
+from importlib import metadata
+from pathlib import Path
+
+from harness.pipeline.lower import Case
+
+LOWERING_SOURCES = ("stages.py", "lower_job.py", "eager.py")
+
+
+def _version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "-"
+
+
+def key(case: Case, steps: int, qnn_build_id: str) -> str:
+    card_module = sys.modules.get(case.card.module)
+    card_source = inspect.getsource(card_module) if card_module else case.card.module
+    here = Path(__file__).parent
+    parts = [case.card.name, card_source, case.dtype, case.mode, case.lowering, case.soc, str(steps), qnn_build_id,
+             _version("executorch"), _version("torch"), _version("torchao"),
+             *((here / name).read_text() for name in LOWERING_SOURCES)]
+    digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:20]
+    return f"{case.id}-{digest}"

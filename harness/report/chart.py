@@ -1,0 +1,67 @@
+"""Inline SVG of a state check's max abs error per step (log scale), small enough for a table popover.
+
+Drawn by hand so the HTML stays self-contained: no chart library, no script, no network.
+"""
+from __future__ import annotations
+
+import math
+from html import escape
+
+WIDTH, HEIGHT = 280, 96
+LEFT, RIGHT, TOP, BOTTOM = 40, 10, 8, 20
+MAX_GRID_LINES = 5
+
+
+def _number(value: object) -> float:
+    """Report numbers may be "Infinity"/"-Infinity"/"NaN" strings; float() reads those too."""
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _decade(exponent: int) -> str:
+    return "1" if exponent == 0 else f"1e{exponent}"
+
+
+def error_chart(steps: list[dict]) -> str:
+    """SVG markup: one point per step, red where the step had mismatches; non-finite errors sit on the top edge."""
+    if not steps:
+        return ""
+    errors = [_number(s.get("max_abs_error")) for s in steps]
+    positive = [e for e in errors if math.isfinite(e) and e > 0]
+    low_exp = math.floor(math.log10(min(positive))) - 1 if positive else -6
+    high_exp = math.ceil(math.log10(max(positive))) if positive else 0
+    high_exp = max(high_exp, low_exp + 1)
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+
+    def x_of(index: int) -> float:
+        return LEFT + (plot_w / 2 if len(steps) == 1 else plot_w * index / (len(steps) - 1))
+
+    def y_of(error: float) -> float:
+        if not math.isfinite(error):
+            return TOP
+        exponent = math.log10(error) if error > 0 else low_exp
+        return TOP + plot_h * (high_exp - exponent) / (high_exp - low_exp)
+
+    parts = [f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
+             f'viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-label="max abs error per step">']
+    stride = max(1, math.ceil((high_exp - low_exp) / (MAX_GRID_LINES - 1)))
+    for exponent in range(high_exp, low_exp - 1, -stride):
+        y = y_of(10.0 ** exponent)
+        parts.append(f'<line class="grid" x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y:.1f}" y2="{y:.1f}"/>'
+                     f'<text class="axis" x="{LEFT - 4}" y="{y + 3:.1f}" text-anchor="end">{_decade(exponent)}</text>')
+    points = [(x_of(i), y_of(e)) for i, e in enumerate(errors)]
+    parts.append('<polyline class="line" points="' + " ".join(f"{x:.1f},{y:.1f}" for x, y in points) + '"/>')
+    for step, error, (x, y) in zip(steps, errors, points):
+        bad = int(step.get("mismatches") or 0) > 0 or not math.isfinite(error)
+        tip = (f"step {step.get('step')}: max abs error {error:.3g}, SQNR {_number(step.get('sqnr_db')):.1f} dB, "
+               f"{step.get('mismatches')} mismatch(es)")
+        parts.append(f'<circle class="{"bad" if bad else "ok"}" cx="{x:.1f}" cy="{y:.1f}" r="3">'
+                     f'<title>{escape(tip)}</title></circle>')
+    baseline = HEIGHT - 5
+    parts.append(f'<text class="axis" x="{LEFT}" y="{baseline}">step {steps[0].get("step")}</text>'
+                 f'<text class="axis" x="{WIDTH - RIGHT}" y="{baseline}" text-anchor="end">step {steps[-1].get("step")}</text>'
+                 f'<text class="axis" x="{LEFT + plot_w / 2:.1f}" y="{baseline}" text-anchor="middle">max abs error</text>'
+                 '</svg>')
+    return "".join(parts)

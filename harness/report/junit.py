@@ -1,0 +1,57 @@
+"""junit.xml of one SoC's report, for CI systems that only read JUnit.
+
+One testcase per check (classname = check, name = case id). Failures and known failures that now pass
+are <failure>; skips and expected (known) failures are <skipped>, carrying their message.
+"""
+from __future__ import annotations
+
+import json
+import re
+import xml.etree.ElementTree as ET
+
+from harness.report.document import checks_of
+
+# Characters XML 1.0 cannot hold at all (messages may carry terminal escapes from a runner's log).
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
+
+
+def _text(value: str) -> str:
+    return _NOT_XML.sub("\N{REPLACEMENT CHARACTER}", value)
+
+
+def _seconds(value: object) -> str:
+    return f"{value:.3f}" if isinstance(value, (int, float)) else "0"
+
+
+def _testcase(suite: ET.Element, case: dict, name: str, check: dict) -> None:
+    element = ET.SubElement(suite, "testcase", classname=name, name=case["case_id"], time=_seconds(check["duration_s"]))
+    verdict, message, reason = check["verdict"], _text(check["message"]), _text(check["known_failure"])
+    if verdict == "failed":
+        failure = ET.SubElement(element, "failure", type="failed", message=message)
+        failure.text = _text(json.dumps(check["evidence"], indent=1)) if check["evidence"] else message
+    elif verdict == "xpassed":
+        ET.SubElement(element, "failure", type="xpassed", message=f"known failure now passes: {reason}")
+    elif verdict == "xfailed":
+        detail = f" ({message})" if message else ""
+        ET.SubElement(element, "skipped", type="xfailed", message=f"known failure: {reason}{detail}")
+    elif verdict == "skipped":
+        ET.SubElement(element, "skipped", type="skipped", message=message)
+
+
+def render(document: dict) -> str:
+    """The whole junit.xml text, declaration included."""
+    summary, environment = document["summary"], document["environment"]
+    checks = checks_of(document)
+    total_time = _seconds(sum(c["duration_s"] for _, _, c in checks if isinstance(c["duration_s"], (int, float))))
+    counts = {"tests": str(summary["total"]), "failures": str(summary["failed"] + summary["xpassed"]),
+              "errors": "0", "skipped": str(summary["skipped"] + summary["xfailed"]), "time": total_time}
+    root = ET.Element("testsuites", name=f"qnn-mutbuf {document['run_id']}", **counts)
+    suite = ET.SubElement(root, "testsuite", name=f"qnn-mutbuf.{document['soc']}", **counts,
+                          timestamp=str(environment.get("started", "")), hostname=str(environment.get("host", "")))
+    properties = ET.SubElement(suite, "properties")
+    for key, value in environment.items():
+        ET.SubElement(properties, "property", name=str(key), value=_text(str(value)))
+    for case, name, check in checks:
+        _testcase(suite, case, name, check)
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"

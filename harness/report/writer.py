@@ -1,0 +1,53 @@
+"""Writes a run's reports, one folder per SoC, and the line per SoC the end of a pytest run prints."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from harness.report import junit, markdown, page
+from harness.report.document import build, tally
+
+LATEST = "latest"
+
+
+def _point_latest(report_root: Path, run_id: str) -> None:
+    """Swap reports/latest to this run in one rename, so a reader never sees it missing or half made."""
+    staging = report_root / f".{LATEST}.{os.getpid()}"
+    staging.unlink(missing_ok=True)
+    staging.symlink_to(run_id, target_is_directory=True)
+    os.replace(staging, report_root / LATEST)
+
+
+def write_run(records: list[dict], environments: dict[str, dict], report_root: Path, run_id: str) -> dict[str, Path]:
+    """report.json, junit.xml, summary.md and report.html under report_root/run_id/SOC/ for each SoC
+    in the records; returns {soc: folder}. A run without records writes nothing and keeps `latest`."""
+    folders = {}
+    for soc in sorted({record["soc"] for record in records}):
+        document = build(records, environments.get(soc, {"soc": soc}), run_id, soc)
+        folder = report_root / run_id / soc
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "report.json").write_text(json.dumps(document, indent=1, allow_nan=False) + "\n", encoding="utf-8")
+        (folder / "junit.xml").write_text(junit.render(document), encoding="utf-8")
+        (folder / "summary.md").write_text(markdown.render(document), encoding="utf-8")
+        (folder / "report.html").write_text(page.render(document), encoding="utf-8")
+        folders[soc] = folder
+    if folders:
+        _point_latest(report_root, run_id)
+    return folders
+
+
+def summary_line(records: list[dict], soc: str, html: Path | None = None) -> str:
+    """e.g. `SM8650: 120 passed, 3 failed, 10 xfailed, 5 skipped -> reports/<run>/SM8650/report.html`
+    (zero counts other than passed and failed are left out)."""
+    counts = tally([record for record in records if record["soc"] == soc])
+    shown = ", ".join(f"{n} {verdict}" for verdict, n in counts.items()
+                      if verdict != "total" and (n or verdict in ("passed", "failed")))
+    return f"{soc}: {shown}" + (f" -> {_relative(html)}" if html else "")
+
+
+def _relative(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)

@@ -1,0 +1,132 @@
+"""Each case's shared result: lowered once per run, run once on a device, read by every check.
+
+Checks never lower or run anything themselves; they ask the CaseStore, which memoizes per worker
+and, for lowering, across workers (a file lock per case, results on disk in the run's work dir).
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from filelock import FileLock
+
+from harness.device.device import DeviceError, DeviceLost
+from harness.device.execute import DeviceRun, run_case
+from harness.device.pool import DevicePool
+from harness.pipeline import cache, eager
+from harness.pipeline.lower import Case, LoweredArtifact, lower_case
+from harness.qnn import qnnlog
+from harness.qnn.toolchain import Toolchain
+
+
+MAX_RETRIES = 2
+RECONNECT_WAIT_S = 10.0
+
+
+@dataclass
+class CaseOutcome:
+    case: Case
+    steps: list[tuple]
+    artifact: LoweredArtifact
+    reference: list[list[np.ndarray]]  # eager outputs [step][index]
+    device_serial: str | None = None
+    run: DeviceRun | None = None
+    run_error: str | None = None
+    retries: int = 0  # device runs repeated after a dropped connection
+    timings_s: dict[str, float] = field(default_factory=dict)
+
+    def device_outputs(self) -> list[list[np.ndarray]]:
+        """Device outputs reinterpreted with the reference's dtypes and shapes."""
+        assert self.run is not None
+        shaped = []
+        for step, row in enumerate(self.run.outputs):
+            shaped_row = []
+            for index, raw in enumerate(row):
+                expected = self.reference[step][index]
+                if raw.nbytes != expected.nbytes:
+                    raise ValueError(f"step {step} output {index}: device wrote {raw.nbytes} bytes, "
+                                     f"eager has {expected.nbytes} ({expected.dtype}{list(expected.shape)})")
+                shaped_row.append(raw.view(expected.dtype).reshape(expected.shape))
+            shaped.append(shaped_row)
+        return shaped
+
+
+class CaseStore:
+    def __init__(self, toolchain: Toolchain, pool: DevicePool | None, work_dir: Path, worker: str,
+                 steps_for, runner_timeout_s: float, cache_dir: Path | None) -> None:
+        """cache_dir: where lowered artifacts are kept by content key across runs (None: this run only)."""
+        self._toolchain = toolchain
+        self._cache_dir = cache_dir
+        self._pool = pool
+        self._work_dir = work_dir
+        self._worker = worker
+        self._steps_for = steps_for
+        self._runner_timeout_s = runner_timeout_s
+        self._outcomes: dict[str, CaseOutcome] = {}
+
+    def lowered(self, case: Case) -> CaseOutcome:
+        """Export, quantize and lower (no device)."""
+        if case.id not in self._outcomes:
+            steps = case.card.steps(self._steps_for(case.card.tags))
+            artifact = self._lower_once(case, len(steps))
+            self._outcomes[case.id] = CaseOutcome(case, steps, artifact, eager.run_steps(case.card, steps),
+                                                  timings_s=dict(artifact.facts.get("timings_s", {})))
+        return self._outcomes[case.id]
+
+    def executed(self, case: Case) -> CaseOutcome:
+        """Lowered and run on a device of the case's SoC (once per run)."""
+        outcome = self.lowered(case)
+        if outcome.run is None and outcome.run_error is None and outcome.artifact.ok:
+            self._run(outcome)
+        return outcome
+
+    def _lower_once(self, case: Case, steps: int) -> LoweredArtifact:
+        """Workers asking for the same key wait for the one that lowers it, then read its result."""
+        if self._cache_dir is None:
+            directory = self._work_dir / "artifacts" / case.id
+        else:
+            directory = self._cache_dir / cache.key(case, steps, self._toolchain.probe.build_id)
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(directory) + ".lock"):
+            facts_path = directory / "facts.json"
+            if facts_path.exists() and (directory / "lower.log").exists():
+                log = (directory / "lower.log").read_text()
+                facts = json.loads(facts_path.read_text())
+                return LoweredArtifact(case, directory, facts, log, 0.0, qnnlog.error_lines(log), cached=True)
+            return lower_case(case, self._toolchain, directory, steps)
+
+    def _run(self, outcome: CaseOutcome) -> None:
+        """Run on a device; a dropped connection is retried (bounded) if the device comes back."""
+        if self._pool is None:
+            outcome.run_error = "no devices in this run (--compile-only?)"
+            return
+        case = outcome.case
+        local = self._work_dir / "runs" / self._worker / case.id
+        started = time.perf_counter()
+        for attempt in range(1 + MAX_RETRIES):
+            try:
+                with self._pool.acquire(case.soc, holder=f"{self._worker}:{case.id}") as (device, workspace):
+                    outcome.device_serial = device.serial
+                    outcome.run = run_case(device, workspace, case.id, outcome.artifact.pte, outcome.steps, local,
+                                           output_count=len(outcome.reference[0]), timeout_s=self._runner_timeout_s)
+                    outcome.timings_s.update(outcome.run.timings_s)
+                break
+            except DeviceLost as lost:
+                serial = outcome.device_serial
+                if serial and attempt < MAX_RETRIES and self._pool.back_online(serial, RECONNECT_WAIT_S):
+                    outcome.retries += 1
+                    continue
+                if serial:
+                    self._pool.mark_lost(serial, str(lost))
+                outcome.run_error = str(lost)
+                break
+            except DeviceError as error:
+                outcome.run_error = str(error)
+                break
+            except Exception as error:  # any other surprise still fails this case alone, in one line
+                outcome.run_error = f"device run failed unexpectedly: {type(error).__name__}: {error}"
+                break
+        outcome.timings_s["device_total"] = time.perf_counter() - started

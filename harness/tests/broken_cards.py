@@ -1,0 +1,37 @@
+"""Cards that are wrong on purpose, so the checks can be shown to fail (harness tests only)."""
+from __future__ import annotations
+
+import torch
+
+from harness.pipeline.card import ModelCard, register
+
+
+def _steps(n: int) -> list[tuple[torch.Tensor, ...]]:
+    generator = torch.Generator().manual_seed(1)
+    return [(torch.rand(1, 8, generator=generator),) for _ in range(n)]
+
+
+class SplitByUnsupportedOp(torch.nn.Module):
+    """cumprod has no QNN lowering, so the graph splits into two delegates around it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("state", torch.zeros(1, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.state.add_(x)
+        return torch.cumprod(self.state * 2, dim=-1) * 3
+
+
+class UndeclaredBuffer(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("actual", torch.zeros(1, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.actual.add_(x)
+        return self.actual * 1
+
+
+SPLIT = register(ModelCard("split_by_unsupported_op", SplitByUnsupportedOp, _steps, ("state",), module=__name__))
+MISDECLARED = register(ModelCard("misdeclared_buffer", UndeclaredBuffer, _steps, ("declared",), module=__name__))

@@ -1,0 +1,220 @@
+"""The device layer over emulated devices: round trips, unchanged pushes, SoC detection, bad
+devices, exclusive use across workers and runs, a device lost mid-run and a hung runner."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import adbutils
+import pytest
+
+from harness.context import RunContext
+from harness.device import discovery
+from harness.device.device import Device, DeviceError
+from harness.device.execute import RunnerFailed, run_case
+from harness.device.payload import EMULATED_RUNNER, for_device
+from harness.emulator.launcher import EmulatorFleet
+from harness.paths import REPO_ROOT
+
+SCENARIO = Path(__file__).parent / "scenarios" / "scenario_devices.py"
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory, toolchain):
+    device_env = {**toolchain.child_env(), "QNNSUITE_PYTHON": sys.executable}
+    with EmulatorFleet(["SM8650", "SM8750"], tmp_path_factory.mktemp("fleet"), device_env=device_env) as started:
+        yield started
+
+
+@pytest.fixture
+def device(fleet) -> Device:
+    return Device(fleet.devices[0].serial, adbutils.AdbClient(host="127.0.0.1", port=fleet.adb_port))
+
+
+def test_round_trip_with_exit_codes(device, tmp_path):
+    workspace = device.workspace("roundtrip")
+    source = tmp_path / "data.bin"
+    source.write_bytes(os.urandom(4096))
+    assert device.push(source, f"{workspace}/data.bin") is True
+    result = device.run("cat data.bin | wc -c; exit 7", cwd=workspace, timeout_s=30)
+    assert result.exit_code == 7 and result.output.split()[0] == "4096"
+    device.pull(f"{workspace}/data.bin", tmp_path / "back.bin")
+    assert (tmp_path / "back.bin").read_bytes() == source.read_bytes()
+    assert device.remove_workspaces() == [] and device.list_dir(workspace) == []
+
+
+def test_unchanged_push_transfers_nothing(device, tmp_path):
+    workspace = device.workspace("unchanged")
+    big = tmp_path / "five_mb.bin"
+    big.write_bytes(os.urandom(5 * 1024 * 1024))
+    started = time.perf_counter()
+    assert device.push(big, f"{workspace}/five_mb.bin") is True
+    first = time.perf_counter() - started
+    started = time.perf_counter()
+    assert device.push(big, f"{workspace}/five_mb.bin") is False, "second push of identical bytes must be skipped"
+    second = time.perf_counter() - started
+    big.write_bytes(os.urandom(5 * 1024 * 1024))
+    assert device.push(big, f"{workspace}/five_mb.bin") is True, "changed bytes must be pushed again"
+    print(f"5 MB push {first * 1000:.0f} ms, unchanged {second * 1000:.0f} ms")
+    device.remove_workspaces()
+
+
+def test_soc_detection_and_the_real_adb_cli(fleet):
+    adb_path = os.environ.get("ADBUTILS_ADB_PATH") or adbutils.adb_path()
+    for info in fleet.devices:
+        device = Device(info.serial, adbutils.AdbClient(host="127.0.0.1", port=fleet.adb_port))
+        assert (device.soc, device.abi) == (info.soc, "x86_64")
+        cli = subprocess.run([adb_path, "-P", str(fleet.adb_port), "-s", info.serial, "shell", "getprop", "ro.soc.model"],
+                             capture_output=True, text=True, timeout=30)
+        assert cli.stdout.strip() == info.soc
+
+
+def test_bad_devices_each_get_one_line(fleet):
+    client = adbutils.AdbClient(host="127.0.0.1", port=fleet.adb_port)
+    with pytest.raises(DeviceError, match=r"^unknown device serial nosuch:1: attached are .*check `adb devices`$"):
+        discovery.select(client, ["nosuch:1"])
+    with pytest.raises(DeviceError, match="given twice"):
+        discovery.requested_serials(["a", "a"])
+    locked = fleet.add_device("SM8650", unauthorized=True)
+    with pytest.raises(DeviceError, match="is unauthorized: unlock it and accept the USB debugging prompt"):
+        discovery.select(client, [locked.serial])
+    gone = fleet.add_device("SM8650", offline=True)
+    with pytest.raises(DeviceError, match="is offline: reconnect it"):
+        discovery.select(client, [gone.serial])
+    with pytest.raises(DeviceError, match="no adb server on 127.0.0.1:1:"):
+        discovery.client(1)
+
+
+def test_hung_runner_is_killed_and_its_log_pulled(fleet, device, tmp_path):
+    workspace = device.workspace("hang")
+    for item in for_device("x86_64", 75, None, None):
+        device.push(item.local, f"{workspace}/{item.remote_name}", mode=item.mode)
+    fleet.set_faults(device.serial, runner_hang=True)
+    pte = tmp_path / "model.pte"
+    pte.write_bytes(b"not reached: the runner hangs first")
+    started = time.perf_counter()
+    try:
+        with pytest.raises(RunnerFailed) as failure:
+            run_case(device, workspace, "case", pte, [()], tmp_path / "local", output_count=1, timeout_s=3)
+    finally:
+        fleet.set_faults(device.serial, runner_hang=None)
+    assert time.perf_counter() - started < 30
+    message = str(failure.value)
+    assert "hung and was killed after 3 s" in message and "runner: hanging (fault switch)" in message
+    # The runner runs as a child of the device's runner server (or of its shell without one).
+    alive = [pid for pid in _descendants(fleet.started_pids) if "host_runner" in _cmdline(pid) or _runner_child(pid, fleet)]
+    assert alive == [], "the hung runner must be killed on the device"
+    device.remove_workspaces()
+
+
+def test_emulated_runner_is_the_payload_of_an_x86_device():
+    assert [item.local for item in for_device("x86_64", 75, None, None)] == [EMULATED_RUNNER]
+    with pytest.raises(DeviceError, match="needs its Android qnn_executor_runner: pass --runner PATH"):
+        for_device("arm64-v8a", 75, None, None)
+
+
+def test_runner_of_wrong_architecture_is_refused(tmp_path):
+    x86_binary = Path(sys.executable).resolve()
+    with pytest.raises(DeviceError, match="is built for x86_64 but the device is arm64-v8a"):
+        for_device("arm64-v8a", 75, x86_binary, None)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _descendants(roots: list[int]) -> list[int]:
+    pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    found, frontier = [], set(roots)
+    while frontier:
+        children = [pid for pid in pids if _parent(pid) in frontier]
+        found += children
+        frontier = set(children)
+    return found
+
+
+def _runner_child(pid: int, fleet: EmulatorFleet) -> bool:
+    """A forked child of a runner server (its command line is the server's)."""
+    return "runner_server" in _cmdline(pid) and pid not in fleet.started_pids
+
+
+# --- child pytest runs of scenarios/scenario_devices.py ------------------------------------------
+def _scenario(tmp_path: Path, *args: str, env: dict[str, str] | None = None, background: bool = False):
+    command = [sys.executable, "-m", "pytest", str(SCENARIO), "-p", "no:cacheprovider", *args]
+    full_env = {**os.environ, "QNNSUITE_LOCK_DIR": str(tmp_path / "locks"), "COLUMNS": "400", **(env or {})}
+    if background:
+        return subprocess.Popen(command, cwd=REPO_ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.run(command, cwd=REPO_ROOT, env=full_env, capture_output=True, text=True, timeout=600)
+
+
+def _uses(tmp_path: Path) -> dict[str, list[dict]]:
+    by_device = defaultdict(list)
+    for path in (tmp_path / "locks").glob("*.uses.jsonl"):
+        by_device[path.name] = [json.loads(line) for line in path.read_text().splitlines()]
+    return by_device
+
+
+def _overlaps(uses: list[dict]) -> int:
+    ordered = sorted(uses, key=lambda use: use["start"])
+    return sum(1 for before, after in zip(ordered, ordered[1:]) if after["start"] < before["end"])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    status = Path(f"/proc/{pid}/status")
+    return status.exists() and "State:\tZ" not in status.read_text()
+
+
+def test_four_workers_on_two_devices_never_overlap(tmp_path):
+    completed = _scenario(tmp_path, "--emulate", "SM8650,SM8750", "-n", "4",
+                          env={"SCENARIO_CASES": "6", "SCENARIO_HOLD_S": "0.3", "SCENARIO_OUT": str(tmp_path / "ctx.json")})
+    assert completed.returncode == 0, completed.stdout[-3000:]
+    uses = _uses(tmp_path)
+    assert len(uses) == 2 and all(len(device_uses) == 6 for device_uses in uses.values())
+    assert len({use["pid"] for device_uses in uses.values() for use in device_uses}) > 1, "several workers took part"
+    assert [_overlaps(device_uses) for device_uses in uses.values()] == [0, 0]
+    context = RunContext.from_json((tmp_path / "ctx.json").read_text())
+    assert not any(_alive(pid) for pid in context.started_pids)
+
+
+def test_two_pytest_runs_on_one_device_take_turns(tmp_path, fleet):
+    serial = fleet.devices[0].serial
+    env = {"ANDROID_ADB_SERVER_PORT": str(fleet.adb_port), "SCENARIO_SOCS": fleet.devices[0].soc,
+           "SCENARIO_CASES": "3", "SCENARIO_HOLD_S": "0.5"}
+    runs = [_scenario(tmp_path, "--device", serial, env=env, background=True) for _ in range(2)]
+    outputs = [run.communicate(timeout=600)[0] for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], outputs
+    (uses,) = _uses(tmp_path).values()
+    assert len(uses) == 6 and len({use["pid"] for use in uses}) == 2
+    assert _overlaps(uses) == 0
+
+
+def test_device_lost_mid_run_fails_only_its_cases(tmp_path):
+    completed = _scenario(tmp_path, "--emulate", "SM8650,SM8750", "-n", "2", "-rf", "-v",
+                          env={"SCENARIO_CASES": "4", "SCENARIO_KILL": "SM8750:1", "SCENARIO_OUT": str(tmp_path / "ctx.json")})
+    assert completed.returncode == 1, completed.stdout[-3000:]
+    failed = [line for line in completed.stdout.splitlines() if line.startswith("FAILED")]
+    assert len(failed) >= 1 and all("-SM8750]" in line or "SM8750-" in line for line in failed), completed.stdout[-3000:]
+    assert all("lost during" in line and "check the cable/connection and `adb devices`" in line for line in failed), failed
+    passed = [line for line in completed.stdout.splitlines() if "PASSED" in line and "[SM8650-" in line]
+    assert len(passed) == 4, "every case of the other device passes"
+    context = RunContext.from_json((tmp_path / "ctx.json").read_text())
+    assert not any(_alive(pid) for pid in context.started_pids)

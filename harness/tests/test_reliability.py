@@ -1,0 +1,165 @@
+"""Faults injected into real suite runs: the affected cases fail with one line naming the cause and
+the fix, the other device's cases still pass, the report is written, nothing is left running.
+
+Each scenario is a child `pytest suites` run on two emulated devices (SM8650 healthy, SM8750 with the
+fault) over one small card; lowered artifacts are shared through one cache so only the first
+scenario lowers.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.context import RunContext
+from harness.paths import REPO_ROOT
+
+CARD = "kv_gather_written and not pair and delegate_mutbuf"
+HEALTHY, FAULTY = "SM8650", "SM8750"
+DEVICE_CHECKS = ("address_sharing", "state", "initial_state")
+
+
+@pytest.fixture(scope="module")
+def shared_cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("artifact-cache")
+
+
+class SuiteRun:
+    def __init__(self, completed: subprocess.CompletedProcess, reports: Path) -> None:
+        self.completed, self.reports = completed, reports
+        self.output = completed.stdout + completed.stderr
+
+    @property
+    def context(self) -> RunContext:
+        (folder,) = [p for p in self.reports.iterdir() if not p.is_symlink() and (p / "run-context.json").exists()]
+        return RunContext.from_json((folder / "run-context.json").read_text())
+
+    def report(self, soc: str) -> dict:
+        return json.loads((self.reports / "latest" / soc / "report.json").read_text())
+
+    def checks(self, soc: str) -> dict[str, dict]:
+        (case,) = self.report(soc)["cases"]
+        return case["checks"]
+
+    def assert_nothing_left(self) -> None:
+        context = self.context
+        alive = [pid for pid in context.started_pids if _alive(pid)]
+        assert alive == [], f"processes left running: {alive}"
+        assert not context.work_dir.exists(), "the run's work dir (device sandboxes, workspaces) must be removed"
+        stray = subprocess.run(["pgrep", "-f", str(context.work_dir)], capture_output=True, text=True).stdout.split()
+        assert stray == [], f"processes still using {context.work_dir}: {stray}"
+
+
+def _alive(pid: int) -> bool:
+    status = Path(f"/proc/{pid}/status")
+    return status.exists() and "State:\tZ" not in status.read_text()
+
+
+def _suite(tmp_path: Path, cache: Path, faults: dict | None = None, *extra: str, env: dict | None = None) -> SuiteRun:
+    reports = tmp_path / "reports"
+    command = [sys.executable, "-m", "pytest", "suites", "-p", "no:cacheprovider", "-q", "-W", "ignore", "-rfE",
+               "--emulate", f"{HEALTHY},{FAULTY}", "--dtype", "fp16", "-k", CARD, "-n", "2",
+               "--cache-dir", str(cache), "--report-dir", str(reports), *extra]
+    full_env = {**os.environ, "COLUMNS": "400", "QNNSUITE_EMULATOR_FAULTS": json.dumps({FAULTY: faults or {}}), **(env or {})}
+    completed = subprocess.run(command, cwd=REPO_ROOT, env=full_env, capture_output=True, text=True, timeout=900)
+    return SuiteRun(completed, reports)
+
+
+def _assert_faulty_device_failed(run: SuiteRun, expected: str) -> None:
+    assert run.completed.returncode == 1, run.output[-3000:]
+    checks = run.checks(FAULTY)
+    for name in DEVICE_CHECKS:
+        assert checks[name]["verdict"] == "failed", (name, checks[name])
+        assert expected in checks[name]["message"], (name, checks[name]["message"])
+        assert "\n" not in checks[name]["message"]
+    failed_lines = [line for line in run.output.splitlines() if line.startswith("FAILED")]
+    assert failed_lines and all(FAULTY in line and expected in line for line in failed_lines), failed_lines
+    _assert_healthy(run)
+
+
+def _assert_healthy(run: SuiteRun, soc: str = HEALTHY) -> None:
+    checks = run.checks(soc)
+    assert {c["verdict"] for c in checks.values()} <= {"passed", "skipped"}, checks
+    assert sum(c["verdict"] == "passed" for c in checks.values()) == 4  # annotation (fp16) and initial state (reads only written rows) skip
+
+
+@pytest.mark.parametrize("stage", ["push", "pull"])
+def test_transient_disconnect_is_retried(tmp_path, shared_cache, stage):
+    run = _suite(tmp_path, shared_cache, {"vanish_on": stage})
+    assert run.completed.returncode == 0, run.output[-3000:]
+    _assert_healthy(run, FAULTY)
+    _assert_healthy(run)
+    assert run.checks(FAULTY)["state"]["retries"] == 1, "the retry is in the report"
+    run.assert_nothing_left()
+
+
+def test_device_unplugged_during_run(tmp_path, shared_cache):
+    run = _suite(tmp_path, shared_cache, {"vanish_on": "run", "vanish_permanently": True})
+    _assert_faulty_device_failed(run, "lost during")
+    assert "check the cable/connection and `adb devices`" in run.checks(FAULTY)["state"]["message"]
+    run.assert_nothing_left()
+
+
+@pytest.mark.parametrize("faults, expected", [
+    ({"runner_crash": True}, "crashed with signal 11 SIGSEGV"),
+    ({"runner_exit": 3}, "exited 3"),
+    ({"runner_fewer_outputs": True}, "wrote no output_0_0.raw"),
+    ({"storage_full": True}, "no space left on device pushing"),
+    ({"corrupt_pte": True}, "exited 3 (last words: runner: cannot load"),
+])
+def test_runner_and_device_faults(tmp_path, shared_cache, faults, expected):
+    run = _suite(tmp_path, shared_cache, faults)
+    _assert_faulty_device_failed(run, expected)
+    run.assert_nothing_left()
+
+
+def test_hung_runner_is_killed_after_the_timeout(tmp_path, shared_cache):
+    run = _suite(tmp_path, shared_cache, {"runner_hang": True}, "--runner-timeout", "8")
+    _assert_faulty_device_failed(run, "hung and was killed after 8 s")
+    run.assert_nothing_left()
+
+
+def test_runner_of_the_wrong_architecture(tmp_path, shared_cache):
+    arm_runner = tmp_path / "qnn_executor_runner"
+    arm_runner.write_bytes(b"\x7fELF\x02\x01\x01" + bytes(11) + (183).to_bytes(2, "little") + bytes(44))
+    run = _suite(tmp_path, shared_cache, None, "--runner", str(arm_runner))
+    assert run.completed.returncode == 1
+    for soc in (HEALTHY, FAULTY):  # the runner is every device's
+        for name in DEVICE_CHECKS:
+            assert "is built for arm64-v8a but the device is x86_64" in run.checks(soc)[name]["message"]
+        assert run.checks(soc)["partitions"]["verdict"] == "passed", "compile-side checks still run"
+    run.assert_nothing_left()
+
+
+def test_keep_workspace_prints_where_it_is(tmp_path, shared_cache):
+    run = _suite(tmp_path, shared_cache, None, "--keep-workspace", "-s")
+    assert run.completed.returncode == 0, run.output[-2000:]
+    kept = [line for line in run.output.splitlines() if line.startswith("kept workspace ")]
+    assert len(kept) >= 2 and all("/data/local/tmp/qnnsuite/" in line for line in kept), run.output[-2000:]
+
+
+def test_ctrl_c_in_a_parallel_run(tmp_path, shared_cache):
+    reports = tmp_path / "reports"
+    command = [sys.executable, "-m", "pytest", "suites", "-p", "no:cacheprovider", "-q", "-W", "ignore",
+               "--emulate", f"{HEALTHY},{FAULTY}", "--dtype", "fp16", "-k", "kv_gather_written or kv_index_put",
+               "-n", "2", "--cache-dir", str(shared_cache), "--report-dir", str(reports)]
+    child = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             env={**os.environ, "QNNSUITE_EMULATOR_FAULTS": json.dumps({FAULTY: {"runner_hang": True}})})
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not list(reports.glob("*/run-context.json")):
+        time.sleep(0.5)
+    time.sleep(25)  # let some cases finish and others hang on the faulty device
+    child.send_signal(signal.SIGINT)
+    output, _ = child.communicate(timeout=120)
+    assert child.returncode == pytest.ExitCode.INTERRUPTED, output[-3000:]
+    assert "KeyboardInterrupt" in output
+    run = SuiteRun(subprocess.CompletedProcess(command, child.returncode, output, ""), reports)
+    healthy = run.report(HEALTHY)
+    assert healthy["summary"]["passed"] >= 1, "finished results are in the report"
+    run.assert_nothing_left()
