@@ -6,33 +6,15 @@ doctor prints versions, SDK, bridge, adb and devices; exits non-zero with one li
 from __future__ import annotations
 
 import argparse
-import os
-import socket
 import subprocess
 import sys
-from importlib import metadata
 
+from harness.device import discovery
 from harness.qnn.sdk import SdkError
 from harness.qnn.toolchain import ToolchainError, prepare
+from harness.versions import package_version
 
 DEFAULT_EMULATED_SOCS = ("SM8650", "SM8750")
-
-
-def _version(package: str) -> str:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return "not installed"
-
-
-def _adb_server_port() -> int:
-    return int(os.environ.get("ANDROID_ADB_SERVER_PORT", "5037"))
-
-
-def _server_listening(port: int) -> bool:
-    with socket.socket() as probe:
-        probe.settimeout(0.5)
-        return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
 def setup(args: argparse.Namespace) -> int:
@@ -50,7 +32,7 @@ def doctor(args: argparse.Namespace) -> int:
     problems: list[str] = []
     print(f"python      {sys.version.split()[0]} ({sys.executable})")
     for package in ("torch", "torchao", "executorch", "onnxruntime-qnn", "adbutils", "pytest", "pytest-xdist"):
-        version = _version(package)
+        version = package_version(package)
         print(f"{package:<11} {version}")
         if version == "not installed" and package in ("torch", "executorch", "adbutils"):
             problems.append(f"{package} is not installed: run the README's set-up command")
@@ -69,8 +51,8 @@ def doctor(args: argparse.Namespace) -> int:
         adb = adbutils.adb_path()
         version = subprocess.run([adb, "version"], capture_output=True, text=True, timeout=10).stdout.splitlines()
         print(f"adb         {adb} ({version[0] if version else 'unknown version'})")
-        port = _adb_server_port()
-        if _server_listening(port):
+        port = discovery.default_server_port()
+        if discovery.server_listening(port):
             devices = adbutils.AdbClient(host="127.0.0.1", port=port).list()
             listed = ", ".join(f"{d.serial} ({d.state})" for d in devices) or "none"
             print(f"adb server  127.0.0.1:{port}; attached devices: {listed}")

@@ -4,22 +4,16 @@ from __future__ import annotations
 import platform
 import socket
 import sys
-from importlib import metadata
 
 from harness.context import RunContext
 from harness.qnn.toolchain import Toolchain
+from harness.versions import package_version
 
-
-def _version(package: str) -> str:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return "not installed"
 
 
 def per_soc(context: RunContext, toolchain: Toolchain | None, started: str, finished: str) -> dict[str, dict]:
     common = {
-        "executorch": _version("executorch"), "torch": _version("torch"), "torchao": _version("torchao"),
+        "executorch": package_version("executorch"), "torch": package_version("torch"), "torchao": package_version("torchao"),
         "qnn_build_id": toolchain.probe.build_id if toolchain else "unknown",
         "qnn_sdk": f"{toolchain.sdk.root} ({toolchain.sdk.origin})" if toolchain else "unknown",
         "bridge": ("on" if toolchain.probe.bridge_device_config else "off") if toolchain else "unknown",

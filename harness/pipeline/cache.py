@@ -10,19 +10,12 @@ from __future__ import annotations
 import hashlib
 import inspect
 import sys
-from importlib import metadata
 from pathlib import Path
 
 from harness.pipeline.lower import Case
+from harness.versions import package_version
 
 LOWERING_SOURCES = ("stages.py", "lower_job.py", "eager.py")
-
-
-def _version(package: str) -> str:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return "-"
 
 
 def key(case: Case, steps: int, qnn_build_id: str) -> str:
@@ -30,7 +23,7 @@ def key(case: Case, steps: int, qnn_build_id: str) -> str:
     card_source = inspect.getsource(card_module) if card_module else case.card.module
     here = Path(__file__).parent
     parts = [case.card.name, card_source, case.dtype, case.mode, case.lowering, case.soc, str(steps), qnn_build_id,
-             _version("executorch"), _version("torch"), _version("torchao"),
+             package_version("executorch"), package_version("torch"), package_version("torchao"),
              *((here / name).read_text() for name in LOWERING_SOURCES)]
     digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:20]
     return f"{case.id}-{digest}"
