@@ -18,7 +18,8 @@ sys.path.insert(0, str(REPO))
 
 from fixtures import zoo  # noqa: E402,F401  (registers the cards)
 from harness.device.execute import write_inputs  # noqa: E402
-from harness.emulator.runner_server import start_server, stop_server  # noqa: E402
+from harness.emulator.runner_server import start_server  # noqa: E402
+from harness.fork_server import stop_server  # noqa: E402
 from harness.pipeline import card  # noqa: E402
 from harness.pipeline.lower import Case, lower_case  # noqa: E402
 from harness.qnn.toolchain import prepare  # noqa: E402

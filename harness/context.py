@@ -29,6 +29,7 @@ class RunContext:
     emulated_pids: dict[str, int]  # serial -> emulator process (for tests that pull the plug)
     started_pids: tuple[int, ...]  # every process the run started (emulators, adb server)
     work_dir: Path  # host-side scratch of this run (artifacts, pulled outputs)
+    lowering_server: Path | None = None  # socket of the run's lowering server (None: each case in a fresh Python)
 
     def socs(self, soc_filter: tuple[str, ...]) -> list[str]:
         socs = sorted({spec.soc for spec in self.devices})
@@ -37,13 +38,15 @@ class RunContext:
     def to_json(self) -> str:
         data = asdict(self)
         data["work_dir"] = str(self.work_dir)
+        data["lowering_server"] = str(self.lowering_server) if self.lowering_server else None
         return json.dumps(data)
 
     @classmethod
     def from_json(cls, text: str) -> "RunContext":
         data = json.loads(text)
         return cls(data["run_id"], data["adb_port"], tuple(DeviceSpec(**spec) for spec in data["devices"]),
-                   data["emulated_pids"], tuple(data["started_pids"]), Path(data["work_dir"]))
+                   data["emulated_pids"], tuple(data["started_pids"]), Path(data["work_dir"]),
+                   Path(data["lowering_server"]) if data.get("lowering_server") else None)
 
 
 def new_run_id() -> str:

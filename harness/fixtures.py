@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import pytest
 
@@ -61,7 +62,7 @@ def device_pool(run_context, qnnsuite_options, toolchain, worker_id_name):
 def case_store(run_context, qnnsuite_options, toolchain, device_pool, worker_id_name) -> CaseStore:
     return CaseStore(toolchain, None if qnnsuite_options.compile_only else device_pool, run_context.work_dir,
                      worker_id_name, qnnsuite_options.steps_for, qnnsuite_options.runner_timeout_s,
-                     qnnsuite_options.cache_dir)
+                     qnnsuite_options.cache_dir, run_context.lowering_server)
 
 
 DEVICE_CHECKS = {"check_address_sharing", "check_state", "check_initial_state"}
@@ -80,6 +81,7 @@ def run_check(request, case_store, qnnsuite_options):
         outcome = case_store.executed(case) if on_device else case_store.lowered(case)
         record = request.node.stash.setdefault(plugin.CHECK_RECORD, {})
         record.update(check=check.__name__.removeprefix("check_"), case=case, outcome=outcome)
+        started = time.perf_counter()
         try:
             record["evidence"] = check(outcome)
         except NotApplicable as reason:
@@ -89,5 +91,7 @@ def run_check(request, case_store, qnnsuite_options):
             record["evidence"] = {**getattr(failure, "evidence", {}), **({"detail": detail} if detail else {})}
             record["failure_line"] = line
             raise
+        finally:
+            record["check_s"] = round(time.perf_counter() - started, 4)  # the comparison alone
 
     return run

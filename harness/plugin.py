@@ -6,8 +6,10 @@ id) once; xdist workers receive it through workerinput.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -18,9 +20,10 @@ from harness import context as run_context
 from harness import options as run_options
 from harness.device import discovery
 from harness.device.device import DeviceError
-from harness import known_failures, records
+from harness import fork_server, known_failures, records
+from harness.emulator.launcher import FleetError
 from harness.checks import CheckFailure
-from harness.pipeline import card, cases
+from harness.pipeline import card, cases, lower_server
 from harness.qnn.sdk import SdkError
 from harness.qnn.toolchain import ToolchainError, prepare
 
@@ -29,6 +32,7 @@ pytest_plugins = ["harness.fixtures"]
 OPTIONS = pytest.StashKey[run_options.RunOptions]()
 CONTEXT = pytest.StashKey[run_context.RunContext]()
 FLEET = pytest.StashKey[object]()
+LOWERING_SERVER = pytest.StashKey[object]()
 WORKERINPUT_KEY = "qnnsuite_context"
 DEFAULT_CARD_MODULES = ("fixtures.zoo", "fixtures.llama")
 CHECK_RECORD = pytest.StashKey[dict]()
@@ -85,18 +89,43 @@ def _start_run(config: pytest.Config, options: run_options.RunOptions) -> run_co
     work_dir = Path(tempfile.mkdtemp(prefix=f"qnnsuite-{run_id}-"))
     try:
         toolchain = prepare(options.qnn_sdk)
+        socket_path = work_dir / "lower.sock"
+        config.stash[LOWERING_SERVER] = lower_server.spawn_server(socket_path, toolchain.child_env())
         serials = discovery.requested_serials(list(options.device_options))
         if serials:
             context = run_context.real_devices(options, serials, run_id, work_dir)
-            _publish(context, options)
-            return context
-        fleet, context = run_context.emulated_devices(options, toolchain, run_id, work_dir)
-        config.stash[FLEET] = fleet
+        else:
+            fleet, context = run_context.emulated_devices(options, toolchain, run_id, work_dir)
+            config.stash[FLEET] = fleet
+        context = _with_lowering_server(context, config.stash[LOWERING_SERVER], socket_path)
         _publish(context, options)
         return context
-    except (DeviceError, SdkError, ToolchainError) as error:
+    except (DeviceError, SdkError, ToolchainError, FleetError) as error:
+        _stop_servers(config)
         shutil.rmtree(work_dir, ignore_errors=True)
         raise pytest.UsageError(str(error)) from error
+
+
+def _with_lowering_server(context: run_context.RunContext, server, socket_path: Path) -> run_context.RunContext:
+    """The context with its lowering server, once that accepts cases; without it (slower, same results) if
+    it never came up."""
+    try:
+        fork_server.wait_until_serving(server, socket_path)
+    except fork_server.ForkServerError as error:
+        print(f"qnnsuite: {error}; lowering each case in a fresh Python instead (slower)", file=sys.stderr)
+        return context
+    return dataclasses.replace(context, lowering_server=socket_path,
+                               started_pids=(*context.started_pids, server.pid))
+
+
+def _stop_servers(config: pytest.Config) -> None:
+    """Stop what the controller started: the emulated fleet and the lowering server."""
+    fleet = config.stash.get(FLEET, None)
+    if fleet is not None:
+        fleet.stop()
+    server = config.stash.get(LOWERING_SERVER, None)
+    if server is not None:
+        fork_server.stop_server(server)
 
 
 def _publish(context: run_context.RunContext, options: run_options.RunOptions) -> None:
@@ -209,9 +238,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    fleet = config.stash.get(FLEET, None)
-    if fleet is not None:
-        fleet.stop()
+    _stop_servers(config)
     context = config.stash.get(CONTEXT, None)
     if context is not None and not _is_worker(config) and not config.stash[OPTIONS].keep_workspace:
         shutil.rmtree(context.work_dir, ignore_errors=True)

@@ -36,7 +36,7 @@ def record_of(item: pytest.Item, report: pytest.TestReport) -> dict | None:
         "device_serial": outcome.device_serial, "delegates": outcome.artifact.delegate_count,
         "retries": outcome.retries, "cached_lowering": outcome.artifact.cached,
         "timings_s": {**outcome.timings_s, "lower_wall": round(outcome.artifact.wall_s, 3)},
-        "duration_s": round(report.duration, 3),
+        "duration_s": round(report.duration, 3), "check_s": data.get("check_s"),
     }
 
 

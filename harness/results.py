@@ -56,9 +56,11 @@ class CaseOutcome:
 
 class CaseStore:
     def __init__(self, toolchain: Toolchain, pool: DevicePool | None, work_dir: Path, worker: str,
-                 steps_for, runner_timeout_s: float, cache_dir: Path | None) -> None:
-        """cache_dir: where lowered artifacts are kept by content key across runs (None: this run only)."""
+                 steps_for, runner_timeout_s: float, cache_dir: Path | None, lowering_server: Path | None) -> None:
+        """cache_dir: where lowered artifacts are kept by content key across runs (None: this run only);
+        lowering_server: the run's lowering server socket (None: each case lowered in a fresh Python)."""
         self._toolchain = toolchain
+        self._lowering_server = lowering_server
         self._cache_dir = cache_dir
         self._pool = pool
         self._work_dir = work_dir
@@ -72,8 +74,12 @@ class CaseStore:
         if case.id not in self._outcomes:
             steps = case.card.steps(self._steps_for(case.card.tags))
             artifact = self._lower_once(case, len(steps))
-            self._outcomes[case.id] = CaseOutcome(case, steps, artifact, eager.run_steps(case.card, steps),
-                                                  timings_s=dict(artifact.facts.get("timings_s", {})))
+            started = time.perf_counter()
+            reference = eager.run_steps(case.card, steps)
+            # Stage times of a lowering read from the cache belong to the run that lowered it, not this one.
+            timings = {} if artifact.cached else dict(artifact.facts.get("timings_s", {}))
+            timings["eager_reference"] = time.perf_counter() - started
+            self._outcomes[case.id] = CaseOutcome(case, steps, artifact, reference, timings_s=timings)
         return self._outcomes[case.id]
 
     def executed(self, case: Case) -> CaseOutcome:
@@ -96,7 +102,7 @@ class CaseStore:
                 log = (directory / "lower.log").read_text()
                 facts = json.loads(facts_path.read_text())
                 return LoweredArtifact(case, directory, facts, log, 0.0, qnnlog.error_lines(log), cached=True)
-            return lower_case(case, self._toolchain, directory, steps)
+            return lower_case(case, self._toolchain, directory, steps, self._lowering_server)
 
     def _run(self, outcome: CaseOutcome) -> None:
         """Run on a device; a dropped connection is retried (bounded) if the device comes back."""

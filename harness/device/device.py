@@ -10,6 +10,7 @@ import contextlib
 import hashlib
 import json
 import os
+import posixpath
 import re
 import shlex
 import tempfile
@@ -22,6 +23,7 @@ from typing import Iterator
 import adbutils
 from filelock import FileLock
 
+from harness.device.sync import SyncRefused, SyncSession
 from harness.qnn import soc as soc_table
 
 WORKSPACE_ROOT = "/data/local/tmp/qnnsuite"
@@ -30,6 +32,7 @@ PLATFORM_TO_SOC = {"lahaina": "SM8350", "taro": "SM8450", "cape": "SM8475", "kal
                    "pineapple": "SM8650", "sun": "SM8750", "canoe": "SM8850"}
 KILLED_BY_TIMEOUT = (124, 137)  # toybox/coreutils `timeout`: TERM -> 124, -s KILL -> 137
 ADB_GRACE_S = 30  # host-side adb timeout beyond the device-side one, in case the device hangs
+TRANSFER_TIMEOUT_S = 120  # no answer for this long in a push or pull: the device is gone
 
 
 class DeviceError(RuntimeError):
@@ -129,11 +132,35 @@ class Device:
         just emptied (one adb round trip per file less)."""
         if skip_unchanged and self.remote_sha256(remote) == hashlib.sha256(local.read_bytes()).hexdigest():
             return False
-        try:
-            self._adb.sync.push(str(local), remote, mode=mode)
-        except (adbutils.AdbError, OSError, EOFError) as error:
-            self._explain_failed_push(local, remote, error)
+        self.push_files([(local, remote)], mode)
         return True
+
+    def push_files(self, files: list[tuple[Path, str]], mode: int = 0o644) -> int:
+        """Push (local, remote) pairs over one sync session; returns the bytes sent."""
+        sent = 0
+        with self._sync("pushing") as session:
+            for local, remote in files:
+                try:
+                    sent += session.push(local, remote, mode)
+                except SyncRefused as refused:
+                    self._explain_failed_push(local, remote, refused)
+        return sent
+
+    @contextlib.contextmanager
+    def _sync(self, doing: str) -> Iterator[SyncSession]:
+        """A sync session (harness.device.sync: many files, one connection) whose failures read as one line."""
+        session = None
+        try:
+            session = SyncSession(self._adb, TRANSFER_TIMEOUT_S)
+            with session:
+                yield session
+        except SyncRefused as refused:
+            raise DeviceError(f"device {self.serial} refused {doing} {session.current if session else ''} ({refused}): "
+                              f"check that the path exists and is readable") from refused
+        except (adbutils.AdbError, OSError, EOFError) as error:
+            name = posixpath.basename(session.current) if session and session.current else "files"
+            raise DeviceLost(f"device {self.serial} lost while {doing} {name} ({error}): "
+                             f"check the connection and `adb devices`") from error
 
     def _explain_failed_push(self, local: Path, remote: str, error: Exception) -> None:
         """adb reports a refused push as a bare FAIL; tell a full disk from a lost device."""
@@ -157,11 +184,17 @@ class Device:
 
     def pull(self, remote: str, local: Path) -> None:
         local.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            self._adb.sync.pull(remote, str(local))
-        except (adbutils.AdbError, OSError, EOFError) as error:
-            raise DeviceLost(f"device {self.serial} lost while pulling {remote} ({error}): "
-                             f"check the connection and `adb devices`") from error
+        with self._sync("pulling") as session:
+            session.pull(remote, local)
+
+    def pull_files(self, remote_dir: str, local_dir: Path) -> list[str]:
+        """Pull every regular file of a device directory over one sync session; returns their names."""
+        local_dir.mkdir(parents=True, exist_ok=True)
+        with self._sync("pulling") as session:
+            names = session.list_files(remote_dir)
+            for name in names:
+                session.pull(f"{remote_dir}/{name}", local_dir / name)
+        return names
 
     def list_dir(self, remote: str) -> list[str]:
         result = self.shell(f"ls {shlex.quote(remote)} 2>/dev/null", timeout_s=60)

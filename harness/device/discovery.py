@@ -6,6 +6,7 @@ import socket
 
 import adbutils
 
+from harness.device.adb import AdbClient
 from harness.device.device import Device, DeviceError
 
 STATE_ADVICE = {
@@ -27,11 +28,11 @@ def server_listening(port: int, host: str = "127.0.0.1") -> bool:
         return probe.connect_ex((host, port)) == 0
 
 
-def client(port: int) -> adbutils.AdbClient:
+def client(port: int) -> AdbClient:
     if not server_listening(port):
         raise DeviceError(f"no adb server on 127.0.0.1:{port}: start one with `adb -P {port} start-server` "
                           f"(or set ANDROID_ADB_SERVER_PORT to the port yours uses)")
-    return adbutils.AdbClient(host="127.0.0.1", port=port)
+    return AdbClient(host="127.0.0.1", port=port)
 
 
 def requested_serials(options: list[str]) -> list[str]:

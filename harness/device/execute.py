@@ -82,11 +82,9 @@ def run_case(device: Device, workspace: str, case_dir_name: str, pte: Path, step
     input_files = write_inputs(steps, local_dir / "inputs")
     input_list = local_dir / "input_list.txt"
     input_list.write_text("".join(" ".join(path.name for path in row) + "\n" for row in input_files))
-    pushed = 0
-    for path in [pte, input_list, *(path for row in input_files for path in row)]:
-        name = "model.pte" if path == pte else path.name
-        device.push(path, f"{remote}/{name}", skip_unchanged=False)  # the case directory was just emptied
-        pushed += path.stat().st_size
+    files = [pte, input_list, *(path for row in input_files for path in row)]
+    # The case directory was just emptied: no device-side hashes to compare, all in one sync session.
+    pushed = device.push_files([(path, f"{remote}/{'model.pte' if path == pte else path.name}") for path in files])
     timings["push"] = time.perf_counter() - started
 
     started = time.perf_counter()
@@ -106,7 +104,7 @@ def run_case(device: Device, workspace: str, case_dir_name: str, pte: Path, step
                            f"{_last_line(result.output)}); its log:\n{_tail(result.output)}")
 
     started = time.perf_counter()
-    present = set(device.list_dir(f"{remote}/outputs"))
+    present = set(device.pull_files(f"{remote}/outputs", local_dir / "outputs"))
     outputs, files = [], []
     for step in range(len(steps)):
         names = [f"output_{step}_{index}.raw" for index in range(output_count)]
@@ -114,15 +112,9 @@ def run_case(device: Device, workspace: str, case_dir_name: str, pte: Path, step
         if missing:
             raise RunnerFailed(f"runner on {device.serial} wrote no {', '.join(missing[:3])} "
                                f"(expected {output_count} output(s) x {len(steps)} step(s)); its log:\n{_tail(result.output)}")
-        row = []
-        for name in names:
-            device.pull(f"{remote}/outputs/{name}", local_dir / "outputs" / name)
-            row.append(local_dir / "outputs" / name)
+        row = [local_dir / "outputs" / name for name in names]
         files.append(row)
         outputs.append([np.fromfile(path, dtype=np.uint8) for path in row])
-    trace = None
-    if "trace.jsonl" in present:
-        trace = local_dir / "outputs" / "trace.jsonl"
-        device.pull(f"{remote}/outputs/trace.jsonl", trace)
+    trace = local_dir / "outputs" / "trace.jsonl" if "trace.jsonl" in present else None
     timings["pull"] = time.perf_counter() - started
     return DeviceRun(outputs, files, trace, result.output, timings, pushed)

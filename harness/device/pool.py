@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-import adbutils
 from filelock import Timeout
 
+from harness.device.adb import AdbClient
 from harness.device.device import Device, DeviceError, DeviceLost
 from harness.device.execute import prepare_workspace
 from harness.device.payload import for_device
@@ -53,7 +53,7 @@ class DevicePool:
 
     def _device(self, serial: str) -> Device:
         if serial not in self._devices:
-            self._devices[serial] = Device(serial, adbutils.AdbClient(host="127.0.0.1", port=self.adb_port))
+            self._devices[serial] = Device(serial, AdbClient(host="127.0.0.1", port=self.adb_port))
         return self._devices[serial]
 
     @contextlib.contextmanager

@@ -121,6 +121,7 @@ class EmulatorFleet:
         self.socs = list(socs)
         self.device_env = device_env
         self._runner_servers: dict[str, subprocess.Popen[bytes]] = {}
+        self._starting_runner_servers: list[tuple[subprocess.Popen[bytes], Path]] = []
         self.workdir = Path(workdir).resolve()
         self.adb_port = 0
         self.devices: list[EmulatedDeviceInfo] = []
@@ -145,8 +146,9 @@ class EmulatorFleet:
         atexit.register(self.stop)
         try:
             self._start_server()
-            for soc in self.socs:
-                self.add_device(soc)
+            for soc in self.socs:  # the runner servers import torch meanwhile, in parallel
+                self._add_device(soc, {})
+            self._wait_for_runner_servers()
         except BaseException:
             self.stop()
             raise
@@ -180,6 +182,12 @@ class EmulatorFleet:
 
     def add_device(self, soc: str, **faults: Any) -> EmulatedDeviceInfo:
         """Start one more device, with faults already set (e.g. unauthorized=True), and connect it."""
+        info = self._add_device(soc, faults)
+        self._wait_for_runner_servers()
+        return info
+
+    def _add_device(self, soc: str, faults: dict[str, Any]) -> EmulatedDeviceInfo:
+        """add_device, except that its runner server may still be starting."""
         name, index = soc.lower(), 1
         while name in self._device_processes:  # a second device of one SoC gets its own directory
             index += 1
@@ -224,13 +232,23 @@ class EmulatorFleet:
         """The device's command environment, with its own runner server when there is a device_env."""
         if self.device_env is None:
             return None
-        from harness.emulator.runner_server import start_server
+        from harness.emulator.runner_server import spawn_server
 
         socket_path = device_dir / "runner.sock"
         # ANDROID_ROOT_SANDBOX marks the server as the device's: pulling the plug kills it too.
         server_env = {**self.device_env, "ANDROID_ROOT_SANDBOX": str(root.resolve())}
-        self._runner_servers[name] = start_server(socket_path, server_env)
+        self._runner_servers[name] = spawn_server(socket_path, server_env)
+        self._starting_runner_servers.append((self._runner_servers[name], socket_path))
         return {**self.device_env, "QNNSUITE_RUNNER_SOCKET": str(socket_path)}
+
+    def _wait_for_runner_servers(self) -> None:
+        from harness.fork_server import ForkServerError, wait_until_serving
+
+        while self._starting_runner_servers:
+            try:
+                wait_until_serving(*self._starting_runner_servers.pop())
+            except ForkServerError as error:
+                raise FleetError(f"runner server of an emulated device: {error}") from error
 
     def device_states(self) -> dict[str, str]:
         """serial -> state (device, offline, unauthorized, ...) as the adb server lists them."""
@@ -259,7 +277,7 @@ class EmulatorFleet:
 
     def stop(self) -> None:
         """Stop every device (and its runner server), then the adb server; idempotent."""
-        from harness.emulator.runner_server import stop_server
+        from harness.fork_server import stop_server
 
         for name, process in self._device_processes.items():
             if name in self._runner_servers:

@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
+from harness import fork_client
 from harness.paths import REPO_ROOT
 from harness.pipeline.card import ModelCard
 from harness.qnn import qnnlog
@@ -68,7 +71,10 @@ class LoweredArtifact:
         return len(self.facts.get("partitions", {}).get("delegates", []))
 
 
-def lower_case(case: Case, toolchain: Toolchain, directory: Path, steps: int) -> LoweredArtifact:
+def lower_case(case: Case, toolchain: Toolchain, directory: Path, steps: int,
+               server: Path | None = None) -> LoweredArtifact:
+    """Lower in a process of its own: a child of the run's lowering server (harness.pipeline.lower_server)
+    when there is one, else a fresh `python -m harness.pipeline.lower_job`."""
     directory.mkdir(parents=True, exist_ok=True)
     request = {"card": case.card.reference, "dtype": case.dtype, "skip_mutable_buffer": case.skip_mutable_buffer,
                "soc": case.soc, "lowering": case.lowering, "steps": steps, "out_dir": str(directory)}
@@ -76,17 +82,39 @@ def lower_case(case: Case, toolchain: Toolchain, directory: Path, steps: int) ->
     request_path.write_text(json.dumps(request, indent=1))
     for stale in ("model.pte", "facts.json"):
         (directory / stale).unlink(missing_ok=True)
+    log_path = directory / "lower.log"
     started = time.perf_counter()
-    completed = subprocess.run([sys.executable, "-m", "harness.pipeline.lower_job", str(request_path)],
-                               cwd=REPO_ROOT, env=toolchain.child_env(), capture_output=True, text=True,
-                               timeout=LOWER_TIMEOUT_S)
+    with open(log_path, "wb") as log_file:
+        ended = _run_lower_job(request_path, toolchain.child_env(), log_file, server)
     wall = time.perf_counter() - started
-    log = completed.stdout + completed.stderr
-    (directory / "lower.log").write_text(log)
+    log = log_path.read_text(errors="replace")
     facts_path = directory / "facts.json"
     if facts_path.exists():
         facts = json.loads(facts_path.read_text())
     else:
-        facts = {"error": {"type": "LoweringCrashed", "message": f"lowering process exited {completed.returncode} "
-                           f"without facts; see {directory / 'lower.log'}", "traceback": ""}}
+        facts = {"error": {"type": "LoweringCrashed", "message": f"lowering process {ended} without facts; "
+                           f"see {log_path}", "traceback": ""}}
     return LoweredArtifact(case, directory, facts, log, wall, qnnlog.error_lines(log))
+
+
+def _run_lower_job(request_path: Path, env: dict[str, str], log: IO[bytes], server: Path | None) -> str:
+    """Run lower_job on the request, its stdout and stderr into log; returns how it ended, in words."""
+    if server is not None:
+        with open(os.devnull, "rb") as stdin:
+            try:
+                status = fork_client.request(str(server), [str(request_path)], str(REPO_ROOT), env,
+                                             {0: stdin.fileno(), 1: log.fileno(), 2: log.fileno()}, LOWER_TIMEOUT_S)
+                return f"exited {status}"
+            except fork_client.NotStarted:
+                pass  # no server (any more): the slow way below
+            except fork_client.ServerGone as gone:
+                return f"was lost ({gone})"
+            except TimeoutError:
+                return f"was killed after {LOWER_TIMEOUT_S} s"
+    try:
+        completed = subprocess.run([sys.executable, "-m", "harness.pipeline.lower_job", str(request_path)],
+                                   cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                   stderr=subprocess.STDOUT, timeout=LOWER_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return f"was killed after {LOWER_TIMEOUT_S} s"
+    return f"exited {completed.returncode}"

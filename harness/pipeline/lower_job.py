@@ -1,4 +1,5 @@
-"""Child process that turns one case into a .pte plus facts: `python -m harness.pipeline.lower_job REQUEST`.
+"""Child process that turns one case into a .pte plus facts: `python -m harness.pipeline.lower_job REQUEST`,
+or the same entry point in a child forked by the run's lowering server (harness.pipeline.lower_server).
 
 A child per lowering because running a program in the process that lowered it crashed (FACTS.md),
 because a crash in executorch must fail one case and not the pytest worker, and because the QNN
@@ -14,8 +15,9 @@ import traceback
 from pathlib import Path
 
 
-def main(request_path: str) -> int:
-    request = json.loads(Path(request_path).read_text())
+def main(argv: list[str]) -> int:
+    """argv: [the request's JSON file]."""
+    request = json.loads(Path(argv[0]).read_text())
     out_dir = Path(request["out_dir"])
     facts: dict = {"timings_s": {}, "error": None}
     started = time.perf_counter()
@@ -60,4 +62,4 @@ def main(request_path: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(sys.argv[1:]))

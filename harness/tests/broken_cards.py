@@ -1,6 +1,9 @@
 """Cards that are wrong on purpose, so the checks can be shown to fail (harness tests only)."""
 from __future__ import annotations
 
+import os
+import signal
+
 import torch
 
 from harness.pipeline.card import ModelCard, register
@@ -33,5 +36,14 @@ class UndeclaredBuffer(torch.nn.Module):
         return self.actual * 1
 
 
+class CrashesTheProcess(torch.nn.Module):
+    """Kills its own process when built: to the harness, a crash in executorch's C++ looks like this."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        os.kill(os.getpid(), signal.SIGSEGV)
+
+
 SPLIT = register(ModelCard("split_by_unsupported_op", SplitByUnsupportedOp, _steps, ("state",), module=__name__))
 MISDECLARED = register(ModelCard("misdeclared_buffer", UndeclaredBuffer, _steps, ("declared",), module=__name__))
+CRASHING = register(ModelCard("crashes_the_process", CrashesTheProcess, _steps, ("state",), module=__name__))

@@ -23,8 +23,10 @@ import pytest
 from fixtures import zoo  # noqa: F401  (registers the cards)
 from harness.device.execute import write_inputs
 from harness.device.payload import EMULATED_RUNNER
-from harness.emulator.runner_client import MAX_UNIX_PATH_BYTES, SOCKET_ENV, unix_address
-from harness.emulator.runner_server import pid_file_of, start_server, stop_server
+from harness.emulator.runner_client import SOCKET_ENV
+from harness.emulator.runner_server import start_server
+from harness.fork_client import MAX_UNIX_PATH_BYTES, unix_address
+from harness.fork_server import pid_file_of, stop_server
 from harness.pipeline import card as cards
 from harness.pipeline import mutbuf
 from harness.pipeline.lower import Case, LoweredArtifact, lower_case

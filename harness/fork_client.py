@@ -1,0 +1,86 @@
+"""The client side of harness.fork_server: hand one request (argv, cwd, umask, environment and the
+stdin/stdout/stderr descriptors) to a server and wait for the child's exit status.
+
+Imported by the emulated runner on every invocation, where start-up cost is what counts: only os, socket
+and json.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+# One request (argv, cwd, environment) is one SOCK_SEQPACKET message; environments are a few KiB.
+MAX_MESSAGE_BYTES = 1 << 20
+STD_FDS = (0, 1, 2)
+# sun_path holds 108 bytes including the terminating NUL.
+MAX_UNIX_PATH_BYTES = 107
+
+
+class NotStarted(Exception):
+    """The server did not start the request (none there, or it turned the request down): run it yourself.
+
+    refusal: the server's reason when it answered and said no; None when there was no server to ask."""
+
+    def __init__(self, message: str, refusal: str | None = None) -> None:
+        super().__init__(message)
+        self.refusal = refusal
+
+
+class ServerGone(Exception):
+    """The server accepted the request and went away before its child ended (the child dies with it)."""
+
+
+def unix_address(path: str) -> tuple[str, int | None]:
+    """An address for bind/connect and a directory fd to close afterwards (None if there is none).
+
+    A path longer than AF_UNIX allows is reached through /proc/self/fd/<its directory>/<name>, so a socket
+    deep inside a pytest tmp directory still works.
+    """
+    if len(os.fsencode(path)) <= MAX_UNIX_PATH_BYTES:
+        return path, None
+    directory = os.open(os.path.dirname(path) or ".", os.O_PATH | os.O_DIRECTORY)
+    return f"/proc/self/fd/{directory}/{os.path.basename(path)}", directory
+
+
+def current_umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
+def request(path: str, argv: list[str], cwd: str, env: dict[str, str], fds: dict[int, int],
+            timeout_s: float | None = None) -> int:
+    """The child's exit status (128+N when signal N killed it).
+
+    fds maps the child's 0/1/2 to descriptors of this process (a missing one stays closed in the child).
+    NotStarted when the server did not start it; ServerGone when the server went away during the run;
+    TimeoutError past timeout_s, after which the connection is closed, which makes the server kill the child."""
+    message = json.dumps({"argv": argv, "cwd": cwd, "umask": current_umask(), "env": env,
+                          "fds": sorted(fds)}).encode()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as connection:
+        try:
+            address, directory = unix_address(path)
+            try:
+                connection.connect(address)
+            finally:
+                if directory is not None:
+                    os.close(directory)
+            socket.send_fds(connection, [message], [fds[target] for target in sorted(fds)])
+            reply = json.loads(connection.recv(MAX_MESSAGE_BYTES) or "{}")
+        except OSError as error:
+            raise NotStarted(f"no server at {path} ({error.strerror or error})") from error
+        if "started" not in reply:
+            refusal = reply.get("refused")
+            raise NotStarted(f"the server at {path} did not start the request ({refusal or 'it hung up'})", refusal)
+        # From here on the request has started: it is never run a second time.
+        connection.settimeout(timeout_s)
+        try:
+            status = json.loads(connection.recv(MAX_MESSAGE_BYTES) or "{}").get("status")
+        except TimeoutError:
+            raise
+        except OSError:
+            status = None
+    if status is None:
+        raise ServerGone(f"the server at {path} went away during the run (its child is killed with it)")
+    return int(status)

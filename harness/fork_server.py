@@ -1,0 +1,365 @@
+"""A fork server: heavy modules imported once, a fresh forked child per request.
+
+Two things in this suite pay seconds of `import torch, executorch` per invocation while doing well under a
+second of work: the emulated device's runner (harness.emulator.runner_server) and the lowering of a case
+(harness.pipeline.lower_server). Each gets a server built from this module: it imports its modules once,
+then forks a child per request that takes the client's argv, cwd, umask, environment (os.environ replaced)
+and stdin/stdout/stderr (received as descriptors, SCM_RIGHTS), runs the service's entry point and _exits.
+The client (harness.fork_client) gets the child's exit status, 128+N if signal N killed it; if the client
+goes away first (`timeout -s KILL`, adb closing the stream, a pytest worker dying) the child is SIGKILLed
+at once.
+
+Every child starts from the server as it was right after its imports: no .pte and no QNN library is ever
+loaded there (checked in /proc/self/maps at start), no tensor op runs there (so no torch or executorch
+thread pool exists to be lost by fork), hence each request loads its own backend and nothing carries over
+from one request to the next.
+
+QNN libraries: in a child, ExecuTorch dlopens libQnnHtp.so (the interposer of the overlay) by name, and the
+dynamic loader searches the LD_LIBRARY_PATH the *server* started with: it reads the variable once per
+process, so the client's value, now in os.environ, changes nothing (measured: a server started without the
+overlay on its LD_LIBRARY_PATH fails every run with "Cannot Open QNN library libQnnHtp.so"). Hence: start the
+server with the clients' environment (the toolchain's child_env puts the overlay on LD_LIBRARY_PATH). A
+request whose LD_LIBRARY_PATH would find another libQnnHtp.so than the server's is turned down, and the
+client runs it the slow way. Other variables read only at start-up (OMP_*, PYTHON*, MALLOC_*) also stay the
+server's.
+
+The server writes its pid to SOCKET.pid and logs to SOCKET.log; on SIGTERM, or when the process that started
+it dies, it kills its children, reports them to their clients as killed (137) and removes its files.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import importlib
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Callable
+
+from harness.fork_client import MAX_MESSAGE_BYTES, STD_FDS, unix_address
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+START_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 5.0
+SHUTDOWN_JOIN_S = 2.0  # under STOP_TIMEOUT_S, so stop_server need not escalate to SIGKILL
+LISTEN_BACKLOG = 64
+PR_SET_PDEATHSIG = 1
+QNN_LIBRARY = "libQnnHtp.so"  # what ExecuTorch dlopens by name
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+PARENT_ENV = "QNNSUITE_FORK_SERVER_PARENT"  # the pid whose death stops the server
+
+Entry = Callable[[list[str]], object]
+
+
+class ForkServerError(RuntimeError):
+    """A fork server did not come up; the message names its log."""
+
+
+def pid_file_of(socket_path: Path) -> Path:
+    return socket_path.with_name(socket_path.name + ".pid")
+
+
+def log_file_of(socket_path: Path) -> Path:
+    return socket_path.with_name(socket_path.name + ".log")
+
+
+def write_atomically(path: Path, text: str) -> None:
+    temporary = path.with_name(path.name + f".tmp{os.getpid()}")
+    temporary.write_text(text)
+    temporary.replace(path)
+
+
+def shell_status(wait_status: int) -> int:
+    """A child's end as a shell reports it: its exit code, or 128+N when signal N killed it."""
+    code = os.waitstatus_to_exitcode(wait_status)
+    return code if code >= 0 else 128 - code
+
+
+def exit_code(value: object) -> int:
+    """What `sys.exit(value)` makes of a value, so a child ends with the code a fresh Python would."""
+    if value is None:
+        return 0
+    if isinstance(value, int):
+        return value
+    print(value, file=sys.stderr)
+    return 1
+
+
+def library_on_path(search_path: str, cwd: str) -> Path | None:
+    """The QNN_LIBRARY that the dynamic loader would find on this LD_LIBRARY_PATH, resolved; None if none.
+
+    An empty or relative entry is taken from `cwd`, as the loader takes it from the cwd at dlopen time.
+    """
+    for directory in search_path.split(os.pathsep):
+        candidate = Path(cwd, directory, QNN_LIBRARY)
+        if candidate.is_file():
+            return candidate.resolve()
+    return None
+
+
+def qnn_libraries_mapped() -> list[str]:
+    """libQnn* files mapped into this process: the server must have none, each child loads its own."""
+    with open("/proc/self/maps") as maps:
+        return sorted({line.split()[-1] for line in maps if "/libQnn" in line})
+
+
+class ForkServer:
+    """Accepts requests on a Unix socket: a thread per connection, a forked child per request."""
+
+    def __init__(self, socket_path: Path, entry: Entry, program: str) -> None:
+        """entry(argv) runs one request in the child; program becomes the child's sys.argv[0]."""
+        self.socket_path = socket_path
+        self.entry = entry
+        self.program = program
+        self.library_path = os.environ.get("LD_LIBRARY_PATH", "")
+        self.libc = ctypes.CDLL(None)
+        self.lock = threading.Lock()
+        self.children: dict[int, int] = {}  # pid -> pidfd, until reaped
+        self.stopping = False
+
+    def serve(self) -> None:
+        """Listen until SIGTERM; then kill the children and remove the socket and pid file."""
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.socket_path.unlink(missing_ok=True)
+        address, directory = unix_address(str(self.socket_path))
+        try:
+            listener.bind(address)
+        finally:
+            if directory is not None:
+                os.close(directory)
+        listener.listen(LISTEN_BACKLOG)
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        self.stop_with_parent()
+        write_atomically(pid_file_of(self.socket_path), str(os.getpid()))
+        print(f"fork server: pid {os.getpid()} serving {self.socket_path}", flush=True)
+        try:
+            while True:
+                connection, _ = listener.accept()
+                # Threads inherit this mask, so SIGTERM reaches the main thread and interrupts accept().
+                unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+                try:
+                    threading.Thread(target=self.handle, args=(connection,), daemon=True).start()
+                finally:
+                    signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
+        finally:
+            listener.close()
+            self.stop_children()
+            self.socket_path.unlink(missing_ok=True)
+            pid_file_of(self.socket_path).unlink(missing_ok=True)
+
+    def stop_with_parent(self) -> None:
+        """SIGTERM this server when the process that started it dies (a SIGKILLed pytest leaves nothing)."""
+        parent = os.environ.get(PARENT_ENV)
+        if not parent:
+            return
+        self.libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
+        if os.getppid() != int(parent):  # it died before the line above
+            sys.exit(0)
+
+    def stop_children(self) -> None:
+        """Kill every running child and give the connection threads a moment to tell their clients."""
+        with self.lock:
+            self.stopping = True
+            for pidfd in self.children.values():
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        deadline = time.monotonic() + SHUTDOWN_JOIN_S
+        for thread in threading.enumerate():
+            if thread is not threading.current_thread():
+                thread.join(max(0.0, deadline - time.monotonic()))
+
+    def handle(self, connection: socket.socket) -> None:
+        """One request: fork its child, then report its status or kill it when the client goes."""
+        with connection:
+            message, fds, _, _ = socket.recv_fds(connection, MAX_MESSAGE_BYTES, len(STD_FDS))
+            try:
+                if not message:
+                    return
+                request = json.loads(message)
+                refusal = self.refusal(request)
+                started = None if refusal else self.start_child(request, fds)
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            if started is None:
+                send(connection, {"refused": refusal or "the server is stopping"})
+                return
+            pid, pidfd = started
+            child_ended = send(connection, {"started": pid}) and self.child_ends_first(connection, pidfd)
+            status = self.reap(pid, pidfd, kill=not child_ended)
+            if child_ended:
+                send(connection, {"status": status})
+
+    def refusal(self, request: dict) -> str | None:
+        """Why this request cannot run here (the client then runs it itself), or None."""
+        wanted = library_on_path(request["env"].get("LD_LIBRARY_PATH", ""), request["cwd"])
+        loaded = library_on_path(self.library_path, request["cwd"])
+        if wanted != loaded:
+            return (f"its LD_LIBRARY_PATH finds {QNN_LIBRARY} at {wanted}, the server's at {loaded}; "
+                    f"start the server with the clients' environment")
+        return None
+
+    def start_child(self, request: dict, fds: list[int]) -> tuple[int, int] | None:
+        """Fork the request's child; (pid, pidfd), or None once the server is stopping."""
+        server_pid = os.getpid()
+        with self.lock:
+            if self.stopping:
+                return None
+            # Pending C stdio output of the server must not be flushed a second time, by the child.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            self.libc.fflush(None)
+            pid = os.fork()
+            if pid == 0:
+                self.run_child(server_pid, request, fds)
+            pidfd = os.pidfd_open(pid)
+            self.children[pid] = pidfd
+        return pid, pidfd
+
+    def run_child(self, server_pid: int, request: dict, fds: list[int]) -> None:
+        """In the child: take on the client's process state, run the entry point, and never return."""
+        code = 1
+        try:
+            # Tied to the forking thread, which lives until it has reaped this child.
+            self.libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
+            if os.getppid() != server_pid:
+                os._exit(128 + signal.SIGKILL)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_SETMASK, [])
+            for target, fd in zip(request["fds"], fds):
+                os.dup2(fd, target)
+            for missing in set(STD_FDS) - set(request["fds"]):
+                os.close(missing)
+            # Everything else is the server's: its socket, other clients' connections and descriptors.
+            os.closerange(len(STD_FDS), os.sysconf("SC_OPEN_MAX"))
+            os.chdir(request["cwd"])
+            os.umask(request["umask"])
+            os.environ.clear()
+            os.environ.update(request["env"])
+            sys.argv = [self.program, *request["argv"]]
+            # New stream objects: the server's may hold buffered output or a lock taken by another thread.
+            sys.stdin = open(0, closefd=False) if 0 in request["fds"] else None
+            sys.stdout = open(1, "w", closefd=False) if 1 in request["fds"] else None
+            sys.stderr = (open(2, "w", buffering=1, closefd=False, errors="backslashreplace")
+                          if 2 in request["fds"] else None)
+            code = exit_code(self.entry(request["argv"]))
+        except SystemExit as exit_request:
+            code = exit_code(exit_request.code)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            try:
+                for stream in (sys.stdout, sys.stderr):
+                    if stream is not None:
+                        stream.flush()
+                self.libc.fflush(None)
+            finally:
+                os._exit(code)
+
+    def child_ends_first(self, connection: socket.socket, pidfd: int) -> bool:
+        """Wait until the child ends (True) or the client hangs up (False)."""
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        poller.register(connection, select.POLLIN)
+        return pidfd in dict(poller.poll())
+
+    def reap(self, pid: int, pidfd: int, kill: bool) -> int:
+        """Reap the child (SIGKILLing it first if asked) and return its shell status."""
+        with self.lock:
+            del self.children[pid]
+            if kill:
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        _, wait_status = os.waitpid(pid, 0)
+        os.close(pidfd)
+        return shell_status(wait_status)
+
+
+def send(connection: socket.socket, message: dict) -> bool:
+    """Send one message; False when the client is gone."""
+    try:
+        connection.send(json.dumps(message).encode())
+    except OSError:
+        return False
+    return True
+
+
+def main(description: str, preload: tuple[str, ...], entry: Entry, program: str) -> None:
+    """A server's main (`python -m SERVER --socket PATH`): import `preload`, check that no QNN library came
+    with it, serve until SIGTERM."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--socket", type=Path, required=True, help="Unix socket to serve on")
+    socket_path = parser.parse_args().socket
+    for name in preload:
+        importlib.import_module(name)
+    mapped = qnn_libraries_mapped()
+    if mapped:
+        sys.exit(f"fork server: importing {', '.join(preload)} mapped {', '.join(mapped)}; "
+                 f"QNN libraries must load only in each request's child")
+    code = 0
+    try:
+        ForkServer(socket_path.absolute(), entry, program).serve()
+    except SystemExit as stop:  # SIGTERM
+        code = exit_code(stop.code)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        # Its children, socket and pid file are gone by now; tearing down torch's interpreter state on
+        # the way out took another second per server, for nothing.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def spawn_server(module: str, socket_path: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """Start `python -m module --socket PATH` without waiting for it (see wait_until_serving).
+
+    env: the clients' environment (the toolchain's child_env): what a process reads only at start, like
+    LD_LIBRARY_PATH for the dynamic loader, comes from here for every request."""
+    socket_path = Path(socket_path).absolute()
+    pid_file_of(socket_path).unlink(missing_ok=True)
+    python = env.get("QNNSUITE_PYTHON") or sys.executable
+    with open(log_file_of(socket_path), "wb") as log:
+        return subprocess.Popen([python, "-m", module, "--socket", str(socket_path)],
+                                cwd=PROJECT_ROOT, env={**env, PARENT_ENV: str(os.getpid())},
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+
+
+def wait_until_serving(process: subprocess.Popen[bytes], socket_path: Path, timeout_s: float = START_TIMEOUT_S) -> None:
+    """Return once the server accepts requests; ForkServerError (naming its log) if it never does."""
+    socket_path = Path(socket_path).absolute()
+    pid_file, log = pid_file_of(socket_path), log_file_of(socket_path)
+    deadline = time.monotonic() + timeout_s
+    while not (pid_file.exists() and pid_file.read_text() == str(process.pid)):
+        if process.poll() is not None:
+            raise ForkServerError(f"fork server {socket_path.name} exited {process.returncode}; see {log}")
+        if time.monotonic() > deadline:
+            stop_server(process)
+            raise ForkServerError(f"fork server {socket_path.name} not ready after {timeout_s:.0f} s; see {log}")
+        time.sleep(0.05)
+
+
+def start_server(module: str, socket_path: Path, env: dict[str, str],
+                 timeout_s: float = START_TIMEOUT_S) -> subprocess.Popen[bytes]:
+    """spawn_server, then wait_until_serving."""
+    process = spawn_server(module, socket_path, env)
+    wait_until_serving(process, socket_path, timeout_s)
+    return process
+
+
+def stop_server(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (the server kills its children and removes its files), SIGKILL if it lingers; idempotent."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
