@@ -50,7 +50,7 @@ def worker_id_name() -> str:
 
 @pytest.fixture(scope="session")
 def device_pool(run_context, qnnsuite_options, toolchain, worker_id_name):
-    pool = DevicePool(list(run_context.devices), run_context.adb_port, f"{run_context.run_id}-{worker_id_name}",
+    pool = DevicePool(list(run_context.devices), run_context.adb_port, run_context.run_id, worker_id_name,
                       runner=qnnsuite_options.runner,
                       sdk_root=None if toolchain.sdk.origin == "onnxruntime-qnn wheel" else toolchain.sdk.root)
     yield pool

@@ -18,7 +18,7 @@ import pytest
 
 from harness import context as run_context
 from harness import options as run_options
-from harness.device import discovery
+from harness.device import discovery, pool
 from harness.device.device import DeviceError
 from harness import fork_server, known_failures, records
 from harness.emulator.launcher import FleetError
@@ -238,7 +238,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    _stop_servers(config)
     context = config.stash.get(CONTEXT, None)
-    if context is not None and not _is_worker(config) and not config.stash[OPTIONS].keep_workspace:
+    cleaning = context is not None and not _is_worker(config) and not config.stash[OPTIONS].keep_workspace
+    if cleaning:  # while the emulated devices still answer
+        for line in pool.remove_run_folders(list(context.devices), context.adb_port, context.run_id):
+            print(line, file=sys.stderr)
+    _stop_servers(config)
+    if cleaning:
         shutil.rmtree(context.work_dir, ignore_errors=True)

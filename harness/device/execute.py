@@ -19,6 +19,14 @@ RUNNER_TIMEOUT_S = 300
 RUNNER_EXECUTION = re.compile(r"^runner: .* in ([0-9.]+) ms$", re.MULTILINE)
 
 
+@dataclass(frozen=True)
+class Workspace:
+    """Where a worker's cases go on a device, and where the run's runner and libraries are."""
+
+    cases: str  # this worker's folder
+    payload: str  # shared by the run's workers
+
+
 class RunnerFailed(DeviceError):
     """The runner ran but did not produce a full result; its log is in the message."""
 
@@ -33,11 +41,11 @@ class DeviceRun:
     pushed_bytes: int = 0
 
 
-def prepare_workspace(device: Device, workspace: str, payload: list[PayloadFile]) -> int:
-    """Push the runner and libraries once per device per run (unchanged files are skipped)."""
+def prepare_workspace(device: Device, folder: str, payload: list[PayloadFile]) -> int:
+    """Push the runner and libraries into folder (files the device already has are skipped)."""
     transferred = 0
     for item in payload:
-        if device.push(item.local, f"{workspace}/{item.remote_name}", mode=item.mode):
+        if device.push(item.local, f"{folder}/{item.remote_name}", mode=item.mode):
             transferred += item.local.stat().st_size
     return transferred
 
@@ -73,11 +81,11 @@ def _tail(text: str, lines: int = 15) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
-def run_case(device: Device, workspace: str, case_dir_name: str, pte: Path, steps: list[tuple],
+def run_case(device: Device, workspace: Workspace, case_dir_name: str, pte: Path, steps: list[tuple],
              local_dir: Path, output_count: int, timeout_s: float = RUNNER_TIMEOUT_S) -> DeviceRun:
     timings: dict[str, float] = {}
     started = time.perf_counter()
-    remote = f"{workspace}/{case_dir_name}"
+    remote = f"{workspace.cases}/{case_dir_name}"
     device.shell(f"rm -rf {remote} && mkdir -p {remote}/outputs")
     input_files = write_inputs(steps, local_dir / "inputs")
     input_list = local_dir / "input_list.txt"
@@ -88,9 +96,10 @@ def run_case(device: Device, workspace: str, case_dir_name: str, pte: Path, step
     timings["push"] = time.perf_counter() - started
 
     started = time.perf_counter()
-    result = device.run(f"{workspace}/{RUNNER_NAME} --model_path model.pte --input_list_path input_list.txt "
+    result = device.run(f"{workspace.payload}/{RUNNER_NAME} --model_path model.pte --input_list_path input_list.txt "
                         f"--output_folder_path outputs", cwd=remote, timeout_s=timeout_s,
-                        env={"LD_LIBRARY_PATH": f"{workspace}:$LD_LIBRARY_PATH", "ADSP_LIBRARY_PATH": workspace})
+                        env={"LD_LIBRARY_PATH": f"{workspace.payload}:$LD_LIBRARY_PATH",
+                             "ADSP_LIBRARY_PATH": workspace.payload})
     timings["run"] = time.perf_counter() - started
     executed = RUNNER_EXECUTION.search(result.output)
     if executed:  # the emulated runner reports its own execution time, imports excluded

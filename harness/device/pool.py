@@ -1,7 +1,9 @@
 """The devices of a run as one pytest worker sees them: who serves which SoC, exclusive use, losses.
 
-Every worker has its own workspace on each device (named after the run and the worker); the
-payload (runner and libraries) is pushed once per device per worker and skipped when unchanged.
+On each device a run has one folder, WORKSPACE_ROOT/<run id>: the payload (runner and libraries) in
+`payload/`, pushed once per device per run (the first worker to hold the device pushes it, the others
+find the same bytes there and skip them), and one folder of case files per worker. Workers remove their
+own folders; the controller removes the run's folder at the end (remove_run_folders).
 A device that is lost fails its own cases with the line that said so; the rest go on.
 """
 from __future__ import annotations
@@ -15,8 +17,8 @@ from typing import Iterator
 from filelock import Timeout
 
 from harness.device.adb import AdbClient
-from harness.device.device import Device, DeviceError, DeviceLost
-from harness.device.execute import prepare_workspace
+from harness.device.device import WORKSPACE_ROOT, Device, DeviceError, DeviceLost
+from harness.device.execute import Workspace, prepare_workspace
 from harness.device.payload import for_device
 
 LOCK_POLL_S = 0.2
@@ -38,11 +40,12 @@ class DeviceSpec:
 class DevicePool:
     specs: list[DeviceSpec]
     adb_port: int
-    workspace_name: str  # run id + worker id
+    run_id: str
+    worker: str
     runner: Path | None = None
     sdk_root: Path | None = None
     _devices: dict[str, Device] = field(default_factory=dict)
-    _prepared: dict[str, str] = field(default_factory=dict)  # serial -> workspace path
+    _prepared: dict[str, Workspace] = field(default_factory=dict)  # serial -> this worker's workspace
     _lost: dict[str, str] = field(default_factory=dict)  # serial -> the line that said so
 
     def socs(self) -> list[str]:
@@ -57,7 +60,7 @@ class DevicePool:
         return self._devices[serial]
 
     @contextlib.contextmanager
-    def acquire(self, soc: str, holder: str) -> Iterator[tuple[Device, str]]:
+    def acquire(self, soc: str, holder: str) -> Iterator[tuple[Device, Workspace]]:
         """A device of this SoC for exclusive use, with its prepared workspace.
 
         With several devices of one SoC the first free one is taken; with one, this simply waits.
@@ -96,11 +99,13 @@ class DevicePool:
             time.sleep(0.3)
         return False
 
-    def _workspace(self, device: Device, spec: DeviceSpec) -> str:
+    def _workspace(self, device: Device, spec: DeviceSpec) -> Workspace:
+        """Called with the device held, so no other worker pushes the payload at the same time."""
         if spec.serial not in self._prepared:
-            workspace = device.workspace(self.workspace_name)
-            prepare_workspace(device, workspace, for_device(spec.abi, spec.htp_arch, self.runner, self.sdk_root))
-            self._prepared[spec.serial] = workspace
+            payload = f"{WORKSPACE_ROOT}/{self.run_id}/payload"
+            device.shell(f"mkdir -p {payload}")
+            prepare_workspace(device, payload, for_device(spec.abi, spec.htp_arch, self.runner, self.sdk_root))
+            self._prepared[spec.serial] = Workspace(device.workspace(f"{self.run_id}/{self.worker}"), payload)
         return self._prepared[spec.serial]
 
     def close(self, keep: bool) -> list[str]:
@@ -115,3 +120,15 @@ class DevicePool:
             lines += [f"could not remove workspace {serial}:{path} (device gone)" for path in device.remove_workspaces()]
         return lines
 
+
+def remove_run_folders(specs: list[DeviceSpec], adb_port: int, run_id: str) -> list[str]:
+    """Remove the run's folder (shared payload included) from every device; returns lines for those that
+    could not be cleaned (device gone)."""
+    lines = []
+    for spec in specs:
+        try:
+            Device(spec.serial, AdbClient(host="127.0.0.1", port=adb_port)).shell(
+                f"rm -rf {WORKSPACE_ROOT}/{run_id}", timeout_s=30)
+        except DeviceError:
+            lines.append(f"could not remove {spec.serial}:{WORKSPACE_ROOT}/{run_id} (device gone)")
+    return lines

@@ -16,8 +16,9 @@ import pytest
 from harness.context import RunContext
 from harness.device import discovery
 from harness.device.device import Device, DeviceError
-from harness.device.execute import RunnerFailed, run_case
-from harness.device.payload import EMULATED_RUNNER, for_device
+from harness.device.execute import RunnerFailed, Workspace, run_case
+from harness.device.payload import EMULATED_RUNNER, RUNNER_NAME, for_device
+from harness.device.pool import DevicePool, DeviceSpec, remove_run_folders
 from harness.emulator.launcher import EmulatorFleet
 from harness.paths import REPO_ROOT
 
@@ -100,7 +101,8 @@ def test_hung_runner_is_killed_and_its_log_pulled(fleet, device, tmp_path):
     started = time.perf_counter()
     try:
         with pytest.raises(RunnerFailed) as failure:
-            run_case(device, workspace, "case", pte, [()], tmp_path / "local", output_count=1, timeout_s=3)
+            run_case(device, Workspace(workspace, workspace), "case", pte, [()], tmp_path / "local", output_count=1,
+                     timeout_s=3)
     finally:
         fleet.set_faults(device.serial, runner_hang=None)
     assert time.perf_counter() - started < 30
@@ -146,6 +148,25 @@ def _descendants(roots: list[int]) -> list[int]:
         found += children
         frontier = set(children)
     return found
+
+
+def test_payload_goes_to_a_device_once_per_run(fleet):
+    info = fleet.devices[0]
+    specs = [DeviceSpec(info.serial, info.soc, 75, "x86_64", "Emulated", emulated=True)]
+    workers = [DevicePool(specs, fleet.adb_port, "payload-run", worker) for worker in ("gw0", "gw1")]
+    runner = info.root / "data/local/tmp/qnnsuite/payload-run/payload" / RUNNER_NAME
+    written = []
+    for pool in workers:
+        with pool.acquire(info.soc, holder=pool.worker) as (device, workspace):
+            assert workspace.payload.endswith("/payload-run/payload") and workspace.cases.endswith(f"/payload-run/{pool.worker}")
+            assert device.run(f"test -x {workspace.payload}/{RUNNER_NAME}", cwd=workspace.cases, timeout_s=30).exit_code == 0
+        written.append(runner.stat().st_ctime_ns)
+    assert written[0] == written[1], "the second worker of the run found the runner there and did not push it again"
+    for pool in workers:
+        assert pool.close(keep=False) == []
+    assert runner.exists(), "workers leave the shared payload to the controller"
+    assert remove_run_folders(specs, fleet.adb_port, "payload-run") == []
+    assert not runner.parent.parent.exists()
 
 
 def _runner_child(pid: int, fleet: EmulatorFleet) -> bool:
