@@ -131,6 +131,7 @@ def main() -> None:
 
     runs: dict[str, list[dict]] = {"cold_n1": [], "cold_nN": [], "warm_nN": []}
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    invocation = runner_invocation(args.repeats)
     for repeat in range(args.repeats):
         with tempfile.TemporaryDirectory() as scratch:
             root = Path(scratch)
@@ -139,12 +140,12 @@ def main() -> None:
                 runs[kind].append(run_suite(matrix, workers, root / cache, root / f"reports-{kind}"))
                 print(f"repeat {repeat + 1}/{args.repeats} {kind}: {runs[kind][-1]['wall_s']:.0f} s, "
                       f"{runs[kind][-1]['cases']} cases, {runs[kind][-1]['verdicts']}", flush=True)
-    invocation = runner_invocation(args.repeats)
-    summary = {"matrix": shlex.join(matrix) or "default (pytest suites)", "repeats": args.repeats,
-               "workers": args.workers, "cpus": os.cpu_count(), "machine": platform.machine(), "started": started,
-               "cases": runs["cold_n1"][0]["cases"], **summarise(runs, invocation), "runner_invocation": invocation,
-               "runs": runs}
-    args.output.write_text(json.dumps(summary, indent=1) + "\n")
+        # Written after every repeat: an interrupted benchmark keeps what it measured.
+        summary = {"matrix": shlex.join(matrix) or "default (pytest suites)", "repeats": repeat + 1,
+                   "workers": args.workers, "cpus": os.cpu_count(), "machine": platform.machine(), "started": started,
+                   "cases": runs["cold_n1"][0]["cases"], **summarise(runs, invocation),
+                   "runner_invocation": invocation, "runs": runs}
+        args.output.write_text(json.dumps(summary, indent=1) + "\n")
     print(table(summary, args.workers))
 
 
