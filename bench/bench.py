@@ -99,7 +99,7 @@ def table(summary: dict, workers: str) -> str:
     invocation = summary["runner_invocation"]
     mark = {True: "met", False: "NOT met"}
     rows = [
-        "| measure | median | target |", "| --- | --- | --- |",
+        f"| measure | median of {summary['repeats']} | target |", "| --- | --- | --- |",
         f"| cold run, `-n 1` | {median['cold_n1']:.0f} s | |",
         f"| cold run, `-n {workers}` | {median['cold_nN']:.0f} s | |",
         f"| warm run, `-n {workers}` | {median['warm_nN']:.0f} s | |",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -142,6 +143,8 @@ def test_keep_workspace_prints_where_it_is(tmp_path, shared_cache):
     assert run.completed.returncode == 0, run.output[-2000:]
     kept = [line for line in run.output.splitlines() if line.startswith("kept workspace ")]
     assert len(kept) >= 2 and all("/data/local/tmp/qnnsuite/" in line for line in kept), run.output[-2000:]
+    assert run.context.work_dir.exists(), "kept means kept"
+    shutil.rmtree(run.context.work_dir)  # the emulated devices' storage: this test's to clean up
 
 
 def test_ctrl_c_in_a_parallel_run(tmp_path, shared_cache):
