@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -106,7 +107,8 @@ def _start_run(config: pytest.Config, options: run_options.RunOptions) -> run_co
         raise pytest.UsageError(str(error)) from error
 
 
-def _with_lowering_server(context: run_context.RunContext, server, socket_path: Path) -> run_context.RunContext:
+def _with_lowering_server(context: run_context.RunContext, server: subprocess.Popen[bytes],
+                          socket_path: Path) -> run_context.RunContext:
     """The context with its lowering server, once that accepts cases; without it (slower, same results) if
     it never came up."""
     try:

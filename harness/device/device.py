@@ -125,12 +125,10 @@ class Device:
         digest = result.output.split()[0] if result.exit_code == 0 and result.output.strip() else ""
         return digest if re.fullmatch(r"[0-9a-f]{64}", digest) else None
 
-    def push(self, local: Path, remote: str, mode: int = 0o644, skip_unchanged: bool = True) -> bool:
+    def push(self, local: Path, remote: str, mode: int = 0o644) -> bool:
         """Push unless the device already has these bytes; True when bytes were transferred.
-
-        skip_unchanged=False saves the device-side hash for files going into a directory that was
-        just emptied (one adb round trip per file less)."""
-        if skip_unchanged and self.remote_sha256(remote) == hashlib.sha256(local.read_bytes()).hexdigest():
+        (Files going into a folder that was just emptied need no hash: push_files.)"""
+        if self.remote_sha256(remote) == hashlib.sha256(local.read_bytes()).hexdigest():
             return False
         self.push_files([(local, remote)], mode)
         return True
