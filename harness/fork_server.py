@@ -44,6 +44,7 @@ import traceback
 from pathlib import Path
 from typing import Callable
 
+from harness.emulator.adbd import write_atomically
 from harness.fork_client import MAX_MESSAGE_BYTES, STD_FDS, unix_address
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -69,12 +70,6 @@ def pid_file_of(socket_path: Path) -> Path:
 
 def log_file_of(socket_path: Path) -> Path:
     return socket_path.with_name(socket_path.name + ".log")
-
-
-def write_atomically(path: Path, text: str) -> None:
-    temporary = path.with_name(path.name + f".tmp{os.getpid()}")
-    temporary.write_text(text)
-    temporary.replace(path)
 
 
 def shell_status(wait_status: int) -> int:
