@@ -6,9 +6,9 @@ import socket
 import sys
 
 from harness.context import RunContext
+from harness.device.kinds import EmulatedKind
 from harness.qnn.toolchain import Toolchain
 from harness.versions import package_version
-
 
 
 def per_soc(context: RunContext, toolchain: Toolchain | None, started: str, finished: str) -> dict[str, dict]:
@@ -24,7 +24,7 @@ def per_soc(context: RunContext, toolchain: Toolchain | None, started: str, fini
     for spec in context.devices:
         entry = environments.setdefault(spec.soc, {**common, "soc": spec.soc, "htp_arch": f"V{spec.htp_arch}",
                                                    "device_serial": spec.serial, "device_model": spec.model,
-                                                   "emulated": spec.emulated})
+                                                   "emulated": spec.kind == EmulatedKind.name})
         if spec.serial not in entry["device_serial"].split(", "):
             entry["device_serial"] += f", {spec.serial}"
     return environments

@@ -1,7 +1,7 @@
 """Session fixtures of the suite: the toolchain, the device pool and the shared case results.
 
-Layered like pytest-embedded's services: suites ask for `case_store` (or a check's outcome) and never
-see adb, executorch or the emulator behind it.
+Layered like pytest-embedded's services: suites ask for `run_check` (or `case_store`) and never see adb,
+executorch or the emulator behind it.
 """
 from __future__ import annotations
 
@@ -11,25 +11,25 @@ import time
 
 import pytest
 
+from harness.check_registry import CheckFailure, CheckSpec, NotApplicable
+from harness.context import RunContext
 from harness.device.pool import DevicePool
+from harness.options import RunOptions
 from harness.qnn.toolchain import Toolchain, ToolchainError, prepare
 from harness.results import CaseStore
-
-
-def _plugin():
-    from harness import plugin
-
-    return plugin
+from harness.stash import CONTEXT, OPTIONS
+from harness.verdicts import DRAFT, CheckDraft
+from harness.vocabulary import Case
 
 
 @pytest.fixture(scope="session")
-def qnnsuite_options(pytestconfig):
-    return pytestconfig.stash[_plugin().OPTIONS]
+def qnnsuite_options(pytestconfig) -> RunOptions:
+    return pytestconfig.stash[OPTIONS]
 
 
 @pytest.fixture(scope="session")
-def run_context(pytestconfig):
-    context = pytestconfig.stash.get(_plugin().CONTEXT, None)
+def run_context(pytestconfig) -> RunContext:
+    context = pytestconfig.stash.get(CONTEXT, None)
     if context is None:
         pytest.fail("this test needs the run's devices: run it through `harness/run.sh suite`", pytrace=False)
     return context
@@ -51,8 +51,7 @@ def worker_id_name() -> str:
 @pytest.fixture(scope="session")
 def device_pool(run_context, qnnsuite_options, toolchain, worker_id_name):
     pool = DevicePool(list(run_context.devices), run_context.adb_port, run_context.run_id, worker_id_name,
-                      runner=qnnsuite_options.runner,
-                      sdk_root=None if toolchain.sdk.origin == "onnxruntime-qnn wheel" else toolchain.sdk.root)
+                      sdk=toolchain.sdk, runner=qnnsuite_options.runner)
     yield pool
     for line in pool.close(keep=qnnsuite_options.keep_workspace):
         print(line, file=sys.stderr)
@@ -65,33 +64,30 @@ def case_store(run_context, qnnsuite_options, toolchain, device_pool, worker_id_
                      qnnsuite_options.cache_dir, run_context.lowering_server)
 
 
-DEVICE_CHECKS = {"check_address_sharing", "check_state", "check_initial_state"}
-
-
 @pytest.fixture
 def run_check(request, case_store, qnnsuite_options):
-    """Run one check on the case's shared outcome; evidence goes to the report via the item's stash."""
-    from harness import plugin
-    from harness.checks import NotApplicable
+    """Run one registered check on the case's shared outcome; what it found goes on the item for the
+    report hook (harness/verdicts.py)."""
 
-    def run(check, case) -> None:
-        on_device = check.__name__ in DEVICE_CHECKS
-        if on_device and qnnsuite_options.compile_only:
+    def run(spec: CheckSpec, case: Case) -> None:
+        if spec.needs_device and qnnsuite_options.compile_only:
             pytest.skip("--compile-only: no device runs")
-        outcome = case_store.executed(case) if on_device else case_store.lowered(case)
-        record = request.node.stash.setdefault(plugin.CHECK_RECORD, {})
-        record.update(check=check.__name__.removeprefix("check_"), case=case, outcome=outcome)
+        outcome = case_store.executed(case) if spec.needs_device else case_store.lowered(case)
+        draft = request.node.stash[DRAFT] = CheckDraft(spec, case, outcome)
         started = time.perf_counter()
         try:
-            record["evidence"] = check(outcome)
+            draft.evidence = spec.function(outcome)
         except NotApplicable as reason:
             pytest.skip(str(reason))
         except AssertionError as failure:
             line, _, detail = str(failure).partition("\n")
-            record["evidence"] = {**getattr(failure, "evidence", {}), **({"detail": detail} if detail else {})}
-            record["failure_line"] = line
+            draft.evidence = {**getattr(failure, "evidence", {}), **({"detail": detail} if detail else {})}
+            draft.failure_line = line
+            if isinstance(failure, CheckFailure) and not spec.declares(failure.signature):
+                draft.failure_line = (f"{line} [check {spec.name} raised signature {failure.signature!r}, which its "
+                                      f"@check declaration does not list: add it to signatures=]")
             raise
         finally:
-            record["check_s"] = round(time.perf_counter() - started, 4)  # the comparison alone
+            draft.check_s = round(time.perf_counter() - started, 4)
 
     return run

@@ -15,9 +15,11 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from harness.checks import SIGNATURES, CheckFailure
+from harness import check_registry
+from harness.check_registry import CheckFailure
+from harness.paths import REPO_ROOT
 
-MANIFEST = Path(__file__).resolve().parent.parent / "fixtures" / "known_failures.toml"
+MANIFEST = REPO_ROOT / "fixtures" / "known_failures.toml"
 
 
 @dataclass(frozen=True)
@@ -41,11 +43,13 @@ class KnownFailure:
 
 @cache
 def load(path: Path = MANIFEST) -> tuple[KnownFailure, ...]:
+    """The manifest's entries; every signature must be one a registered check declares (load the checks first)."""
+    signatures = check_registry.signatures()
     entries = []
     for raw in tomllib.loads(path.read_text()).get("known_failure", []):
         entry = KnownFailure(**raw)
-        if entry.signature not in SIGNATURES:
-            raise ValueError(f"{path}: signature {entry.signature!r} is not one of {', '.join(SIGNATURES)}")
+        if entry.signature not in signatures:
+            raise ValueError(f"{path}: signature {entry.signature!r} is not one of {', '.join(signatures)}")
         re.compile(entry.message)
         entries.append(entry)
     return tuple(entries)
@@ -56,5 +60,5 @@ def _literal_brackets(pattern: str) -> str:
     return "".join({"[": "[[]", "]": "[]]"}.get(c, c) for c in pattern)
 
 
-def matching(test_name: str) -> list[KnownFailure]:
-    return [entry for entry in load() if fnmatch.fnmatchcase(test_name, _literal_brackets(entry.pattern))]
+def matching(test_name: str, path: Path = MANIFEST) -> list[KnownFailure]:
+    return [entry for entry in load(path) if fnmatch.fnmatchcase(test_name, _literal_brackets(entry.pattern))]

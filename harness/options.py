@@ -10,13 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from harness.pipeline.card import DTYPES
+from harness.known_failures import MANIFEST
+from harness.paths import REPO_ROOT
 from harness.qnn import soc as soc_table
+from harness.vocabulary import DTYPES
 
 DEFAULT_EMULATED = ("SM8650", "SM8750")
 DEFAULT_STEPS = 4
 DEFAULT_LLAMA_STEPS = 8
-DEFAULT_CACHE_DIR = Path(__file__).resolve().parent.parent / ".cache" / "artifacts"
+DEFAULT_CACHE_DIR = REPO_ROOT / ".cache" / "artifacts"
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -37,6 +39,8 @@ def add_options(parser: pytest.Parser) -> None:
                     help="also load model cards from this importable module (repeatable)")
     group.addoption("--report-dir", default="reports", metavar="DIR", help="where reports/<run>/<SOC>/ are written")
     group.addoption("--baseline", default=None, metavar="PATH", help="report.json (or a folder of them) to gate against")
+    group.addoption("--known-failures", default=str(MANIFEST), metavar="FILE",
+                    help="known-failures manifest to judge failures by (default fixtures/known_failures.toml)")
     group.addoption("--compile-only", action="store_true", help="export, quantize and lower only; no device runs")
     group.addoption("--runner-timeout", type=float, default=300.0, metavar="S",
                     help="kill a device run after S seconds (default 300)")
@@ -58,6 +62,7 @@ class RunOptions:
     models: tuple[str, ...]
     report_dir: Path
     baseline: Path | None
+    known_failures: Path
     compile_only: bool
     keep_workspace: bool
     runner_timeout_s: float
@@ -84,6 +89,9 @@ def parse(config: pytest.Config) -> RunOptions:
     runner = config.getoption("--runner")
     if runner and not Path(runner).is_file():
         raise pytest.UsageError(f"--runner {runner} does not exist: pass the path of your Android qnn_executor_runner")
+    manifest = Path(config.getoption("--known-failures")).resolve()
+    if not manifest.is_file():
+        raise pytest.UsageError(f"--known-failures {manifest} does not exist: pass a known-failures TOML file")
     baseline = config.getoption("--baseline")
     if baseline and not Path(baseline).exists():
         raise pytest.UsageError(f"--baseline {baseline} does not exist: pass a previous report.json or a folder of them")
@@ -99,6 +107,7 @@ def parse(config: pytest.Config) -> RunOptions:
         models=tuple(config.getoption("--models")),
         report_dir=Path(config.getoption("--report-dir")),
         baseline=Path(baseline) if baseline else None,
+        known_failures=manifest,
         compile_only=config.getoption("--compile-only"),
         keep_workspace=config.getoption("--keep-workspace"),
         runner_timeout_s=config.getoption("--runner-timeout"),

@@ -5,9 +5,10 @@ and, for lowering, across workers (a file lock per case, results on disk in the 
 """
 from __future__ import annotations
 
-import json
+import sys
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -16,10 +17,13 @@ from filelock import FileLock
 from harness.device.device import DeviceError, DeviceLost
 from harness.device.execute import DeviceRun, run_case
 from harness.device.pool import DevicePool
+from harness import numerics
 from harness.pipeline import cache, eager
-from harness.pipeline.lower import Case, LoweredArtifact, lower_case
+from harness.pipeline.facts import FactsError, LoweringFacts
+from harness.pipeline.lower import LoweredArtifact, lower_case
 from harness.qnn import qnnlog
 from harness.qnn.toolchain import Toolchain
+from harness.vocabulary import Case
 
 
 MAX_RETRIES = 2
@@ -33,6 +37,7 @@ class CaseOutcome:
     artifact: LoweredArtifact
     reference: list[list[np.ndarray]]  # eager outputs [step][index]
     device_serial: str | None = None
+    device_kind: str | None = None  # harness.device.kinds name of the device that ran it
     run: DeviceRun | None = None
     run_error: str | None = None
     retries: int = 0  # device runs repeated after a dropped connection
@@ -52,6 +57,16 @@ class CaseOutcome:
                 shaped_row.append(raw.view(expected.dtype).reshape(expected.shape))
             shaped.append(shaped_row)
         return shaped
+
+    @cached_property
+    def comparison(self) -> numerics.Comparison:
+        """Device vs eager, computed once for every check that reads it."""
+        return numerics.compare(self.device_outputs(), self.reference, self.case.dtype)
+
+    @cached_property
+    def initial_value_dependence(self) -> numerics.Outputs:
+        """Output elements that depend on the buffers' registered initial values (eager only; once per case)."""
+        return numerics.initial_value_dependence(self.case.card, self.steps, self.reference)
 
 
 class CaseStore:
@@ -77,7 +92,7 @@ class CaseStore:
             started = time.perf_counter()
             reference = eager.run_steps(case.card, steps)
             # Stage times of a lowering read from the cache belong to the run that lowered it, not this one.
-            timings = {} if artifact.cached else dict(artifact.facts.get("timings_s", {}))
+            timings = {} if artifact.cached else dict(artifact.facts.timings_s)
             timings["eager_reference"] = time.perf_counter() - started
             self._outcomes[case.id] = CaseOutcome(case, steps, artifact, reference, timings_s=timings)
         return self._outcomes[case.id]
@@ -97,11 +112,15 @@ class CaseStore:
             directory = self._cache_dir / cache.key(case, steps, self._toolchain.probe.build_id)
         directory.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(directory) + ".lock"):
-            facts_path = directory / "facts.json"
-            if facts_path.exists() and (directory / "lower.log").exists():
-                log = (directory / "lower.log").read_text()
-                facts = json.loads(facts_path.read_text())
-                return LoweredArtifact(case, directory, facts, log, 0.0, qnnlog.error_lines(log), cached=True)
+            facts_path, log_path = directory / "facts.json", directory / "lower.log"
+            if facts_path.exists() and log_path.exists():
+                try:
+                    facts = LoweringFacts.read(facts_path)
+                except FactsError as error:
+                    print(f"qnnsuite: cached lowering of {case.id} is unreadable ({error}); lowering it again", file=sys.stderr)
+                else:
+                    log = log_path.read_text(errors="replace")
+                    return LoweredArtifact(case, directory, facts, log, 0.0, qnnlog.error_lines(log), cached=True)
             return lower_case(case, self._toolchain, directory, steps, self._lowering_server)
 
     def _run(self, outcome: CaseOutcome) -> None:
@@ -115,7 +134,7 @@ class CaseStore:
         for attempt in range(1 + MAX_RETRIES):
             try:
                 with self._pool.acquire(case.soc, holder=f"{self._worker}:{case.id}") as (device, workspace):
-                    outcome.device_serial = device.serial
+                    outcome.device_serial, outcome.device_kind = device.serial, self._pool.spec(device.serial).kind
                     outcome.run = run_case(device, workspace, case.id, outcome.artifact.pte, outcome.steps, local,
                                            output_count=len(outcome.reference[0]), timeout_s=self._runner_timeout_s)
                     outcome.timings_s.update(outcome.run.timings_s)

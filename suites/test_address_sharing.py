@@ -1,6 +1,4 @@
-"""Check: address sharing (see harness/checks.py and DESIGN.md)."""
-from harness.checks import check_address_sharing
+"""Check: each delegated buffer's input and output share one address (harness/checks.py)."""
+from harness.check_registry import suite_test
 
-
-def test_address_sharing(case, run_check):
-    run_check(check_address_sharing, case)
+test_address_sharing = suite_test("address_sharing")

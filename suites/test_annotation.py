@@ -1,6 +1,4 @@
-"""Check: annotation (see harness/checks.py and DESIGN.md)."""
-from harness.checks import check_annotation
+"""Check: the quantizer leaves mutated buffers unannotated (harness/checks.py)."""
+from harness.check_registry import suite_test
 
-
-def test_annotation(case, run_check):
-    run_check(check_annotation, case)
+test_annotation = suite_test("annotation")

@@ -1,6 +1,4 @@
-"""Check: export (see harness/checks.py and DESIGN.md)."""
-from harness.checks import check_export
+"""Check: the exported program mutates exactly the card's buffers (harness/checks.py)."""
+from harness.check_registry import suite_test
 
-
-def test_export(case, run_check):
-    run_check(check_export, case)
+test_export = suite_test("export")

@@ -1,6 +1,4 @@
-"""Check: initial state (see harness/checks.py and DESIGN.md)."""
-from harness.checks import check_initial_state
+"""Check: the device starts from each buffer's registered value (harness/checks.py)."""
+from harness.check_registry import suite_test
 
-
-def test_initial_state(case, run_check):
-    run_check(check_initial_state, case)
+test_initial_state = suite_test("initial_state")

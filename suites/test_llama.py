@@ -1,7 +1,5 @@
 """Llama slices: the six checks run over them through the common suites (they are cards tagged
 `llama`); this file adds executorch's Meta llama lowering path, which must also give one partition."""
-from harness.checks import check_meta_llama_partitions
+from harness.check_registry import suite_test
 
-
-def test_meta_llama_partitions(meta_llama_case, run_check):
-    run_check(check_meta_llama_partitions, meta_llama_case)
+test_meta_llama_partitions = suite_test("meta_llama_partitions")

@@ -1,6 +1,4 @@
-"""Check: partitions (see harness/checks.py and DESIGN.md)."""
-from harness.checks import check_partitions
+"""Check: one QNN delegate, buffers inside or outside as the mode says (harness/checks.py)."""
+from harness.check_registry import suite_test
 
-
-def test_partitions(case, run_check):
-    run_check(check_partitions, case)
+test_partitions = suite_test("partitions")

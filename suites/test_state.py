@@ -1,6 +1,4 @@
-"""Check: state (see harness/checks.py and DESIGN.md)."""
-from harness.checks import check_state
+"""Check: state persists step by step as in eager (harness/checks.py)."""
+from harness.check_registry import suite_test
 
-
-def test_state(case, run_check):
-    run_check(check_state, case)
+test_state = suite_test("state")

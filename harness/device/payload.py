@@ -1,8 +1,8 @@
 """What must be on a device before a .pte can run there, per device kind.
 
 A phone gets the user's Android runner and the QNN libraries for its HTP arch (as upstream's
-scripts push them); an emulated device (x86_64 ABI) gets the emulated runner, since its QNN
-libraries are the host's.
+scripts push them); an emulated device gets the emulated runner, since its QNN libraries are the
+host's. Which one a device is, is decided in harness/device/kinds.py.
 """
 from __future__ import annotations
 
@@ -31,21 +31,29 @@ def elf_abi(path: Path) -> str | None:
     return ELF_MACHINES.get(int.from_bytes(header[18:20], "little"), f"machine {int.from_bytes(header[18:20], 'little')}")
 
 
-def for_device(abi: str, htp_arch: int, runner: Path | None, sdk_root: Path | None) -> list[PayloadFile]:
-    if abi == "x86_64" and runner is None:
-        return [PayloadFile(EMULATED_RUNNER, RUNNER_NAME, 0o755)]
-    if runner is None:
-        raise DeviceError(f"a {abi} device needs its Android qnn_executor_runner: pass --runner PATH "
-                          f"(built from executorch's examples/qualcomm/executor_runner)")
+def _checked_runner(runner: Path, abi: str) -> PayloadFile:
     if not runner.is_file():
         raise DeviceError(f"--runner {runner} does not exist: pass the path of your Android qnn_executor_runner build")
     runner_abi = elf_abi(runner)
     if runner_abi is not None and runner_abi != abi:
         raise DeviceError(f"--runner {runner} is built for {runner_abi} but the device is {abi}: "
                           f"build qnn_executor_runner for {abi}")
-    files = [PayloadFile(runner, RUNNER_NAME, 0o755)]
-    if abi == "x86_64":
-        return files
+    return PayloadFile(runner, RUNNER_NAME, 0o755)
+
+
+def emulated_payload(abi: str, runner: Path | None) -> list[PayloadFile]:
+    """An emulated device runs host binaries: the emulated runner, or the user's host-built one."""
+    return [_checked_runner(runner, abi)] if runner is not None else [PayloadFile(EMULATED_RUNNER, RUNNER_NAME, 0o755)]
+
+
+def phone_payload(abi: str, htp_arch: int, runner: Path | None, sdk_root: Path | None) -> list[PayloadFile]:
+    """A phone gets the user's Android runner and the QNN libraries of its HTP arch, as upstream pushes them.
+
+    sdk_root: a full QNN SDK (None: only the host libraries are at hand, which a phone cannot use)."""
+    if runner is None:
+        raise DeviceError(f"a {abi} device needs its Android qnn_executor_runner: pass --runner PATH "
+                          f"(built from executorch's examples/qualcomm/executor_runner)")
+    files = [_checked_runner(runner, abi)]
     if sdk_root is None:
         raise DeviceError("pushing to a phone needs a full QNN SDK for its libraries: pass --qnn-sdk or set QNN_SDK_ROOT")
     wanted = [

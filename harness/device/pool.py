@@ -16,10 +16,11 @@ from typing import Iterator
 
 from filelock import Timeout
 
+from harness.device import kinds
 from harness.device.adb import AdbClient
 from harness.device.device import WORKSPACE_ROOT, Device, DeviceError, DeviceLost
 from harness.device.execute import Workspace, prepare_workspace
-from harness.device.payload import for_device
+from harness.qnn.sdk import QnnSdk
 
 LOCK_POLL_S = 0.2
 
@@ -33,7 +34,7 @@ class DeviceSpec:
     htp_arch: int
     abi: str
     model: str
-    emulated: bool
+    kind: str  # harness.device.kinds: "emulated" or "phone"
 
 
 @dataclass
@@ -42,8 +43,8 @@ class DevicePool:
     adb_port: int
     run_id: str
     worker: str
+    sdk: QnnSdk
     runner: Path | None = None
-    sdk_root: Path | None = None
     _devices: dict[str, Device] = field(default_factory=dict)
     _prepared: dict[str, Workspace] = field(default_factory=dict)  # serial -> this worker's workspace
     _lost: dict[str, str] = field(default_factory=dict)  # serial -> the line that said so
@@ -104,7 +105,8 @@ class DevicePool:
         if spec.serial not in self._prepared:
             payload = f"{WORKSPACE_ROOT}/{self.run_id}/payload"
             device.shell(f"mkdir -p {payload}")
-            prepare_workspace(device, payload, for_device(spec.abi, spec.htp_arch, self.runner, self.sdk_root))
+            files = kinds.of(spec.kind).payload(spec.abi, spec.htp_arch, self.runner, self.sdk)
+            prepare_workspace(device, payload, files)
             self._prepared[spec.serial] = Workspace(device.workspace(f"{self.run_id}/{self.worker}"), payload)
         return self._prepared[spec.serial]
 

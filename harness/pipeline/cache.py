@@ -1,7 +1,7 @@
 """Content keys for lowered artifacts, so a case is lowered once and reused across checks, workers
 and runs until something that shapes the result changes.
 
-The key covers the card (its module's source and name), dtype, mode, lowering path, SoC, the
+The key covers the card (its module's source and name), dtype, mode (which implies the lowering path), SoC, the
 calibration length, the harness code that lowers, and the executorch / torch / torchao / QNN build
 under test. Anything else (device, run id) cannot change a .pte and stays out of it.
 """
@@ -12,17 +12,17 @@ import inspect
 import sys
 from pathlib import Path
 
-from harness.pipeline.lower import Case
 from harness.versions import package_version
+from harness.vocabulary import Case
 
-LOWERING_SOURCES = ("stages.py", "lower_job.py", "eager.py")
+LOWERING_SOURCES = ("stages.py", "lower_job.py", "eager.py", "facts.py")
 
 
 def key(case: Case, steps: int, qnn_build_id: str) -> str:
     card_module = sys.modules.get(case.card.module)
     card_source = inspect.getsource(card_module) if card_module else case.card.module
     here = Path(__file__).parent
-    parts = [case.card.name, card_source, case.dtype, case.mode, case.lowering, case.soc, str(steps), qnn_build_id,
+    parts = [case.card.name, card_source, case.dtype, case.mode.value, case.soc, str(steps), qnn_build_id,
              package_version("executorch"), package_version("torch"), package_version("torchao"),
              *((here / name).read_text() for name in LOWERING_SOURCES)]
     digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:20]

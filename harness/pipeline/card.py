@@ -1,4 +1,5 @@
-"""The ModelCard contract and the registry that suites are parametrized from.
+"""The registry of model cards that suites are parametrized from (the ModelCard contract itself is in
+harness/vocabulary.py, with the other nouns of the matrix, and is re-exported here for card modules).
 
 A card says how to build a stateful module, which inputs to feed it step by step, which buffers it
 mutates and what a correct lowering looks like. Users add models by writing cards in their own module
@@ -7,29 +8,10 @@ and passing `--models MODULE`; nothing in the suite changes.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
-from typing import Callable
 
-import torch
+from harness.vocabulary import ModelCard
 
-DTYPES = ("fp16", "16a8w", "8a8w", "16a4w")
-
-
-@dataclass(frozen=True)
-class ModelCard:
-    name: str
-    build: Callable[[], torch.nn.Module]
-    steps: Callable[[int], list[tuple[torch.Tensor, ...]]]  # deterministic inputs for n steps
-    mutated_buffers: tuple[str, ...]
-    expected_partitions: int = 1
-    tags: frozenset[str] = field(default_factory=frozenset)
-    module: str = ""  # where the card is registered, so a child process can find it again
-    dtypes: tuple[str, ...] = DTYPES  # where the card is meaningful (the matrix skips the others)
-
-    @property
-    def reference(self) -> str:
-        return f"{self.module}:{self.name}"
-
+__all__ = ["ModelCard", "cards", "find", "load_module", "register"]
 
 _REGISTRY: dict[str, ModelCard] = {}
 

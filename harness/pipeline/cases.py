@@ -1,25 +1,18 @@
-"""The case matrix: card x dtype x skip_mutable_buffer x SoC, and how a suite narrows it."""
+"""The case matrices a check runs over: card x dtype x mode x SoC."""
 from __future__ import annotations
 
-from typing import Callable
-
 from harness.pipeline.card import ModelCard
-from harness.pipeline.lower import Case
-
-MODES = (False, True)  # skip_mutable_buffer: buffers delegated, then kept outside the delegate
+from harness.vocabulary import FLOAT_DTYPE, MATRIX_MODES, Case, Mode
 
 
 def matrix(cards: list[ModelCard], dtypes: tuple[str, ...], socs: list[str]) -> list[Case]:
-    return [Case(card, dtype, skip, soc) for soc in socs for card in cards
-            for dtype in dtypes if dtype in card.dtypes for skip in MODES]
+    """Every card in every dtype it supports, in both buffer modes."""
+    return [Case(card, dtype, mode, soc) for soc in socs for card in cards
+            for dtype in dtypes if dtype in card.dtypes for mode in MATRIX_MODES]
 
 
-def wanted_by(test: Callable, case: Case) -> bool:
-    """A suite may declare `test.case_filter = lambda case: ...` (e.g. only llama cards)."""
-    predicate = getattr(test, "case_filter", None)
-    return predicate(case) if predicate else True
-
-
-def meta_llama_matrix(cards: list[ModelCard], socs: list[str]) -> list[Case]:
+def meta_llama_matrix(cards: list[ModelCard], dtypes: tuple[str, ...], socs: list[str]) -> list[Case]:
     """Llama cards lowered the way executorch's Meta llama export does (fp16; buffers kept outside)."""
-    return [Case(card, "fp16", True, soc, lowering="meta_llama") for soc in socs for card in cards if "llama" in card.tags]
+    if FLOAT_DTYPE not in dtypes:
+        return []
+    return [Case(card, FLOAT_DTYPE, Mode.META_LLAMA, soc) for soc in socs for card in cards if "llama" in card.tags]

@@ -1,7 +1,6 @@
 """Host side of lowering: run harness.pipeline.lower_job for a case and read back what it made."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -12,39 +11,19 @@ from typing import IO
 
 from harness import fork_client
 from harness.paths import REPO_ROOT
-from harness.pipeline.card import ModelCard
+from harness.pipeline.facts import FactsError, LoweringFacts, LoweringRequest
 from harness.qnn import qnnlog
 from harness.qnn.toolchain import Toolchain
+from harness.vocabulary import Case
 
 LOWER_TIMEOUT_S = 900
-
-
-@dataclass(frozen=True)
-class Case:
-    """One cell of the matrix: card x dtype x skip_mutable_buffer x SoC (x how it is lowered)."""
-
-    card: ModelCard
-    dtype: str
-    skip_mutable_buffer: bool
-    soc: str
-    lowering: str = "qnn"  # to_edge_transform_and_lower_to_qnn, or "meta_llama" (export_llama_lib's way)
-
-    @property
-    def mode(self) -> str:
-        if self.lowering == "meta_llama":
-            return "meta_llama"
-        return "skip_mutbuf" if self.skip_mutable_buffer else "delegate_mutbuf"
-
-    @property
-    def id(self) -> str:
-        return f"{self.card.name}-{self.dtype}-{self.mode}-{self.soc}"
 
 
 @dataclass
 class LoweredArtifact:
     case: Case
     directory: Path
-    facts: dict
+    facts: LoweringFacts
     log: str
     wall_s: float
     qnn_errors: list[str] = field(default_factory=list)
@@ -56,19 +35,19 @@ class LoweredArtifact:
 
     @property
     def ok(self) -> bool:
-        return self.facts.get("error") is None and self.pte.exists()
+        return self.facts.error is None and self.pte.exists()
 
     @property
     def failure(self) -> str:
         """One line saying why lowering produced no program."""
-        error = self.facts.get("error")
+        error = self.facts.error
         if error:
-            return f"lowering failed: {error['type']}: {error['message']}"
+            return f"lowering failed: {error.type}: {error.message}"
         return "lowering produced no model.pte" + (f" (QNN: {self.qnn_errors[0]})" if self.qnn_errors else "")
 
     @property
     def delegate_count(self) -> int:
-        return len(self.facts.get("partitions", {}).get("delegates", []))
+        return len(self.facts.partitions.delegates) if self.facts.partitions else 0
 
 
 def lower_case(case: Case, toolchain: Toolchain, directory: Path, steps: int,
@@ -76,10 +55,8 @@ def lower_case(case: Case, toolchain: Toolchain, directory: Path, steps: int,
     """Lower in a process of its own: a child of the run's lowering server (harness.pipeline.lower_server)
     when there is one, else a fresh `python -m harness.pipeline.lower_job`."""
     directory.mkdir(parents=True, exist_ok=True)
-    request = {"card": case.card.reference, "dtype": case.dtype, "skip_mutable_buffer": case.skip_mutable_buffer,
-               "soc": case.soc, "lowering": case.lowering, "steps": steps, "out_dir": str(directory)}
     request_path = directory / "request.json"
-    request_path.write_text(json.dumps(request, indent=1))
+    LoweringRequest(case.card.reference, case.dtype, case.mode, case.soc, steps, str(directory)).write(request_path)
     for stale in ("model.pte", "facts.json"):
         (directory / stale).unlink(missing_ok=True)
     log_path = directory / "lower.log"
@@ -88,12 +65,10 @@ def lower_case(case: Case, toolchain: Toolchain, directory: Path, steps: int,
         ended = _run_lower_job(request_path, toolchain.child_env(), log_file, server)
     wall = time.perf_counter() - started
     log = log_path.read_text(errors="replace")
-    facts_path = directory / "facts.json"
-    if facts_path.exists():
-        facts = json.loads(facts_path.read_text())
-    else:
-        facts = {"error": {"type": "LoweringCrashed", "message": f"lowering process {ended} without facts; "
-                           f"see {log_path}", "traceback": ""}}
+    try:
+        facts = LoweringFacts.read(directory / "facts.json")
+    except FactsError:
+        facts = LoweringFacts.crashed(f"lowering process {ended} without facts; see {log_path}")
     return LoweredArtifact(case, directory, facts, log, wall, qnnlog.error_lines(log))
 
 

@@ -22,6 +22,9 @@ WHEEL_RUNTIME_DIR = "onnxruntime_qnn.libs"
 OVERLAY_MARKER = "qnnsuite-overlay-of"
 
 
+WHEEL_ORIGIN = "onnxruntime-qnn wheel"  # host libraries only: no Android or Hexagon ones
+
+
 class SdkError(RuntimeError):
     """A QNN SDK problem, worded as one line that names the fix."""
 
@@ -29,7 +32,7 @@ class SdkError(RuntimeError):
 @dataclass(frozen=True)
 class QnnSdk:
     root: Path
-    origin: str  # "--qnn-sdk", "QNN_SDK_ROOT" or "onnxruntime-qnn wheel"
+    origin: str  # "--qnn-sdk", "QNN_SDK_ROOT" or WHEEL_ORIGIN
 
     @property
     def host_lib_dir(self) -> Path:
@@ -105,4 +108,4 @@ def resolve(cli_path: str | None = None) -> QnnSdk:
     root = state_dir() / "sdk"
     if not (root / HOST_LIB_DIR / "libQnnHtp.so").exists():
         root = lay_out_wheel_tree(root)
-    return validate(root, "onnxruntime-qnn wheel")
+    return validate(root, WHEEL_ORIGIN)

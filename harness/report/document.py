@@ -1,31 +1,23 @@
 """One SoC's report document (what report.json holds), built from the suite's check records.
 
 Every renderer (JUnit, Markdown, HTML) and the gate read this one document, so the views cannot disagree.
+The document also carries its check columns (name and short label, in the check registry's order), so
+the renderers need neither the registry nor torch.
 """
 from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
+from harness.record import CheckRecord
+from harness.vocabulary import DTYPES, MODE_ORDER, VERDICTS
+
 SCHEMA_VERSION = 1
-VERDICTS = ("passed", "failed", "xpassed", "xfailed", "skipped")
-CHECKS = ("export", "annotation", "partitions", "address_sharing", "state", "initial_state")
-DTYPES = ("fp16", "16a8w", "8a8w", "16a4w")
-MODES = ("delegate_mutbuf", "skip_mutbuf")
 CASE_FIELDS = ("case_id", "card", "tags", "dtype", "mode", "soc", "device_serial", "delegates")
 CHECK_FIELDS = ("verdict", "message", "known_failure", "evidence", "duration_s", "nodeid")
-STRICT_XPASS = "[XPASS(strict)] "
-
-
-def normalized(record: dict) -> dict:
-    """pytest turns a strict xfail that passes into a plain failure reading "[XPASS(strict)] reason";
-    the report calls it what it is, a known failure that now passes, so gating can tell it apart."""
-    message = record.get("message", "")
-    if record.get("verdict") == "failed" and message.startswith(STRICT_XPASS):
-        return {**record, "verdict": "xpassed", "known_failure": record.get("known_failure") or message[len(STRICT_XPASS):]}
-    return record
+Column = dict[str, str]  # {"name": check name, "short": its column label}
 
 
 def json_safe(value: Any) -> Any:
@@ -46,9 +38,9 @@ def rank(order: tuple[str, ...], value: str) -> tuple[int, str]:
     return (order.index(value) if value in order else len(order), value)
 
 
-def tally(records: list[dict]) -> dict[str, int]:
+def tally(records: list[CheckRecord]) -> dict[str, int]:
     """Checks per verdict; a check recorded twice counts once, with its last verdict."""
-    last = {(r["soc"], r["case_id"], r["check"]): normalized(r)["verdict"] for r in records}
+    last = {(r.soc, r.case_id, r.check): r.verdict for r in records}
     counts = Counter(last.values())
     return {**{verdict: counts.get(verdict, 0) for verdict in VERDICTS}, "total": len(last)}
 
@@ -58,26 +50,36 @@ def _case_of(record: dict) -> dict:
 
 
 def _check_of(record: dict) -> dict:
-    """The check's own fields, plus any field this module does not know (passed through untouched)."""
+    """The check's own fields, plus the record's other fields (retries, cached_lowering, check_s)."""
     known = {*CASE_FIELDS, *CHECK_FIELDS, "check", "timings_s"}
     extra = {name: value for name, value in record.items() if name not in known}
     return {**{name: record.get(name) for name in CHECK_FIELDS}, **extra}
 
 
-def build(records: list[dict], environment: dict, run_id: str, soc: str) -> dict:
-    """The report document of one SoC; records of other SoCs are ignored."""
-    mine = [normalized(r) for r in records if r["soc"] == soc]
+def check_order(document: dict) -> tuple[str, ...]:
+    """The document's check names in column order (reports without columns: as they come)."""
+    return tuple(column["name"] for column in document.get("checks") or ())
+
+
+def build(records: list[CheckRecord], environment: dict, run_id: str, soc: str, columns: list[Column]) -> dict:
+    """The report document of one SoC; records of other SoCs are ignored. columns: every check's column,
+    in report order (those with no record here are left out)."""
+    mine = [r for r in records if r.soc == soc]
+    order = tuple(column["name"] for column in columns)
     cases: dict[str, dict] = {}
-    for record in mine:
+    for record in map(asdict, mine):
         case = cases.setdefault(record["case_id"], _case_of(record))
         case["timings_s"].update(record.get("timings_s") or {})
         case["checks"][record["check"]] = _check_of(record)
-    ordered = sorted(cases.values(), key=lambda c: (c["card"], rank(DTYPES, c["dtype"]), rank(MODES, c["mode"])))
+    ordered = sorted(cases.values(), key=lambda c: (c["card"], rank(DTYPES, c["dtype"]), rank(MODE_ORDER, c["mode"])))
     for case in ordered:
         case["tags"] = sorted(case["tags"] or ())
-        case["checks"] = dict(sorted(case["checks"].items(), key=lambda item: rank(CHECKS, item[0])))
+        case["checks"] = dict(sorted(case["checks"].items(), key=lambda item: rank(order, item[0])))
+    present = {record.check for record in mine}
+    shown = [column for column in columns if column["name"] in present]
+    shown += [{"name": name, "short": name} for name in sorted(present - set(order))]
     return json_safe({"schema_version": SCHEMA_VERSION, "run_id": run_id, "soc": soc, "environment": environment,
-                      "summary": tally(mine), "cases": ordered})
+                      "checks": shown, "summary": tally(mine), "cases": ordered})
 
 
 def checks_of(document: dict) -> list[tuple[dict, str, dict]]:

@@ -11,7 +11,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.report.document import SCHEMA_VERSION, checks_of, normalized
+from harness.record import CheckRecord
+from harness.report.document import SCHEMA_VERSION, checks_of
 
 Key = tuple[str, str, str]  # soc, case_id, check
 # A check that passed in the baseline and is now an expected failure still regressed: somebody added
@@ -72,13 +73,9 @@ class GateResult:
         return lines
 
 
-def of_records(records: list[dict]) -> dict[Key, Outcome]:
+def of_records(records: list[CheckRecord]) -> dict[Key, Outcome]:
     """This run's outcomes, straight from its records (gating runs before, or without, the report files)."""
-    outcomes = {}
-    for record in map(normalized, records):
-        outcomes[(record["soc"], record["case_id"], record["check"])] = Outcome(
-            record["verdict"], record.get("known_failure") or "", record.get("message") or "")
-    return outcomes
+    return {(r.soc, r.case_id, r.check): Outcome(r.verdict, r.known_failure, r.message) for r in records}
 
 
 def of_document(document: dict) -> dict[Key, Outcome]:
@@ -126,6 +123,6 @@ def compare(before: dict[Key, Outcome], after: dict[Key, Outcome]) -> GateResult
     return GateResult(regressions, fixed)
 
 
-def gate(records: list[dict], baseline: Path) -> GateResult:
-    """This run's records against a baseline report.json or a folder of them."""
-    return compare(load(baseline), of_records(records))
+def gate(records: list[CheckRecord], baseline: Path | dict[Key, Outcome]) -> GateResult:
+    """This run's records against a baseline: a report.json, a folder of them, or outcomes loaded before."""
+    return compare(baseline if isinstance(baseline, dict) else load(baseline), of_records(records))

@@ -13,15 +13,12 @@ import jinja2
 from markupsafe import Markup
 
 from harness.report.chart import error_chart
-from harness.report.document import (CHECKS, DTYPES, MODES, VERDICTS, known_failures, problems, rank,
-                                      stage_times)
+from harness.report.document import check_order, known_failures, problems, rank, stage_times
+from harness.vocabulary import DTYPES, MODE_ORDER, VERDICTS
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 LABELS = {"passed": "pass", "failed": "FAIL", "xpassed": "XPASS", "xfailed": "xfail", "skipped": "skip"}
-SHORT_CHECKS = {"export": "exp", "annotation": "ann", "partitions": "part", "address_sharing": "addr",
-                "state": "state", "initial_state": "init"}
-MODE_LABELS = {"delegate_mutbuf": "delegated", "skip_mutbuf": "skip_mutbuf"}
-STATE_CHECKS = ("state", "initial_state")
+MODE_LABELS = {"delegate_mutbuf": "delegated", "skip_mutbuf": "skip_mutbuf", "meta_llama": "meta llama"}
 ENVIRONMENT_FIRST = ("executorch", "torch", "torchao", "qnn_build_id", "bridge", "soc", "htp_arch", "device_model",
                      "device_serial", "host", "python", "started", "finished")
 ENV_PAIRS_PER_ROW = 4
@@ -78,7 +75,7 @@ def _pretty(value: object, depth: int = 0) -> str:
 
 def _cell(case: dict, check_name: str, check: dict, opens_left: bool) -> Cell:
     evidence = check["evidence"] or {}
-    steps = evidence.get("steps") if check_name in STATE_CHECKS else None
+    steps = evidence.get("steps") if isinstance(evidence.get("steps"), list) else None  # per-step numbers: a chart
     shown = evidence if check["verdict"] != "passed" else {}  # a pass's numbers are in its chart's tooltips
     return Cell(case["card"], case["dtype"], case["mode"], check_name, check["verdict"], check["message"],
                 check["known_failure"], _pretty(shown) if shown else "",
@@ -89,8 +86,8 @@ def _cell(case: dict, check_name: str, check: dict, opens_left: bool) -> Cell:
 def _matrix(document: dict) -> dict:
     cases = document["cases"]
     dtypes = sorted({c["dtype"] for c in cases}, key=lambda d: rank(DTYPES, d))
-    modes = sorted({c["mode"] for c in cases}, key=lambda m: rank(MODES, m))
-    checks = sorted({name for c in cases for name in c["checks"]}, key=lambda n: rank(CHECKS, n))
+    modes = sorted({c["mode"] for c in cases}, key=lambda m: rank(MODE_ORDER, m))
+    checks = sorted({name for c in cases for name in c["checks"]}, key=lambda n: rank(check_order(document), n))
     columns = [(dtype, mode, check) for dtype in dtypes for mode in modes for check in checks]
     by_key = {(c["card"], c["dtype"], c["mode"]): c for c in cases}
     rows = []
@@ -121,7 +118,7 @@ def render(document: dict) -> str:
     times = stage_times(document)[:SLOWEST_STAGES]
     return environment.get_template("report.html.j2").render(
         document=document, summary=document["summary"], verdicts=VERDICTS, labels=LABELS,
-        short_checks=SHORT_CHECKS, mode_labels=MODE_LABELS, matrix=_matrix(document),
+        short_checks={column["name"]: column["short"] for column in document.get("checks") or ()}, mode_labels=MODE_LABELS, matrix=_matrix(document),
         environment_rows=_environment_rows(document["environment"]),
         problems=[_cell(case, name, check, False) for case, name, check in problems(document)],
         known=[(reason, [_cell(case, name, check, False) for case, name, check in members])

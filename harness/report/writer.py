@@ -5,8 +5,9 @@ import json
 import os
 from pathlib import Path
 
+from harness.record import CheckRecord
 from harness.report import junit, markdown, page
-from harness.report.document import build, tally
+from harness.report.document import Column, build, tally
 
 LATEST = "latest"
 
@@ -19,12 +20,13 @@ def _point_latest(report_root: Path, run_id: str) -> None:
     os.replace(staging, report_root / LATEST)
 
 
-def write_run(records: list[dict], environments: dict[str, dict], report_root: Path, run_id: str) -> dict[str, Path]:
+def write_run(records: list[CheckRecord], environments: dict[str, dict], report_root: Path, run_id: str,
+              columns: list[Column]) -> dict[str, Path]:
     """report.json, junit.xml, summary.md and report.html under report_root/run_id/SOC/ for each SoC
     in the records; returns {soc: folder}. A run without records writes nothing and keeps `latest`."""
     folders = {}
-    for soc in sorted({record["soc"] for record in records}):
-        document = build(records, environments.get(soc, {"soc": soc}), run_id, soc)
+    for soc in sorted({record.soc for record in records}):
+        document = build(records, environments.get(soc, {"soc": soc}), run_id, soc, columns)
         folder = report_root / run_id / soc
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "report.json").write_text(json.dumps(document, indent=1, allow_nan=False) + "\n", encoding="utf-8")
@@ -37,10 +39,10 @@ def write_run(records: list[dict], environments: dict[str, dict], report_root: P
     return folders
 
 
-def summary_line(records: list[dict], soc: str, html: Path | None = None) -> str:
+def summary_line(records: list[CheckRecord], soc: str, html: Path | None = None) -> str:
     """e.g. `SM8650: 120 passed, 3 failed, 10 xfailed, 5 skipped -> reports/<run>/SM8650/report.html`
     (zero counts other than passed and failed are left out)."""
-    counts = tally([record for record in records if record["soc"] == soc])
+    counts = tally([record for record in records if record.soc == soc])
     shown = ", ".join(f"{n} {verdict}" for verdict, n in counts.items()
                       if verdict != "total" and (n or verdict in ("passed", "failed")))
     return f"{soc}: {shown}" + (f" -> {_relative(html)}" if html else "")

@@ -18,25 +18,27 @@ import torch
 
 from fixtures import zoo  # noqa: F401  (registers the cards)
 from harness import checks
+from harness.check_registry import CheckFailure
 from harness.device.execute import DeviceRun, write_inputs
-from harness.paths import REPO_ROOT
 from harness.pipeline import card as cards
 from harness.pipeline import eager, stages
-from harness.pipeline.lower import Case, LoweredArtifact, lower_case
+from harness.pipeline.facts import ExportFacts, LoweringFacts, QuantizeFacts
+from harness.pipeline.lower import LoweredArtifact, lower_case
 from harness.results import CaseOutcome
 from harness.tests import broken_cards
+from harness.vocabulary import Case, Mode
 
 STEPS = 4
 
 
-def _outcome(case: Case, facts: dict, steps: list[tuple], directory: Path = Path(".")) -> CaseOutcome:
-    artifact = LoweredArtifact(case, directory, {"error": None, **facts}, "", 0.0)
-    return CaseOutcome(case, steps, artifact, eager.run_steps(case.card, steps))
+def _outcome(case: Case, facts: LoweringFacts, steps: list[tuple], directory: Path = Path(".")) -> CaseOutcome:
+    artifact = LoweredArtifact(case, directory, facts, "", 0.0)
+    return CaseOutcome(case, steps, artifact, eager.run_steps(case.card, steps), device_kind="emulated")
 
 
 def _lowered(toolchain, tmp_path_factory, card_name: str, skip: bool) -> CaseOutcome:
     card = cards.find(card_name)
-    case = Case(card, "fp16", skip, "SM8650")
+    case = Case(card, "fp16", Mode.SKIP if skip else Mode.DELEGATE, "SM8650")
     artifact = lower_case(case, toolchain, tmp_path_factory.mktemp(case.id), STEPS)
     steps = card.steps(STEPS)
     return CaseOutcome(case, steps, artifact, eager.run_steps(card, steps))
@@ -58,7 +60,7 @@ def _run_on_simulator(outcome: CaseOutcome, toolchain, directory: Path, faults: 
     count = len(outcome.reference[0])
     files = [[directory / "outputs" / f"output_{s}_{i}.raw" for i in range(count)] for s in range(len(outcome.steps))]
     outputs = [[np.fromfile(path, dtype=np.uint8) for path in row] for row in files]
-    return CaseOutcome(outcome.case, outcome.steps, outcome.artifact, outcome.reference,
+    return CaseOutcome(outcome.case, outcome.steps, outcome.artifact, outcome.reference, device_kind="emulated",
                        run=DeviceRun(outputs, files, directory / "outputs" / "trace.jsonl", completed.stdout))
 
 
@@ -66,24 +68,23 @@ def _run_on_simulator(outcome: CaseOutcome, toolchain, directory: Path, faults: 
 def test_export_check_catches_a_misdeclared_buffer():
     for card, should_pass in ((broken_cards.MISDECLARED, False), (cards.find("fixtures.zoo:counter_add"), True)):
         steps = card.steps(1)
-        facts = {"export": stages.export_facts(card, eager.build_model(card), steps[0])}
-        outcome = _outcome(Case(card, "fp16", False, "SM8650"), facts, steps)
+        facts = LoweringFacts(export=ExportFacts(**stages.export_facts(card, eager.build_model(card), steps[0])))
+        outcome = _outcome(Case(card, "fp16", Mode.DELEGATE, "SM8650"), facts, steps)
         if should_pass:
             checks.check_export(outcome)
         else:
-            with pytest.raises(checks.CheckFailure, match=r"buffers_to_mutate \['actual'\] != .*\['declared'\]"):
+            with pytest.raises(CheckFailure, match=r"buffers_to_mutate \['actual'\] != .*\['declared'\]"):
                 checks.check_export(outcome)
 
 
 # 2 annotation ---------------------------------------------------------------------------------------
-def _annotation_facts(quantizer, card) -> dict:
+def _annotation_facts(quantizer, card) -> LoweringFacts:
     from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
 
     steps = card.steps(1)
     graph_module = torch.export.export(eager.build_model(card), steps[0]).module()
     prepared = prepare_pt2e(graph_module, quantizer)
-    return {"quantize": {"annotated_buffer_inputs": stages.annotated_buffer_inputs(prepared, card.mutated_buffers),
-                         "qdq_around_buffers": []}}
+    return LoweringFacts(quantize=QuantizeFacts(stages.annotated_buffer_inputs(prepared, card.mutated_buffers), [], {}))
 
 
 def test_annotation_check_catches_a_quantizer_that_annotates_the_buffer(toolchain, monkeypatch):
@@ -101,7 +102,7 @@ def test_annotation_check_catches_a_quantizer_that_annotates_the_buffer(toolchai
             return model
 
     card = cards.find("fixtures.zoo:kv_index_copy_dim1")
-    case = Case(card, "16a8w", False, "SM8650")
+    case = Case(card, "16a8w", Mode.DELEGATE, "SM8650")
     for quantizer_class, should_pass in ((QnnQuantizer, True), (BufferAnnotatingQuantizer, False)):
         quantizer = quantizer_class()
         quantizer.set_default_quant_config(QuantDtype.use_16a8w)
@@ -109,7 +110,7 @@ def test_annotation_check_catches_a_quantizer_that_annotates_the_buffer(toolchai
         if should_pass:
             checks.check_annotation(outcome)
         else:
-            with pytest.raises(checks.CheckFailure, match="mutated buffer cache is annotated for quantization"):
+            with pytest.raises(CheckFailure, match="mutated buffer cache is annotated for quantization"):
                 checks.check_annotation(outcome)
 
 
@@ -117,7 +118,7 @@ def test_annotation_check_catches_a_quantizer_that_annotates_the_buffer(toolchai
 def test_partition_check_catches_a_split_lowering(toolchain, tmp_path_factory):
     outcome = _lowered(toolchain, tmp_path_factory, "harness.tests.broken_cards:split_by_unsupported_op", skip=True)
     assert outcome.artifact.ok, outcome.artifact.failure
-    with pytest.raises(checks.CheckFailure, match=r"^2 delegate\(s\) \['QnnBackend'\], expected 1 .*aten.cumprod"):
+    with pytest.raises(CheckFailure, match=r"^2 delegate\(s\) \['QnnBackend'\], expected 1 .*aten.cumprod"):
         checks.check_partitions(outcome)
 
 
@@ -131,16 +132,16 @@ def _trace_outcome(tmp_path: Path, addresses: list[tuple[str, str]]) -> CaseOutc
                              for a, b in addresses))
     steps = card.steps(len(addresses))
     (tmp_path / "model.pte").write_bytes(b"")  # the trace is what this check reads
-    outcome = _outcome(Case(card, "fp16", False, "SM8650"), {}, steps, tmp_path)
+    outcome = _outcome(Case(card, "fp16", Mode.DELEGATE, "SM8650"), LoweringFacts(), steps, tmp_path)
     outcome.run = DeviceRun([], [], trace, "")
     return outcome
 
 
 def test_address_check_catches_a_pair_on_two_addresses(tmp_path):
     checks.check_address_sharing(_trace_outcome(tmp_path, [("0x10", "0x10")] * 3))
-    with pytest.raises(checks.CheckFailure, match=r"execute 1: input_0_mutbuf_0_b_cache@0 at 0x10 but .* at 0x20"):
+    with pytest.raises(CheckFailure, match=r"execute 1: input_0_mutbuf_0_b_cache@0 at 0x10 but .* at 0x20"):
         checks.check_address_sharing(_trace_outcome(tmp_path, [("0x10", "0x10"), ("0x10", "0x20"), ("0x10", "0x10")]))
-    with pytest.raises(checks.CheckFailure, match="changed address between executes"):
+    with pytest.raises(CheckFailure, match="changed address between executes"):
         checks.check_address_sharing(_trace_outcome(tmp_path, [("0x10", "0x10"), ("0x30", "0x30"), ("0x30", "0x30")]))
 
 
@@ -154,7 +155,7 @@ def test_state_check_catches_a_runner_that_reloads_every_step(kv_outside, toolch
     healthy = _run_on_simulator(kv_outside, toolchain, tmp_path / "healthy")
     checks.check_state(healthy)
     broken = _run_on_simulator(kv_outside, toolchain, tmp_path / "broken", faults={"runner_reload_each_line": True})
-    with pytest.raises(checks.CheckFailure, match="state differs from eager") as failure:
+    with pytest.raises(CheckFailure, match="state differs from eager") as failure:
         checks.check_state(broken)
     assert failure.value.signature == "state_mismatch", "state lost between steps is not the uninitialised-buffer signature"
     assert failure.value.evidence["steps"][0]["mismatches"] == 0, "step 0 is right; the loss shows from step 1 on"
@@ -166,6 +167,6 @@ def test_initial_state_check_catches_an_ignored_registered_value(toolchain, tmp_
     outside = _lowered(toolchain, tmp_path_factory, "fixtures.zoo:kv_arange_init", skip=True)
     checks.check_initial_state(_run_on_simulator(outside, toolchain, tmp_path / "outside"))
     delegated = _lowered(toolchain, tmp_path_factory, "fixtures.zoo:kv_arange_init", skip=False)
-    with pytest.raises(checks.CheckFailure, match="did not start from its registered value") as failure:
+    with pytest.raises(CheckFailure, match="did not start from its registered value") as failure:
         checks.check_initial_state(_run_on_simulator(delegated, toolchain, tmp_path / "delegated"))
     assert failure.value.signature == checks.UNINITIALISED_DELEGATED_BUFFER

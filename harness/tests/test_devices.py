@@ -17,7 +17,9 @@ from harness.context import RunContext
 from harness.device import discovery
 from harness.device.device import Device, DeviceError
 from harness.device.execute import RunnerFailed, Workspace, run_case
-from harness.device.payload import EMULATED_RUNNER, RUNNER_NAME, for_device
+from harness.device import kinds
+from harness.device.payload import EMULATED_RUNNER, RUNNER_NAME
+from harness.qnn.sdk import WHEEL_ORIGIN, QnnSdk
 from harness.device.pool import DevicePool, DeviceSpec, remove_run_folders
 from harness.emulator.launcher import EmulatorFleet
 from harness.paths import REPO_ROOT
@@ -93,7 +95,7 @@ def test_bad_devices_each_get_one_line(fleet):
 
 def test_hung_runner_is_killed_and_its_log_pulled(fleet, device, tmp_path):
     workspace = device.workspace("hang")
-    for item in for_device("x86_64", 75, None, None):
+    for item in kinds.of("emulated").payload("x86_64", 75, None, WHEEL_SDK):
         device.push(item.local, f"{workspace}/{item.remote_name}", mode=item.mode)
     fleet.set_faults(device.serial, runner_hang=True)
     pte = tmp_path / "model.pte"
@@ -114,16 +116,24 @@ def test_hung_runner_is_killed_and_its_log_pulled(fleet, device, tmp_path):
     device.remove_workspaces()
 
 
+WHEEL_SDK = QnnSdk(root=Path("/nonexistent-sdk"), origin=WHEEL_ORIGIN)
+
+
 def test_emulated_runner_is_the_payload_of_an_x86_device():
-    assert [item.local for item in for_device("x86_64", 75, None, None)] == [EMULATED_RUNNER]
+    assert kinds.kind_for_abi("x86_64") == "emulated" and kinds.kind_for_abi("arm64-v8a") == "phone"
+    assert [item.local for item in kinds.of("emulated").payload("x86_64", 75, None, WHEEL_SDK)] == [EMULATED_RUNNER]
     with pytest.raises(DeviceError, match="needs its Android qnn_executor_runner: pass --runner PATH"):
-        for_device("arm64-v8a", 75, None, None)
+        kinds.of("phone").payload("arm64-v8a", 75, None, WHEEL_SDK)
 
 
 def test_runner_of_wrong_architecture_is_refused(tmp_path):
     x86_binary = Path(sys.executable).resolve()
     with pytest.raises(DeviceError, match="is built for x86_64 but the device is arm64-v8a"):
-        for_device("arm64-v8a", 75, x86_binary, None)
+        kinds.of("phone").payload("arm64-v8a", 75, x86_binary, WHEEL_SDK)
+    script = tmp_path / "runner"
+    script.write_bytes(b"#!/bin/sh\n")  # not an ELF: no ABI to refuse, but the wheel's SDK has no phone libraries
+    with pytest.raises(DeviceError, match="pushing to a phone needs a full QNN SDK"):
+        kinds.of("phone").payload("arm64-v8a", 75, script, WHEEL_SDK)
 
 
 def _cmdline(pid: int) -> str:
@@ -152,8 +162,8 @@ def _descendants(roots: list[int]) -> list[int]:
 
 def test_payload_goes_to_a_device_once_per_run(fleet):
     info = fleet.devices[0]
-    specs = [DeviceSpec(info.serial, info.soc, 75, "x86_64", "Emulated", emulated=True)]
-    workers = [DevicePool(specs, fleet.adb_port, "payload-run", worker) for worker in ("gw0", "gw1")]
+    specs = [DeviceSpec(info.serial, info.soc, 75, "x86_64", "Emulated", kind="emulated")]
+    workers = [DevicePool(specs, fleet.adb_port, "payload-run", worker, sdk=WHEEL_SDK) for worker in ("gw0", "gw1")]
     runner = info.root / "data/local/tmp/qnnsuite/payload-run/payload" / RUNNER_NAME
     written = []
     for pool in workers:

@@ -16,7 +16,8 @@ from fixtures import zoo  # noqa: F401  (registers the cards)
 from harness.paths import REPO_ROOT
 from harness.pipeline import card as cards
 from harness.pipeline import mutbuf
-from harness.pipeline.lower import Case, lower_case
+from harness.pipeline.lower import lower_case
+from harness.vocabulary import Case, Mode
 from harness.qnn import qnnlog
 
 pytestmark = pytest.mark.qnn
@@ -25,14 +26,14 @@ STEPS = 4
 
 @pytest.fixture(scope="module", params=["fp16", "16a8w"])
 def lowered(request, toolchain, tmp_path_factory):
-    case = Case(cards.find("fixtures.zoo:kv_index_copy_dim1"), request.param, False, "SM8650")
+    case = Case(cards.find("fixtures.zoo:kv_index_copy_dim1"), request.param, Mode.DELEGATE, "SM8650")
     return lower_case(case, toolchain, tmp_path_factory.mktemp(case.id), STEPS)
 
 
 def test_one_qnn_delegate_and_clean_log(lowered):
     assert lowered.ok, lowered.failure
-    assert [d["backend"] for d in lowered.facts["partitions"]["delegates"]] == ["QnnBackend"]
-    assert lowered.facts["partitions"]["buffers_outside"] == [], "with buffer delegation the cache must live in the delegate"
+    assert [d.backend for d in lowered.facts.partitions.delegates] == ["QnnBackend"]
+    assert lowered.facts.partitions.buffers_outside == [], "with buffer delegation the cache must live in the delegate"
     assert lowered.qnn_errors == []
 
 

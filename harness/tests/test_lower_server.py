@@ -6,13 +6,17 @@ server to talk to lowering still works, the slow way.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from fixtures import zoo  # noqa: F401  (registers the cards)
 from harness import fork_server
 from harness.pipeline import card as cards
 from harness.pipeline import lower_server
-from harness.pipeline.lower import Case, lower_case
+from harness.pipeline.facts import LoweringFacts
+from harness.pipeline.lower import lower_case
+from harness.vocabulary import Case, Mode
 from harness.tests import broken_cards
 
 pytestmark = pytest.mark.qnn
@@ -33,8 +37,8 @@ def server(toolchain, tmp_path_factory):
     assert not socket_path.exists(), "a stopped server removes its socket"
 
 
-def _comparable(facts: dict) -> dict:
-    return {key: value for key, value in facts.items() if key != "timings_s"}
+def _comparable(facts: LoweringFacts) -> LoweringFacts:
+    return dataclasses.replace(facts, timings_s={})
 
 
 def _without_signatures(program: bytes) -> bytes:
@@ -47,7 +51,7 @@ def _without_signatures(program: bytes) -> bytes:
 
 @pytest.mark.parametrize("dtype", ["fp16", "16a8w"])
 def test_served_lowering_is_a_fresh_lowering(server, toolchain, tmp_path, dtype):
-    case = Case(cards.find("fixtures.zoo:kv_index_copy_dim1"), dtype, False, "SM8650")
+    case = Case(cards.find("fixtures.zoo:kv_index_copy_dim1"), dtype, Mode.DELEGATE, "SM8650")
     fresh = lower_case(case, toolchain, tmp_path / "fresh", STEPS, server=tmp_path / "nobody-listens.sock")
     served = lower_case(case, toolchain, tmp_path / "served", STEPS, server=server)
     assert fresh.ok and served.ok, (fresh.failure, served.failure)
@@ -59,10 +63,10 @@ def test_served_lowering_is_a_fresh_lowering(server, toolchain, tmp_path, dtype)
 
 
 def test_a_crashing_lowering_fails_its_case_and_not_the_server(server, toolchain, tmp_path):
-    crashed = lower_case(Case(broken_cards.CRASHING, "fp16", False, "SM8650"), toolchain, tmp_path / "crash",
+    crashed = lower_case(Case(broken_cards.CRASHING, "fp16", Mode.DELEGATE, "SM8650"), toolchain, tmp_path / "crash",
                          STEPS, server=server)
     assert not crashed.ok
     assert crashed.failure.startswith("lowering failed: LoweringCrashed: lowering process exited 139 without facts")
-    after = lower_case(Case(cards.find("fixtures.zoo:counter_add"), "fp16", False, "SM8650"), toolchain,
+    after = lower_case(Case(cards.find("fixtures.zoo:counter_add"), "fp16", Mode.DELEGATE, "SM8650"), toolchain,
                        tmp_path / "after", STEPS, server=server)
     assert after.ok, after.failure

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+import harness.checks  # noqa: F401  (registers the checks the manifest names)
 from harness import known_failures
 from harness.paths import REPO_ROOT
 

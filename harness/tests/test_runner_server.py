@@ -29,7 +29,8 @@ from harness.fork_client import MAX_UNIX_PATH_BYTES, unix_address
 from harness.fork_server import pid_file_of, stop_server
 from harness.pipeline import card as cards
 from harness.pipeline import mutbuf
-from harness.pipeline.lower import Case, LoweredArtifact, lower_case
+from harness.pipeline.lower import LoweredArtifact, lower_case
+from harness.vocabulary import Case, Mode
 from harness.qnn import qnnlog
 
 pytestmark = pytest.mark.qnn
@@ -48,7 +49,7 @@ class Server:
 
 @pytest.fixture(scope="module")
 def lowered(toolchain, tmp_path_factory) -> LoweredArtifact:
-    case = Case(cards.find("fixtures.zoo:kv_gather_written"), "fp16", False, "SM8650")
+    case = Case(cards.find("fixtures.zoo:kv_gather_written"), "fp16", Mode.DELEGATE, "SM8650")
     artifact = lower_case(case, toolchain, tmp_path_factory.mktemp(case.id), STEPS)
     assert artifact.ok, artifact.failure
     return artifact

@@ -1,0 +1,104 @@
+"""The check registry: every check declared once, by a decorator on its function.
+
+A declaration says everything the rest of the suite needs to know about a check: its name (its suite test
+is `test_<name>`, its record and report column `<name>`), its short column label, whether it needs a device
+run, the failure signatures it may raise (what known-failure entries may name), and which case matrix it
+runs over. run_check, the parametrization, the known-failures manifest and the reporter read it from here,
+and a suite file is one line:
+
+    test_state = suite_test("state")
+
+Torch-free on purpose: the manifest and the reporter import it without importing the checks' numerics.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+# Any check can fail these ways before its own logic runs: no program, or no device result.
+COMMON_SIGNATURES = ("lowering_failed", "not_run")
+
+
+class CheckFailure(AssertionError):
+    """A check's verdict: one line, a signature naming the kind of failure (what the known-failures
+    manifest matches), and evidence for the report."""
+
+    def __init__(self, message: str, evidence: dict | None = None, signature: str = "unclassified") -> None:
+        super().__init__(message)
+        self.evidence = evidence or {}
+        self.signature = signature
+
+
+class NotApplicable(Exception):
+    """The check has nothing to check for this case (it is skipped with this reason)."""
+
+
+@dataclass(frozen=True)
+class CheckSpec:
+    name: str
+    function: Callable[[Any], dict]  # CaseOutcome -> evidence, or raises CheckFailure / NotApplicable
+    short: str  # report column label
+    needs_device: bool
+    signatures: tuple[str, ...]  # the failure kinds it may raise, besides COMMON_SIGNATURES
+    matrix: Callable[..., list] | None = None  # (cards, dtypes, socs) -> cases; None: the standard matrix
+
+    @property
+    def test_name(self) -> str:
+        return f"test_{self.name}"
+
+    def declares(self, signature: str) -> bool:
+        return signature in self.signatures or signature in COMMON_SIGNATURES
+
+
+_CHECKS: dict[str, CheckSpec] = {}
+
+
+def check(name: str, *, short: str, needs_device: bool = False, signatures: tuple[str, ...] = (),
+          matrix: Callable[..., list] | None = None) -> Callable[[Callable], Callable]:
+    """Register the decorated function as the check `name` (the order of registration is the report's
+    column order)."""
+    def register(function: Callable) -> Callable:
+        known = _CHECKS.get(name)
+        if known is not None and (known.function.__module__, known.function.__qualname__) != (
+                function.__module__, function.__qualname__):
+            raise ValueError(f"two checks are named {name!r} ({known.function.__module__}.{known.function.__qualname__} "
+                             f"and {function.__module__}.{function.__qualname__}): rename one")
+        _CHECKS[name] = CheckSpec(name, function, short, needs_device, tuple(signatures), matrix)
+        return function
+    return register
+
+
+def get(name: str) -> CheckSpec:
+    try:
+        return _CHECKS[name]
+    except KeyError:
+        raise ValueError(f"no check named {name!r}: registered are {', '.join(_CHECKS) or 'none'} "
+                         f"(declare it with @check({name!r}, ...) in a module imported before the suite)") from None
+
+
+def specs() -> list[CheckSpec]:
+    return list(_CHECKS.values())
+
+
+def signatures() -> tuple[str, ...]:
+    """Every signature a known-failure entry may name."""
+    declared = [s for spec in _CHECKS.values() for s in spec.signatures]
+    return tuple(dict.fromkeys([*COMMON_SIGNATURES, *declared]))
+
+
+def columns() -> list[dict[str, str]]:
+    """The report's check columns, in registration order (carried in report.json, so report/ needs no registry)."""
+    return [{"name": spec.name, "short": spec.short} for spec in _CHECKS.values()]
+
+
+def suite_test(name: str) -> Callable:
+    """The pytest test function of check `name`: one per case of its matrix (see harness/parametrize.py)."""
+    spec = get(name)
+
+    def test(case, run_check) -> None:
+        run_check(spec, case)
+
+    test.__name__ = test.__qualname__ = spec.test_name
+    test.__doc__ = spec.function.__doc__
+    test.check_spec = spec  # type: ignore[attr-defined]
+    return test

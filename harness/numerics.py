@@ -1,0 +1,102 @@
+"""How device outputs are compared with eager: tolerances, per-step errors, SQNR, and which output
+elements depend on a buffer's registered initial value.
+
+Pure functions of arrays (and, for the dependence, of the card): the checks ask a case's outcome, which
+computes each of these once and shares it between the state and initial-state checks.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from harness.pipeline import eager
+from harness.pipeline.card import ModelCard
+
+# Tolerance per dtype, the one place to read them: |device - eager| <= atol + rtol * |eager|, where
+# for quantized dtypes atol is a fraction of the reference's value range (one quantization step of
+# 16-bit activations is range/65535; 8-bit is range/255; 4-bit weights add more).
+TOLERANCES = {
+    "fp16": {"atol": 1e-2, "rtol": 1e-2, "range_fraction": 0.0},
+    "16a8w": {"atol": 1e-3, "rtol": 0.0, "range_fraction": 0.02},
+    "8a8w": {"atol": 1e-3, "rtol": 0.0, "range_fraction": 0.05},
+    "16a4w": {"atol": 1e-3, "rtol": 0.0, "range_fraction": 0.1},
+}
+
+Outputs = list[list[np.ndarray]]  # [step][output index]
+
+
+@dataclass
+class StepError:
+    step: int
+    max_abs_error: float
+    sqnr_db: float
+    mismatches: int
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Device vs eager: the numbers per step, and a mismatch mask per output."""
+
+    errors: list[StepError]
+    masks: Outputs
+
+    @property
+    def mismatched(self) -> bool:
+        return any(e.mismatches for e in self.errors)
+
+
+def tolerance(dtype: str, reference: np.ndarray) -> np.ndarray:
+    spec = TOLERANCES[dtype]
+    value_range = float(reference.max() - reference.min()) if reference.size else 0.0
+    return spec["atol"] + spec["range_fraction"] * value_range + spec["rtol"] * np.abs(reference)
+
+
+def sqnr_db(reference: np.ndarray, error: np.ndarray) -> float:
+    signal, noise = float(np.sum(reference ** 2)), float(np.sum(error ** 2))
+    if noise == 0:
+        return math.inf
+    return 10 * math.log10(signal / noise) if signal > 0 else -math.inf
+
+
+def compare(device: Outputs, reference: Outputs, dtype: str) -> Comparison:
+    """Per-step error numbers and mismatch masks of device vs eager."""
+    errors, masks = [], []
+    for step, (got_row, want_row) in enumerate(zip(device, reference)):
+        worst, sqnr, count, row_masks = 0.0, math.inf, 0, []
+        for got, want in zip(got_row, want_row):
+            got64, want64 = got.astype(np.float64), want.astype(np.float64)
+            diff = np.abs(got64 - want64)
+            mask = ~(diff <= tolerance(dtype, want64))  # NaN counts as a mismatch
+            row_masks.append(mask)
+            worst = max(worst, float(np.nanmax(diff)) if diff.size else 0.0)
+            sqnr = min(sqnr, sqnr_db(want64, np.nan_to_num(got64 - want64, nan=1e30)))
+            count += int(mask.sum())
+        errors.append(StepError(step, worst, sqnr, count))
+        masks.append(row_masks)
+    return Comparison(errors, masks)
+
+
+def initial_value_dependence(card: ModelCard, steps: list[tuple], reference: Outputs) -> Outputs:
+    """Which output elements depend on the buffers' registered initial values: eager run again with
+    other initial values; elements that differ depend on them."""
+    buffers = dict(eager.build_model(card).named_buffers())
+    perturbed = {}
+    for name in card.mutated_buffers:
+        value = buffers[name]
+        if value.is_floating_point():
+            perturbed[name] = value + torch.linspace(1.5, 9.5, value.numel()).reshape(value.shape).to(value.dtype)
+        else:
+            perturbed[name] = value + 7
+    other = eager.run_steps(card, steps, initial=perturbed)
+    return [[~np.isclose(a, b, equal_nan=True) for a, b in zip(row_a, row_b)] for row_a, row_b in zip(reference, other)]
+
+
+def only_where(masks: Outputs, selection: Outputs) -> Outputs:
+    return [[mask & chosen for mask, chosen in zip(mask_row, chosen_row)] for mask_row, chosen_row in zip(masks, selection)]
+
+
+def count(masks: Outputs) -> int:
+    return int(sum(int(mask.sum()) for row in masks for mask in row))

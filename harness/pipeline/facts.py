@@ -1,0 +1,118 @@
+"""The typed boundary between the lowering child and the checks: the request it is given and the facts
+it writes, as dataclasses with a schema version (JSON files in the case's artifact folder).
+
+lower_job writes them, the host reads them back (lower.py, the artifact cache) and the checks read fields,
+never string keys. A file of another schema version, or one that does not parse, is not facts
+(FactsError): the caller lowers the case again.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.vocabulary import Mode
+
+SCHEMA_VERSION = 1
+
+
+class FactsError(ValueError):
+    """A request or facts file that cannot be read as this schema."""
+
+
+def _checked(data: Any, path: Path | str) -> dict:
+    if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION:
+        raise FactsError(f"{path}: not of schema_version {SCHEMA_VERSION}")
+    return data
+
+
+@dataclass(frozen=True)
+class LoweringRequest:
+    card: str  # the card's reference, module:name (the child imports the module to find it)
+    dtype: str
+    mode: Mode
+    soc: str
+    steps: int  # calibration length
+    out_dir: str
+    schema_version: int = SCHEMA_VERSION
+
+    def write(self, path: Path) -> None:
+        path.write_text(json.dumps(asdict(self), indent=1))
+
+    @classmethod
+    def read(cls, path: Path) -> LoweringRequest:
+        data = _checked(json.loads(path.read_text()), path)
+        return cls(**{**data, "mode": Mode(data["mode"])})
+
+
+@dataclass(frozen=True)
+class ExportFacts:
+    buffers_to_mutate: list[str]
+    expected: list[str]
+
+
+@dataclass(frozen=True)
+class QuantizeFacts:
+    annotated_buffer_inputs: list[dict[str, str]]  # {"op", "buffer"}
+    qdq_around_buffers: list[dict[str, str]]  # {"buffer", "op"}
+    folded_buffer_reads: dict[str, dict[str, int]]  # buffer -> {"before", "after"} reader counts
+
+
+@dataclass(frozen=True)
+class Delegate:
+    name: str
+    backend: str
+
+
+@dataclass(frozen=True)
+class PartitionFacts:
+    delegates: list[Delegate]
+    ops_outside: list[str]
+    buffers_outside: list[str]
+
+    @classmethod
+    def of(cls, data: dict) -> PartitionFacts:
+        return cls([Delegate(**d) for d in data["delegates"]], list(data["ops_outside"]), list(data["buffers_outside"]))
+
+
+@dataclass(frozen=True)
+class LoweringError:
+    type: str
+    message: str
+    traceback: str = ""
+
+
+@dataclass
+class LoweringFacts:
+    """What the lowering child found; a field is None when the stage that makes it did not run."""
+
+    timings_s: dict[str, float] = field(default_factory=dict)
+    error: LoweringError | None = None
+    export: ExportFacts | None = None
+    quantize: QuantizeFacts | None = None
+    partitions: PartitionFacts | None = None
+    partitions_without_convert_bmm: PartitionFacts | None = None  # meta llama only: the pass switched off
+    schema_version: int = SCHEMA_VERSION
+
+    def write(self, path: Path) -> None:
+        path.write_text(json.dumps(asdict(self), indent=1))
+
+    @classmethod
+    def read(cls, path: Path) -> LoweringFacts:
+        try:
+            data = _checked(json.loads(path.read_text()), path)
+            return cls(
+                timings_s=dict(data["timings_s"]),
+                error=LoweringError(**data["error"]) if data["error"] else None,
+                export=ExportFacts(**data["export"]) if data["export"] else None,
+                quantize=QuantizeFacts(**data["quantize"]) if data["quantize"] else None,
+                partitions=PartitionFacts.of(data["partitions"]) if data["partitions"] else None,
+                partitions_without_convert_bmm=(PartitionFacts.of(data["partitions_without_convert_bmm"])
+                                                if data["partitions_without_convert_bmm"] else None))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as error:
+            raise FactsError(f"{path}: unreadable facts ({type(error).__name__}: {error})") from error
+
+    @classmethod
+    def crashed(cls, message: str) -> LoweringFacts:
+        return cls(error=LoweringError("LoweringCrashed", message))

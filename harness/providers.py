@@ -1,0 +1,92 @@
+"""Where a run's devices come from, behind one contract (in the spirit of Mobly's controllers).
+
+A provider owns start and stop: `EmulatedFleet` starts a private adb server and one emulated device per
+SoC for the run and stops all of it; `AttachedDevices` checks devices already on an adb server (phones,
+or emulated devices served by `python -m harness emulate`) and leaves them as they were. Each device's
+kind (harness/device/kinds.py) then owns its payload and capabilities. `provider_for` picks one from the
+options, as pytest-embedded's factory picks a device service.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from harness.device import discovery, kinds
+from harness.device.device import DeviceError
+from harness.device.pool import DeviceSpec
+from harness.options import RunOptions
+from harness.qnn import soc as soc_table
+from harness.qnn.toolchain import Toolchain
+
+FAULTS_ENV = "QNNSUITE_EMULATOR_FAULTS"  # reliability tests: {"SOC": {switch: value}} for emulated devices
+
+
+@dataclass(frozen=True)
+class ProvidedDevices:
+    adb_port: int
+    devices: tuple[DeviceSpec, ...]
+    emulated_pids: dict[str, int] = field(default_factory=dict)  # serial -> emulator process (tests pull plugs)
+    started_pids: tuple[int, ...] = ()  # every process the provider started
+
+
+class DeviceProvider(Protocol):
+    def start(self) -> ProvidedDevices: ...
+
+    def stop(self) -> None: ...
+
+
+class AttachedDevices:
+    """Devices already attached to the user's adb server; nothing to start or stop."""
+
+    def __init__(self, serials: list[str]) -> None:
+        self._serials = serials
+
+    def start(self) -> ProvidedDevices:
+        port = discovery.default_server_port()
+        specs = tuple(DeviceSpec(d.serial, d.soc, d.htp_arch, d.abi, d.model, kinds.kind_for_abi(d.abi))
+                      for d in discovery.select(discovery.client(port), self._serials))
+        return ProvidedDevices(port, specs)
+
+    def stop(self) -> None:
+        pass
+
+
+class EmulatedFleet:
+    """A private adb server and one emulated device per SoC, started for this run and stopped with it."""
+
+    def __init__(self, options: RunOptions, toolchain: Toolchain, work_dir: Path) -> None:
+        self._socs = [soc for soc in options.emulate if not options.soc_filter or soc in options.soc_filter]
+        if not self._socs:
+            raise DeviceError(f"--soc {','.join(options.soc_filter)} leaves no SoC to emulate from "
+                              f"{','.join(options.emulate)}: widen --soc or pass --emulate")
+        self._toolchain, self._work_dir = toolchain, work_dir
+        self._fleet = None
+
+    def start(self) -> ProvidedDevices:
+        from harness.emulator.launcher import EmulatorFleet
+
+        device_env = self._toolchain.child_env()
+        device_env["QNNSUITE_PYTHON"] = sys.executable
+        self._fleet = fleet = EmulatorFleet(self._socs, self._work_dir / "emulator", device_env=device_env)
+        fleet.start()
+        for info in fleet.devices:
+            faults = json.loads(os.environ.get(FAULTS_ENV, "{}")).get(info.soc)
+            if faults:
+                fleet.set_faults(info.serial, **faults)
+        specs = tuple(DeviceSpec(info.serial, info.soc, soc_table.lookup(info.soc).htp_arch, kinds.HOST_ABI,
+                                 f"Emulated {info.soc}", kinds.EmulatedKind.name) for info in fleet.devices)
+        return ProvidedDevices(fleet.adb_port, specs, {i.serial: i.pid for i in fleet.devices}, tuple(fleet.started_pids))
+
+    def stop(self) -> None:
+        if self._fleet is not None:
+            self._fleet.stop()
+
+
+def provider_for(options: RunOptions, toolchain: Toolchain, work_dir: Path) -> DeviceProvider:
+    """Attached devices when serials are given (--device or ANDROID_SERIAL), else an emulated fleet."""
+    serials = discovery.requested_serials(list(options.device_options))
+    return AttachedDevices(serials) if serials else EmulatedFleet(options, toolchain, work_dir)

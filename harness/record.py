@@ -1,0 +1,52 @@
+"""A check's record: what one check of one case found, with its final verdict.
+
+Decided once, on the worker that ran the check (known failures applied, xfail and xpass included), and
+carried to the controller on pytest's own test report (as junitxml carries its properties); the reporter
+(harness/reporter.py) collects them there. Plain data only: it crosses xdist's channel as a dict.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+REPORT_ATTRIBUTE = "qnnsuite_record"  # the TestReport attribute that carries a record's dict
+
+
+@dataclass(frozen=True)
+class CheckRecord:
+    nodeid: str
+    check: str
+    case_id: str
+    card: str
+    tags: tuple[str, ...]
+    dtype: str
+    mode: str
+    soc: str
+    verdict: str  # one of harness.vocabulary.VERDICTS
+    message: str = ""  # the check's one line (or the known failure's, or why it was skipped)
+    known_failure: str = ""  # the manifest entry that expected a failure here, described
+    evidence: dict[str, Any] = field(default_factory=dict)
+    device_serial: str | None = None
+    delegates: int | None = None
+    retries: int = 0
+    cached_lowering: bool = False
+    timings_s: dict[str, float] = field(default_factory=dict)
+    duration_s: float = 0.0
+    check_s: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-shaped (evidence may hold numpy scalars or paths: they become numbers or strings)."""
+        return json.loads(json.dumps(asdict(self), default=_plain))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CheckRecord:
+        known = {f.name for f in fields(cls)}
+        values = {name: value for name, value in data.items() if name in known}
+        values["tags"] = tuple(values.get("tags") or ())
+        return cls(**values)
+
+
+def _plain(value: object) -> object:
+    item = getattr(value, "item", None)  # numpy scalars
+    return item() if callable(item) else str(value)

@@ -1,0 +1,91 @@
+"""One run's controller-side resources, started once and stopped once: the QNN toolchain, the run's
+lowering server, its devices (through a provider) and its host work folder.
+
+The plugin calls start() at configure and stop() at unconfigure; workers only ever see the RunContext
+that start() returns. Stopping removes the run's folder from every device while the devices still answer,
+then stops the lowering server and the provider, then removes the work folder.
+"""
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from harness import fork_server
+from harness.context import RunContext, new_run_id
+from harness.device import pool
+from harness.device.device import DeviceError
+from harness.emulator.launcher import FleetError
+from harness.options import RunOptions
+from harness.pipeline import lower_server
+from harness.providers import DeviceProvider, provider_for
+from harness.qnn.sdk import SdkError
+from harness.qnn.toolchain import ToolchainError, prepare
+
+
+class RunStartError(RuntimeError):
+    """The run cannot start; the message is one line naming the problem and the fix."""
+
+
+class RunSession:
+    def __init__(self, options: RunOptions) -> None:
+        self._options = options
+        self._provider: DeviceProvider | None = None
+        self._lowering_server: subprocess.Popen[bytes] | None = None
+        self.context: RunContext | None = None
+
+    def start(self) -> RunContext:
+        run_id = new_run_id()
+        work_dir = Path(tempfile.mkdtemp(prefix=f"qnnsuite-{run_id}-"))
+        try:
+            toolchain = prepare(self._options.qnn_sdk)
+            socket_path = work_dir / "lower.sock"
+            self._lowering_server = lower_server.spawn_server(socket_path, toolchain.child_env())
+            self._provider = provider_for(self._options, toolchain, work_dir)
+            provided = self._provider.start()
+            context = RunContext(run_id, provided.adb_port, provided.devices, provided.emulated_pids,
+                                 provided.started_pids, work_dir)
+            self.context = self._with_lowering_server(context, socket_path)
+        except (DeviceError, SdkError, ToolchainError, FleetError) as error:
+            self._stop_processes()
+            shutil.rmtree(work_dir, ignore_errors=True)
+            raise RunStartError(str(error)) from error
+        self._publish(self.context)
+        return self.context
+
+    def _with_lowering_server(self, context: RunContext, socket_path: Path) -> RunContext:
+        """The context with its lowering server, once that accepts cases; without it (slower, same results)
+        if it never came up."""
+        try:
+            fork_server.wait_until_serving(self._lowering_server, socket_path)
+        except fork_server.ForkServerError as error:
+            print(f"qnnsuite: {error}; lowering each case in a fresh Python instead (slower)", file=sys.stderr)
+            return context
+        return dataclasses.replace(context, lowering_server=socket_path,
+                                   started_pids=(*context.started_pids, self._lowering_server.pid))
+
+    def _publish(self, context: RunContext) -> None:
+        """The run's devices and processes, beside its reports (what ran where; what to look for after)."""
+        folder = self._options.report_dir / context.run_id
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "run-context.json").write_text(context.to_json())
+
+    def stop(self) -> None:
+        context, keep = self.context, self._options.keep_workspace
+        if context is not None and not keep:  # while the devices still answer
+            for line in pool.remove_run_folders(list(context.devices), context.adb_port, context.run_id):
+                print(line, file=sys.stderr)
+        self._stop_processes()
+        if context is not None and not keep:
+            shutil.rmtree(context.work_dir, ignore_errors=True)
+
+    def _stop_processes(self) -> None:
+        if self._provider is not None:
+            self._provider.stop()
+            self._provider = None
+        if self._lowering_server is not None:
+            fork_server.stop_server(self._lowering_server)
+            self._lowering_server = None

@@ -1,0 +1,73 @@
+"""The nouns of the case matrix, in one leaf module: dtypes, buffer modes, the model card contract, a
+case, verdicts.
+
+pipeline/, the checks, the plugin and report/ (which stays free of torch) all spell these the same way
+because they import them from here. A mode has one spelling: the `Mode` value, which is also what test
+ids, records and reports show.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:  # only for the card contract's annotations: importing this module never imports torch
+    import torch
+
+DTYPES = ("fp16", "16a8w", "8a8w", "16a4w")
+FLOAT_DTYPE = "fp16"
+VERDICTS = ("passed", "failed", "xpassed", "xfailed", "skipped")
+
+
+class Mode(StrEnum):
+    """How a case's mutable buffers are lowered."""
+
+    DELEGATE = "delegate_mutbuf"  # skip_mutable_buffer=False: the buffers live inside the QNN delegate
+    SKIP = "skip_mutbuf"  # skip_mutable_buffer=True: the buffers stay outside, copied by the runtime
+    META_LLAMA = "meta_llama"  # executorch's Meta llama export path (it hard-wires skip_mutable_buffer=True)
+
+    @property
+    def skip_mutable_buffer(self) -> bool:
+        return self is not Mode.DELEGATE
+
+
+MATRIX_MODES = (Mode.DELEGATE, Mode.SKIP)  # what every card is run in
+MODE_ORDER = tuple(mode.value for mode in Mode)  # report order
+
+
+@dataclass(frozen=True)
+class ModelCard:
+    """How to build a stateful module, which inputs to feed it step by step, which buffers it mutates and
+    what a correct lowering looks like. Users add models by writing cards in their own module and passing
+    `--models MODULE` (registered with harness.pipeline.card.register)."""
+
+    name: str
+    build: Callable[[], torch.nn.Module]
+    steps: Callable[[int], list[tuple[torch.Tensor, ...]]]  # deterministic inputs for n steps
+    mutated_buffers: tuple[str, ...]
+    expected_partitions: int = 1
+    tags: frozenset[str] = field(default_factory=frozenset)
+    module: str = ""  # where the card is registered, so a child process can find it again
+    dtypes: tuple[str, ...] = DTYPES  # where the card is meaningful (the matrix skips the others)
+
+    @property
+    def reference(self) -> str:
+        return f"{self.module}:{self.name}"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One cell of the matrix: card x dtype x mode x SoC."""
+
+    card: ModelCard
+    dtype: str
+    mode: Mode
+    soc: str
+
+    @property
+    def skip_mutable_buffer(self) -> bool:
+        return self.mode.skip_mutable_buffer
+
+    @property
+    def id(self) -> str:
+        return f"{self.card.name}-{self.dtype}-{self.mode.value}-{self.soc}"
