@@ -18,11 +18,12 @@ sys.path.insert(0, str(REPO))
 
 from fixtures import zoo  # noqa: E402,F401  (registers the cards)
 from harness.device.execute import write_inputs  # noqa: E402
-from harness.emulator.runner_server import start_server  # noqa: E402
-from harness.fork_server import stop_server  # noqa: E402
+from harness.process.fork_server import start_server, stop_server  # noqa: E402
+from harness.process.services import RUNNER  # noqa: E402
 from harness.pipeline import card  # noqa: E402
-from harness.pipeline.lower import Case, lower_case  # noqa: E402
+from harness.pipeline.lower import lower_case  # noqa: E402
 from harness.qnn.toolchain import prepare  # noqa: E402
+from harness.vocabulary import Case, Mode  # noqa: E402
 
 
 def timed(command: list[str], cwd: Path, env: dict[str, str]) -> float:
@@ -39,13 +40,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch)
         kv = card.find("fixtures.zoo:kv_gather_written")
-        artifact = lower_case(Case(kv, "fp16", False, "SM8650"), toolchain, root / "artifact", 4)
+        artifact = lower_case(Case(kv, "fp16", Mode.DELEGATE, "SM8650"), toolchain, root / "artifact", 4)
         rows = write_inputs(kv.steps(4), root)
         (root / "inputs.txt").write_text("".join(" ".join(p.name for p in row) + "\n" for row in rows))
         env = {**toolchain.child_env(), "QNNSUITE_PYTHON": sys.executable}
         flags = ["--model_path", str(artifact.pte), "--input_list_path", "inputs.txt", "--output_folder_path", "out"]
         fresh = [timed([sys.executable, "-m", "harness.emulator.host_runner", *flags], root, env) for _ in range(args.repeats)]
-        server = start_server(root / "runner.sock", env)
+        server = start_server(RUNNER, root / "runner.sock", env)
         try:
             served_env = {**env, "QNNSUITE_RUNNER_SOCKET": str(root / "runner.sock")}
             served = [timed([sys.executable, "-m", "harness.emulator.runner_client", *flags], root, served_env)

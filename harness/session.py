@@ -14,13 +14,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-from harness import fork_server
 from harness.context import RunContext, new_run_id
 from harness.device import pool
 from harness.device.device import DeviceError
 from harness.emulator.launcher import FleetError
 from harness.options import RunOptions
-from harness.pipeline import lower_server
+from harness.process import fork_server
+from harness.process.services import LOWERING
 from harness.providers import DeviceProvider, provider_for
 from harness.qnn.sdk import SdkError
 from harness.qnn.toolchain import ToolchainError, prepare
@@ -43,7 +43,7 @@ class RunSession:
         try:
             toolchain = prepare(self._options.qnn_sdk)
             socket_path = work_dir / "lower.sock"
-            self._lowering_server = lower_server.spawn_server(socket_path, toolchain.child_env())
+            self._lowering_server = fork_server.spawn_server(LOWERING, socket_path, toolchain.child_env())
             self._provider = provider_for(self._options, toolchain, work_dir)
             provided = self._provider.start()
             context = RunContext(run_id, provided.adb_port, provided.devices, provided.emulated_pids,

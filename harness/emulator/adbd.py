@@ -23,6 +23,8 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
+from harness.files import write_atomically
+
 A_CNXN, A_OPEN, A_OKAY, A_CLSE, A_WRTE, A_AUTH = (
     int.from_bytes(name, "little") for name in (b"CNXN", b"OPEN", b"OKAY", b"CLSE", b"WRTE", b"AUTH"))
 AUTH_TOKEN, AUTH_SIGNATURE = 1, 2
@@ -69,13 +71,6 @@ def device_to_host(device_path: str, root: Path) -> Path:
     if not host_path.resolve().is_relative_to(root.resolve()):
         raise SandboxEscape(f"{device_path}: outside the device sandbox")
     return host_path
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Write via a temporary file and rename, so a reader in another process never sees half a file."""
-    temporary = path.with_name(path.name + f".tmp{os.getpid()}.{threading.get_ident()}")
-    temporary.write_text(text)
-    temporary.replace(path)
 
 
 class Device:

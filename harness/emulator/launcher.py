@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from harness.emulator.adbd import write_atomically
+from harness.files import write_atomically
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 20.0
@@ -116,7 +116,7 @@ class EmulatorFleet:
 
     def __init__(self, socs: list[str], workdir: Path, device_env: dict[str, str] | None = None) -> None:
         """device_env: the environment device commands run in (the QNN toolchain's, for the host runner).
-        With it, each device also gets a runner server (harness.emulator.runner_server), so a run costs a
+        With it, each device also gets a runner server (harness/process/services.py RUNNER), so a run costs a
         fork instead of a fresh Python with torch and executorch to import."""
         self.socs = list(socs)
         self.device_env = device_env
@@ -232,17 +232,18 @@ class EmulatorFleet:
         """The device's command environment, with its own runner server when there is a device_env."""
         if self.device_env is None:
             return None
-        from harness.emulator.runner_server import spawn_server
+        from harness.process.fork_server import spawn_server
+        from harness.process.services import RUNNER
 
         socket_path = device_dir / "runner.sock"
         # ANDROID_ROOT_SANDBOX marks the server as the device's: pulling the plug kills it too.
         server_env = {**self.device_env, "ANDROID_ROOT_SANDBOX": str(root.resolve())}
-        self._runner_servers[name] = spawn_server(socket_path, server_env)
+        self._runner_servers[name] = spawn_server(RUNNER, socket_path, server_env)
         self._starting_runner_servers.append((self._runner_servers[name], socket_path))
         return {**self.device_env, "QNNSUITE_RUNNER_SOCKET": str(socket_path)}
 
     def _wait_for_runner_servers(self) -> None:
-        from harness.fork_server import ForkServerError, wait_until_serving
+        from harness.process.fork_server import ForkServerError, wait_until_serving
 
         while self._starting_runner_servers:
             try:
@@ -277,7 +278,7 @@ class EmulatorFleet:
 
     def stop(self) -> None:
         """Stop every device (and its runner server), then the adb server; idempotent."""
-        from harness.fork_server import stop_server
+        from harness.process.fork_server import stop_server
 
         for name, process in self._device_processes.items():
             if name in self._runner_servers:

@@ -2,15 +2,14 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from harness import fork_client
 from harness.paths import REPO_ROOT
+from harness.process import fork_client
+from harness.process.services import LOWERING
 from harness.pipeline.facts import FactsError, LoweringFacts, LoweringRequest
 from harness.qnn import qnnlog
 from harness.qnn.toolchain import Toolchain
@@ -52,7 +51,7 @@ class LoweredArtifact:
 
 def lower_case(case: Case, toolchain: Toolchain, directory: Path, steps: int,
                server: Path | None = None) -> LoweredArtifact:
-    """Lower in a process of its own: a child of the run's lowering server (harness.pipeline.lower_server)
+    """Lower in a process of its own: a child of the run's lowering server (harness/process/services.py)
     when there is one, else a fresh `python -m harness.pipeline.lower_job`."""
     directory.mkdir(parents=True, exist_ok=True)
     request_path = directory / "request.json"
@@ -74,22 +73,13 @@ def lower_case(case: Case, toolchain: Toolchain, directory: Path, steps: int,
 
 def _run_lower_job(request_path: Path, env: dict[str, str], log: IO[bytes], server: Path | None) -> str:
     """Run lower_job on the request, its stdout and stderr into log; returns how it ended, in words."""
-    if server is not None:
-        with open(os.devnull, "rb") as stdin:
-            try:
-                status = fork_client.request(str(server), [str(request_path)], str(REPO_ROOT), env,
-                                             {0: stdin.fileno(), 1: log.fileno(), 2: log.fileno()}, LOWER_TIMEOUT_S)
-                return f"exited {status}"
-            except fork_client.NotStarted:
-                pass  # no server (any more): the slow way below
-            except fork_client.ServerGone as gone:
-                return f"was lost ({gone})"
-            except TimeoutError:
-                return f"was killed after {LOWER_TIMEOUT_S} s"
-    try:
-        completed = subprocess.run([sys.executable, "-m", "harness.pipeline.lower_job", str(request_path)],
-                                   cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                   stderr=subprocess.STDOUT, timeout=LOWER_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        return f"was killed after {LOWER_TIMEOUT_S} s"
-    return f"exited {completed.returncode}"
+    with open(os.devnull, "rb") as stdin:
+        try:
+            status = fork_client.run(str(server) if server else None, LOWERING.entry, [str(request_path)],
+                                     str(REPO_ROOT), env, {0: stdin.fileno(), 1: log.fileno(), 2: log.fileno()},
+                                     LOWER_TIMEOUT_S)
+        except fork_client.ServerGone as gone:
+            return f"was lost ({gone})"
+        except TimeoutError:
+            return f"was killed after {LOWER_TIMEOUT_S} s"
+    return f"exited {status}"

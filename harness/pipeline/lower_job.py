@@ -1,5 +1,5 @@
 """Child process that turns one case into a .pte plus facts: `python -m harness.pipeline.lower_job REQUEST`,
-or the same entry point in a child forked by the run's lowering server (harness.pipeline.lower_server).
+or the same entry point in a child forked by the run's lowering server (harness/process/services.py).
 
 A child per lowering because running a program in the process that lowered it crashed (measured),
 because a crash in executorch must fail one case and not the pytest worker, and because the QNN

@@ -1,4 +1,4 @@
-"""The lowering server (harness.pipeline.lower_server) against a fresh lower_job, on real lowerings.
+"""The lowering server (harness/process/services.py LOWERING) against a fresh lower_job, on real lowerings.
 
 A case lowered in a forked child of the server must be the case lowered in a fresh Python: the same
 program bytes and the same facts. A crash in one child fails that case and not the server, and with no
@@ -11,11 +11,11 @@ import dataclasses
 import pytest
 
 from fixtures import zoo  # noqa: F401  (registers the cards)
-from harness import fork_server
 from harness.pipeline import card as cards
-from harness.pipeline import lower_server
 from harness.pipeline.facts import LoweringFacts
 from harness.pipeline.lower import lower_case
+from harness.process import fork_server
+from harness.process.services import LOWERING
 from harness.vocabulary import Case, Mode
 from harness.tests import broken_cards
 
@@ -30,7 +30,7 @@ SIGNATURE_BYTES = 8
 @pytest.fixture(scope="module")
 def server(toolchain, tmp_path_factory):
     socket_path = tmp_path_factory.mktemp("lowering") / "lower.sock"
-    process = lower_server.spawn_server(socket_path, toolchain.child_env())
+    process = fork_server.spawn_server(LOWERING, socket_path, toolchain.child_env())
     fork_server.wait_until_serving(process, socket_path)
     yield socket_path
     fork_server.stop_server(process)

@@ -95,7 +95,7 @@ def _record(rng: random.Random, card: str, tags: tuple[str, ...], dtype: str, mo
 
 
 def make_records(cards: dict[str, tuple[str, ...]] = CARDS, socs: tuple[str, ...] = SOCS, seed: int = 7) -> list[dict]:
-    """Records as harness/records.py writes them (llama cards have two dtypes only, so some cells are empty)."""
+    """Records as harness/verdicts.py makes them (as dicts) (llama cards have two dtypes only, so some cells are empty)."""
     rng = random.Random(seed)
     return [_record(rng, card, tags, dtype, mode, check, soc)
             for soc in socs for card, tags in cards.items()

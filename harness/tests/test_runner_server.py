@@ -1,4 +1,4 @@
-"""The runner server (runner_server.py + runner_client.py) against a fresh host_runner, on a real .pte.
+"""The runner server (harness/process: fork_server + services.RUNNER, with runner_client.py) against a fresh host_runner, on a real .pte.
 
 A run through the server must be indistinguishable from a fresh `python -m harness.emulator.host_runner`
 (same outputs, same trace, same exit codes, same faults) but much cheaper; a killed client must take its
@@ -24,9 +24,9 @@ from fixtures import zoo  # noqa: F401  (registers the cards)
 from harness.device.execute import write_inputs
 from harness.device.payload import EMULATED_RUNNER
 from harness.emulator.runner_client import SOCKET_ENV
-from harness.emulator.runner_server import start_server
-from harness.fork_client import MAX_UNIX_PATH_BYTES, unix_address
-from harness.fork_server import pid_file_of, stop_server
+from harness.process.fork_client import MAX_UNIX_PATH_BYTES, unix_address
+from harness.process.fork_server import pid_file_of, start_server, stop_server
+from harness.process.services import RUNNER
 from harness.pipeline import card as cards
 from harness.pipeline import mutbuf
 from harness.pipeline.lower import LoweredArtifact, lower_case
@@ -64,7 +64,7 @@ def runner_env(toolchain) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def server(runner_env, tmp_path_factory):
     socket_path = tmp_path_factory.mktemp("server") / "runner.sock"
-    process = start_server(socket_path, runner_env)
+    process = start_server(RUNNER, socket_path, runner_env)
     yield Server(process, socket_path)
     stop_server(process)
 
@@ -282,7 +282,7 @@ def test_a_run_wanting_another_qnn_library_is_turned_down_and_run_directly(serve
     client = start_runner(directory, env)
     _, stderr = client.communicate(timeout=RUN_TIMEOUT_S)
     assert client.returncode == 0, stderr[-2000:]
-    assert f"runner server turned the run down (its LD_LIBRARY_PATH finds libQnnHtp.so at {library}," in stderr
+    assert f"the server turned the request down (its LD_LIBRARY_PATH finds libQnnHtp.so at {library}," in stderr
     assert trace_pids(directory) == {client.pid}
     assert output_bytes(directory) == output_bytes(direct[0])
 
@@ -290,7 +290,7 @@ def test_a_run_wanting_another_qnn_library_is_turned_down_and_run_directly(serve
 @pytest.mark.parametrize("how", ["sigterm", "sigkill"])
 def test_a_stopped_server_takes_its_runs_along(runner_env, lowered, tmp_path, how):
     socket_path = tmp_path / "runner.sock"
-    process = start_server(socket_path, runner_env)
+    process = start_server(RUNNER, socket_path, runner_env)
     server = Server(process, socket_path)
     try:
         directory = case_dir(lowered, tmp_path / "case", {"runner_hang": True})

@@ -1,11 +1,11 @@
 """A fork server: heavy modules imported once, a fresh forked child per request.
 
 Two things in this suite pay seconds of `import torch, executorch` per invocation while doing well under a
-second of work: the emulated device's runner (harness.emulator.runner_server) and the lowering of a case
-(harness.pipeline.lower_server). Each gets a server built from this module: it imports its modules once,
+second of work: the emulated device's runner and the lowering of a case (both declared in
+harness/process/services.py). Each gets a server built from this module: it imports its modules once,
 then forks a child per request that takes the client's argv, cwd, umask, environment (os.environ replaced)
 and stdin/stdout/stderr (received as descriptors, SCM_RIGHTS), runs the service's entry point and _exits.
-The client (harness.fork_client) gets the child's exit status, 128+N if signal N killed it; if the client
+The client (harness.process.fork_client) gets the child's exit status, 128+N if signal N killed it; if the client
 goes away first (`timeout -s KILL`, adb closing the stream, a pytest worker dying) the child is SIGKILLed
 at once.
 
@@ -44,10 +44,11 @@ import traceback
 from pathlib import Path
 from typing import Callable
 
-from harness.emulator.adbd import write_atomically
-from harness.fork_client import MAX_MESSAGE_BYTES, STD_FDS, unix_address
+from harness.files import write_atomically
+from harness.paths import REPO_ROOT
+from harness.process.fork_client import MAX_MESSAGE_BYTES, STD_FDS, unix_address
+from harness.process.services import SERVICES, Service
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 5.0
 SHUTDOWN_JOIN_S = 2.0  # under STOP_TIMEOUT_S, so stop_server need not escalate to SIGKILL
@@ -285,21 +286,24 @@ def send(connection: socket.socket, message: dict) -> bool:
     return True
 
 
-def main(description: str, preload: tuple[str, ...], entry: Entry, program: str) -> None:
-    """A server's main (`python -m SERVER --socket PATH`): import `preload`, check that no QNN library came
-    with it, serve until SIGTERM."""
-    parser = argparse.ArgumentParser(description=description)
+def main(argv: list[str] | None = None) -> None:
+    """`python -m harness.process.fork_server SERVICE --socket PATH`: import the service's modules, check
+    that no QNN library came with them, serve until SIGTERM."""
+    parser = argparse.ArgumentParser(description="A fork server for one of the suite's services.")
+    parser.add_argument("service", choices=sorted(SERVICES), help="which service (harness/process/services.py)")
     parser.add_argument("--socket", type=Path, required=True, help="Unix socket to serve on")
-    socket_path = parser.parse_args().socket
-    for name in preload:
+    args = parser.parse_args(argv)
+    service = SERVICES[args.service]
+    for name in service.preload:
         importlib.import_module(name)
     mapped = qnn_libraries_mapped()
     if mapped:
-        sys.exit(f"fork server: importing {', '.join(preload)} mapped {', '.join(mapped)}; "
+        sys.exit(f"fork server: importing {', '.join(service.preload)} mapped {', '.join(mapped)}; "
                  f"QNN libraries must load only in each request's child")
+    entry = importlib.import_module(service.entry)
     code = 0
     try:
-        ForkServer(socket_path.absolute(), entry, program).serve()
+        ForkServer(args.socket.absolute(), entry.main, entry.__file__).serve()
     except SystemExit as stop:  # SIGTERM
         code = exit_code(stop.code)
     except BaseException:
@@ -313,8 +317,8 @@ def main(description: str, preload: tuple[str, ...], entry: Entry, program: str)
         os._exit(code)
 
 
-def spawn_server(module: str, socket_path: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    """Start `python -m module --socket PATH` without waiting for it (see wait_until_serving).
+def spawn_server(service: Service, socket_path: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """Start the service's server on socket PATH without waiting for it (see wait_until_serving); its log is PATH.log.
 
     env: the clients' environment (the toolchain's child_env): what a process reads only at start, like
     LD_LIBRARY_PATH for the dynamic loader, comes from here for every request."""
@@ -322,8 +326,8 @@ def spawn_server(module: str, socket_path: Path, env: dict[str, str]) -> subproc
     pid_file_of(socket_path).unlink(missing_ok=True)
     python = env.get("QNNSUITE_PYTHON") or sys.executable
     with open(log_file_of(socket_path), "wb") as log:
-        return subprocess.Popen([python, "-m", module, "--socket", str(socket_path)],
-                                cwd=PROJECT_ROOT, env={**env, PARENT_ENV: str(os.getpid())},
+        return subprocess.Popen([python, "-m", __name__, service.name, "--socket", str(socket_path)],
+                                cwd=REPO_ROOT, env={**env, PARENT_ENV: str(os.getpid())},
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
 
 
@@ -341,10 +345,10 @@ def wait_until_serving(process: subprocess.Popen[bytes], socket_path: Path, time
         time.sleep(0.05)
 
 
-def start_server(module: str, socket_path: Path, env: dict[str, str],
+def start_server(service: Service, socket_path: Path, env: dict[str, str],
                  timeout_s: float = START_TIMEOUT_S) -> subprocess.Popen[bytes]:
     """spawn_server, then wait_until_serving."""
-    process = spawn_server(module, socket_path, env)
+    process = spawn_server(service, socket_path, env)
     wait_until_serving(process, socket_path, timeout_s)
     return process
 
@@ -358,3 +362,7 @@ def stop_server(process: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+if __name__ == "__main__":
+    main()

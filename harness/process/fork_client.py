@@ -1,14 +1,16 @@
-"""The client side of harness.fork_server: hand one request (argv, cwd, umask, environment and the
-stdin/stdout/stderr descriptors) to a server and wait for the child's exit status.
+"""The client side of harness.process.fork_server: hand one request (argv, cwd, umask, environment and the
+stdin/stdout/stderr descriptors) to a server and wait for the child's exit status; or, when no server takes
+it, run the same request the slow way, in a fresh Python (`run`).
 
 Imported by the emulated runner on every invocation, where start-up cost is what counts: only os, socket
-and json.
+and json at import.
 """
 from __future__ import annotations
 
 import json
 import os
 import socket
+import sys
 
 # One request (argv, cwd, environment) is one SOCK_SEQPACKET message; environments are a few KiB.
 MAX_MESSAGE_BYTES = 1 << 20
@@ -84,3 +86,33 @@ def request(path: str, argv: list[str], cwd: str, env: dict[str, str], fds: dict
     if status is None:
         raise ServerGone(f"the server at {path} went away during the run (its child is killed with it)")
     return int(status)
+
+
+def run(socket_path: str | None, module: str, argv: list[str], cwd: str, env: dict[str, str], fds: dict[int, int],
+        timeout_s: float | None = None, python: str | None = None, replace: bool = False) -> int:
+    """The request's exit status, through the server at socket_path when it takes the request, else as
+    `python -m module ARGV`, a fresh process with the same cwd, environment and descriptors.
+
+    replace=True execs the fresh process in place of this one (never returns): a runner must, so that a
+    `timeout -s KILL` of this process reaches it. A server that turns the request down says why on the
+    request's stderr. ServerGone and TimeoutError as `request` raises them; a fresh process past timeout_s
+    is killed and TimeoutError raised."""
+    if socket_path:
+        try:
+            return request(socket_path, argv, cwd, env, fds, timeout_s)
+        except NotStarted as not_started:
+            if not_started.refusal and 2 in fds:
+                os.write(fds[2], f"fork client: the server turned the request down ({not_started.refusal}); "
+                                 f"running it in a fresh process\n".encode())
+    command = [python or sys.executable, "-m", module, *argv]
+    if replace:
+        os.chdir(cwd)
+        os.execve(command[0], command, env)
+    import subprocess  # only the slow path pays for it
+
+    try:
+        return subprocess.run(command, cwd=cwd, env=env, stdin=fds.get(0, subprocess.DEVNULL),
+                              stdout=fds.get(1, subprocess.DEVNULL), stderr=fds.get(2, subprocess.DEVNULL),
+                              timeout=timeout_s).returncode
+    except subprocess.TimeoutExpired as expired:
+        raise TimeoutError(f"{module} killed after {timeout_s} s") from expired

@@ -1,0 +1,40 @@
+"""The suite's two fork services, declared once: what each keeps imported and what each request runs.
+
+- lowering_server: one per run, started by the controller (harness/session.py) with the toolchain's
+  child_env. A fresh `python -m harness.pipeline.lower_job` spent about 5 s importing torch, executorch's exir,
+  the QNN quantizer and partitioner before lowering anything, on cases whose export, quantization and lowering
+  take 2-9 s. Every case still gets a process of its own (a crash fails one case; the QNN log printed by C++
+  to fd 2 is captured per case; no program is run in the process that lowered it), it just starts imported.
+- runner_server: one per emulated device, started by the launcher with the device commands' environment. A
+  fresh `python -m harness.emulator.host_runner` spends 4-5 s importing torch and executorch before it runs
+  anything; each run is a child with the client's argv, cwd, environment and descriptors.
+
+No QNN library is loaded by these imports (fork_server checks); each child dlopens its own. Only names here:
+importing this module costs nothing, as the runner's client needs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Service:
+    name: str  # also in the server's command line, so its processes can be recognised
+    entry: str  # module whose main(argv) serves one request; `python -m entry ARGV` is the same request, slowly
+    preload: tuple[str, ...]  # imported once by the server, before any request
+
+    def __post_init__(self) -> None:
+        SERVICES[self.name] = self
+
+
+SERVICES: dict[str, Service] = {}
+
+LOWERING = Service("lowering_server", "harness.pipeline.lower_job", (
+    "numpy", "torch", "torchao.quantization.pt2e.quantize_pt2e", "executorch.exir",
+    "executorch.exir.passes.init_mutable_pass", "executorch.backends.qualcomm.quantizer.quantizer",
+    "executorch.backends.qualcomm.utils.utils", "executorch.backends.qualcomm._passes.qnn_pass_manager",
+    "executorch.extension.llm.export.partitioner_lib", "harness.pipeline.stages", "harness.pipeline.eager",
+))
+RUNNER = Service("runner_server", "harness.emulator.host_runner", (
+    "numpy", "torch", "executorch.extension.pybindings.portable_lib",
+))
