@@ -1,0 +1,100 @@
+"""A check is declared once: one decorated function and one suite line make a new check appear in the
+run's tests, its report columns and known-failure matching, with no other edit."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import harness.checks  # noqa: F401  (registers the built-in checks)
+from harness import check_registry, known_failures
+from harness.paths import REPO_ROOT
+
+NEW_SUITE = '''
+from harness.check_registry import CheckFailure, check, suite_test
+
+
+@check("delegate_named", short="dlg", signatures=("delegate_unnamed",))
+def check_delegate_named(outcome):
+    """Made up by the registry test: fails in skip mode, so the manifest's entry for it is exercised."""
+    names = [d.name for d in outcome.artifact.facts.partitions.delegates]
+    if outcome.case.skip_mutable_buffer:
+        raise CheckFailure(f"made-up failure of {outcome.case.id}", {"names": names}, "delegate_unnamed")
+    return {"names": names}
+
+
+test_delegate_named = suite_test("delegate_named")
+'''
+NEW_MANIFEST = '''
+[[known_failure]]
+pattern = "test_delegate_named[*-skip_mutbuf-*]"
+signature = "delegate_unnamed"
+reason = "made up by the registry test"
+'''
+
+
+@pytest.mark.qnn
+def test_a_new_check_needs_one_decorated_function_and_one_suite_line(tmp_path: Path):
+    suite = tmp_path / "suite" / "test_delegate_named.py"
+    suite.parent.mkdir()
+    suite.write_text(NEW_SUITE)
+    manifest = tmp_path / "known_failures.toml"
+    manifest.write_text(NEW_MANIFEST)
+    command = [sys.executable, "-m", "pytest", "-c", str(REPO_ROOT / "pytest.ini"), "--rootdir", str(REPO_ROOT),
+               "-p", "harness.plugin", str(suite), "-q", "--emulate", "SM8650", "--dtype", "fp16",
+               "-k", "kv_index_copy_dim1", "--known-failures", str(manifest), "--compile-only",
+               "--report-dir", str(tmp_path / "reports"), "--cache-dir", str(tmp_path / "cache")]
+    completed = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900,
+                               env={**os.environ, "COLUMNS": "300"})
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-2000:]
+    assert "1 passed" in completed.stdout and "1 xfailed" in completed.stdout, completed.stdout[-2000:]
+    folder = tmp_path / "reports" / "latest" / "SM8650"
+    document = json.loads((folder / "report.json").read_text())
+    assert document["checks"] == [{"name": "delegate_named", "short": "dlg"}]
+    verdicts = {case["mode"]: case["checks"]["delegate_named"] for case in document["cases"]}
+    assert verdicts["delegate_mutbuf"]["verdict"] == "passed"
+    assert verdicts["skip_mutbuf"]["verdict"] == "xfailed"
+    assert "made up by the registry test" in verdicts["skip_mutbuf"]["known_failure"]
+    html = (folder / "report.html").read_text()
+    assert 'title="delegate_named">dlg</th>' in html
+
+
+def test_two_checks_of_one_name_are_refused():
+    def check_export(outcome):  # same name as the built-in, another function
+        return {}
+
+    with pytest.raises(ValueError, match="two checks are named 'export'"):
+        check_registry.check("export", short="x")(check_export)
+    assert check_registry.get("export").function is harness.checks.check_export
+
+
+def test_an_unknown_check_name_says_what_is_registered():
+    with pytest.raises(ValueError, match=r"no check named 'nope': registered are export, annotation, partitions"):
+        check_registry.get("nope")
+
+
+def test_the_manifest_accepts_only_declared_signatures(tmp_path: Path):
+    manifest = tmp_path / "known_failures.toml"
+    manifest.write_text(textwrap.dedent('''
+        [[known_failure]]
+        pattern = "test_state[*]"
+        signature = "made_up_signature"
+        reason = "no check declares it"
+        '''))
+    with pytest.raises(ValueError, match="signature 'made_up_signature' is not one of lowering_failed, not_run, "):
+        known_failures.load(manifest)
+    assert {"state_mismatch", "uninitialised_delegated_buffer", "split_address"} <= set(check_registry.signatures())
+
+
+def test_every_builtin_check_has_a_suite_test():
+    suites = {path.stem for path in (REPO_ROOT / "suites").glob("test_*.py")}
+    declared = {f"test_{spec.name}" for spec in check_registry.specs()}
+    found = set()
+    for path in (REPO_ROOT / "suites").glob("test_*.py"):
+        found |= {name for name in declared if f'suite_test("{name.removeprefix("test_")}")' in path.read_text()}
+    assert found == declared, f"checks without a suite line: {sorted(declared - found)} (suites: {sorted(suites)})"
