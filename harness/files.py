@@ -6,8 +6,16 @@ import threading
 from pathlib import Path
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """Write via a temporary file and rename, so a reader in another process never sees half a file."""
+def write_atomically(path: Path, text: str, encoding: str = "utf-8") -> None:
+    """Write via a temporary file and rename, so a reader in another process never sees half a file, and a
+    run killed mid-write leaves the old file (or none), never a torn one."""
+    write_bytes_atomically(path, text.encode(encoding))
+
+
+def write_bytes_atomically(path: Path, data: bytes) -> None:
     temporary = path.with_name(path.name + f".tmp{os.getpid()}.{threading.get_ident()}")
-    temporary.write_text(text)
-    temporary.replace(path)
+    try:
+        temporary.write_bytes(data)
+        temporary.replace(path)
+    finally:
+        temporary.unlink(missing_ok=True)

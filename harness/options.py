@@ -39,6 +39,8 @@ def add_options(parser: pytest.Parser) -> None:
                     help="also load model cards from this importable module (repeatable)")
     group.addoption("--report-dir", default="reports", metavar="DIR", help="where reports/<run>/<SOC>/ are written")
     group.addoption("--baseline", default=None, metavar="PATH", help="report.json (or a folder of them) to gate against")
+    group.addoption("--allow-missing", action="store_true",
+                    help="gate: a check of the baseline that this run lacks does not fail the gate (a narrowed run)")
     group.addoption("--known-failures", default=str(MANIFEST), metavar="FILE",
                     help="known-failures manifest to judge failures by (default fixtures/known_failures.toml)")
     group.addoption("--compile-only", action="store_true", help="export, quantize and lower only; no device runs")
@@ -62,6 +64,7 @@ class RunOptions:
     models: tuple[str, ...]
     report_dir: Path
     baseline: Path | None
+    allow_missing: bool
     known_failures: Path
     compile_only: bool
     keep_workspace: bool
@@ -107,6 +110,7 @@ def parse(config: pytest.Config) -> RunOptions:
         models=tuple(config.getoption("--models")),
         report_dir=Path(config.getoption("--report-dir")),
         baseline=Path(baseline) if baseline else None,
+        allow_missing=config.getoption("--allow-missing"),
         known_failures=manifest,
         compile_only=config.getoption("--compile-only"),
         keep_workspace=config.getoption("--keep-workspace"),

@@ -26,6 +26,7 @@ from harness.stash import CONTEXT, OPTIONS
 pytest_plugins = ["harness.fixtures"]
 
 SESSION = pytest.StashKey[RunSession]()
+REPORTER = pytest.StashKey[ConformanceReporter]()
 WORKERINPUT_KEY = "qnnsuite_context"
 REPORTER_NAME = "qnnsuite-reporter"
 DEFAULT_CARD_MODULES = ("fixtures.zoo", "fixtures.llama")
@@ -72,7 +73,8 @@ def pytest_configure(config: pytest.Config) -> None:
         context = config.stash[CONTEXT] = session.start()
     except RunStartError as error:
         raise pytest.UsageError(str(error)) from error
-    config.pluginmanager.register(ConformanceReporter(options, context, baseline), REPORTER_NAME)
+    reporter = config.stash[REPORTER] = ConformanceReporter(options, context, baseline)
+    config.pluginmanager.register(reporter, REPORTER_NAME)
 
 
 def pytest_configure_node(node) -> None:  # xdist hook: hand the run to each worker
@@ -112,4 +114,5 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 def pytest_unconfigure(config: pytest.Config) -> None:
     session = config.stash.get(SESSION, None)
     if session is not None:
-        session.stop()
+        reporter = config.stash.get(REPORTER, None)
+        session.stop(keep_work_dir=reporter is not None and reporter.failed)

@@ -7,12 +7,16 @@ was read before this run wrote anything, so `--baseline reports/latest` means th
 """
 from __future__ import annotations
 
+import json
+import sys
 import time
+import traceback
 
 import pytest
 
 from harness import check_registry, environment, report
 from harness.context import RunContext
+from harness.files import write_atomically
 from harness.options import RunOptions
 from harness.qnn.toolchain import prepare
 from harness.record import REPORT_ATTRIBUTE, CheckRecord
@@ -32,23 +36,44 @@ class ConformanceReporter:
         self.records: list[CheckRecord] = []
         self._lines: list[str] = []
         self._started = _now()
+        self.failed = False  # reporting failed: the run's work folder must be kept
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         data = getattr(report, REPORT_ATTRIBUTE, None)
-        if data is not None:
+        if data is None:
+            return
+        try:
             self.records.append(CheckRecord.from_dict(data))
+        except (TypeError, ValueError) as error:  # one bad record costs its own check, never the report
+            self._lines.append(f"unreadable record of {report.nodeid} ({type(error).__name__}: {error}); left out of the report")
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if not self.records:
             return
+        try:
+            self._report(session)
+        except Exception as error:  # keep what the run found: the records and the work folder
+            self.failed = True
+            kept = self._context.work_dir / "records.json"
+            write_atomically(kept, json.dumps([r.to_dict() for r in self.records], indent=1))
+            traceback.print_exc(file=sys.stderr)
+            self._lines.append(f"writing the reports failed ({type(error).__name__}: {error}); the records are in "
+                               f"{kept} and the run's work folder is kept")
+            session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
+
+    def _report(self, session: pytest.Session) -> None:
+        verdict = None
+        if self._baseline is not None:
+            verdict = report.gate(self.records, self._baseline, self._options.allow_missing)
         toolchain = prepare(self._options.qnn_sdk)
         environments = environment.per_soc(self._context, toolchain, self._started, _now())
         folders = report.write_run(self.records, environments, self._options.report_dir, self._context.run_id,
-                                   check_registry.columns())
+                                   check_registry.columns(), verdict)
         self._lines = [report.summary_line(self.records, soc, folders[soc] / "report.html") for soc in sorted(folders)]
-        if self._baseline is not None:
-            verdict = report.gate(self.records, self._baseline)
-            self._lines += [f"gate against {self._options.baseline}: " + ("no regressions" if verdict.ok else "FAILED")]
+        if verdict is not None:
+            named = len(verdict.entries())
+            self._lines += [f"gate against {self._options.baseline}: " + ("no regressions" if verdict.ok else "FAILED")
+                            + (f" ({named} check(s) named; gate.json beside each report.json)" if named else "")]
             self._lines += [f"  {line}" for line in verdict.lines()]
             if not verdict.ok:
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED

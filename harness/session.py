@@ -73,13 +73,16 @@ class RunSession:
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "run-context.json").write_text(context.to_json())
 
-    def stop(self) -> None:
+    def stop(self, keep_work_dir: bool = False) -> None:
+        """keep_work_dir: leave the host work folder (and say where), e.g. when the reports could not be written."""
         context, keep = self.context, self._options.keep_workspace
         if context is not None and not keep:  # while the devices still answer
             for line in pool.remove_run_folders(list(context.devices), context.adb_port, context.run_id):
                 print(line, file=sys.stderr)
         self._stop_processes()
-        if context is not None and not keep:
+        if context is not None and (keep or keep_work_dir):
+            print(f"qnnsuite: the run's work folder is kept: {context.work_dir}", file=sys.stderr)
+        elif context is not None:
             shutil.rmtree(context.work_dir, ignore_errors=True)
 
     def _stop_processes(self) -> None:

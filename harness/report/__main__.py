@@ -1,7 +1,8 @@
 """`python -m harness.report diff A B`: what changed between two runs, failing on regressions.
 
 A and B are report.json files or run folders. Prints one line per check whose verdict changed
-(regressions and known failures that now pass are marked); exits 1 if B regressed against A,
+(regressions, new failures and known failures that now pass are marked); exits 1 if B regressed against A
+or has a new failure,
 2 on unreadable input, else 0.
 """
 from __future__ import annotations
@@ -21,10 +22,11 @@ def diff(before_path: Path, after_path: Path) -> int:
         return 2
     result = compare(before, after)
     notes = {**{c.key: "known failure now passes" for c in result.fixed_known_failures},
+             **{c.key: "new failure" for c in result.new_failures},
              **{c.key: "regression" for c in result.regressions}}
     for change in changes(before, after):
         print(change.line() + (f"  [{notes[change.key]}]" if change.key in notes else ""))
-    return 1 if result.regressions else 0
+    return 1 if result.regressions or result.new_failures else 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,9 +1,13 @@
-"""Comparison with a baseline run: which checks got worse, and which known failures now pass.
+"""Comparison with a baseline run: what a nightly gate fails on.
 
-Checks are matched by (soc, case_id, check). A regression is a check that passed in the baseline and
-now fails (or passes although a known failure expected it to fail: xpassed). A fixed known failure is
-a check the baseline expected to fail that now passes, so the known-failures manifest must change.
-Both are changes, so a run compared with itself is always ok.
+Checks are matched by (soc, case_id, check). The gate fails on
+- a regression: a check that passed in the baseline and now fails (failed, xfailed or xpassed);
+- a new failure: a check that fails now, is not in the baseline and is not a known failure;
+- a fixed known failure: a known failure that passes now (xpassed), or a check the baseline expected to
+  fail that now passes: the known-failures manifest must change;
+- a missing check: in the baseline, absent from this run (renamed, not collected, a collection error),
+  unless missing checks are allowed (a deliberately narrowed run).
+A run compared with itself is ok, unless a known failure passes in it (that alone fails the gate).
 """
 from __future__ import annotations
 
@@ -55,21 +59,53 @@ class Change:
 class GateResult:
     regressions: tuple[Change, ...]
     fixed_known_failures: tuple[Change, ...]
+    new_failures: tuple[Change, ...] = ()
+    missing: tuple[Change, ...] = ()
+    allow_missing: bool = False
 
     @property
     def ok(self) -> bool:
-        return not self.regressions and not self.fixed_known_failures
+        return not (self.regressions or self.fixed_known_failures or self.new_failures
+                    or (self.missing and not self.allow_missing))
+
+    def for_soc(self, soc: str) -> GateResult:
+        def mine(changes: tuple[Change, ...]) -> tuple[Change, ...]:
+            return tuple(c for c in changes if c.key[0] == soc)
+        return GateResult(mine(self.regressions), mine(self.fixed_known_failures), mine(self.new_failures),
+                          mine(self.missing), self.allow_missing)
+
+    def entries(self) -> list[dict[str, str]]:
+        """Every check the gate names: {"kind", "soc", "case_id", "check", "before", "after", "why"}."""
+        kinds = (("regression", self.regressions), ("new failure", self.new_failures),
+                 ("known failure now passes", self.fixed_known_failures),
+                 ("missing" + (" (allowed)" if self.allow_missing else ""), self.missing))
+        entries = []
+        for kind, changes in kinds:
+            for change in changes:
+                soc, case_id, check = change.key
+                if kind == "known failure now passes":
+                    why = (change.after.known_failure if change.after and change.after.known_failure
+                           else change.before.known_failure if change.before else "")
+                elif kind.startswith("missing"):
+                    why = "in the baseline, not in this run (renamed, not collected or a collection error?)"
+                else:
+                    why = change.after.message if change.after else ""
+                entries.append({"kind": kind, "soc": soc, "case_id": case_id, "check": check,
+                                "before": change.before.verdict if change.before else ABSENT,
+                                "after": change.after.verdict if change.after else ABSENT,
+                                "why": why[:MESSAGE_CHARS]})
+        return entries
 
     def lines(self) -> list[str]:
-        """One line per regression and per fixed known failure, saying what to do about the latter."""
+        """One line per check the gate names, saying what to do where there is something to do."""
         lines = []
-        for change in self.regressions:
-            message = change.after.message[:MESSAGE_CHARS] if change.after else ""
-            lines.append(f"regression: {change.line()}" + (f": {message}" if message else ""))
-        for change in self.fixed_known_failures:
-            reason = change.before.known_failure[:MESSAGE_CHARS] if change.before else ""
-            lines.append(f"known failure now passes (update fixtures/known_failures.toml): {change.line()}"
-                         + (f" [{reason}]" if reason else ""))
+        for entry in self.entries():
+            change = f"{entry['soc']} {entry['case_id']} {entry['check']} {entry['before']} -> {entry['after']}"
+            if entry["kind"] == "known failure now passes":
+                lines.append(f"known failure now passes (update the known-failures manifest): {change}"
+                             + (f" [{entry['why']}]" if entry["why"] else ""))
+            else:
+                lines.append(f"{entry['kind']}: {change}" + (f": {entry['why']}" if entry["why"] else ""))
         return lines
 
 
@@ -115,14 +151,17 @@ def changes(before: dict[Key, Outcome], after: dict[Key, Outcome]) -> list[Chang
             if (before[key].verdict if key in before else ABSENT) != (after[key].verdict if key in after else ABSENT)]
 
 
-def compare(before: dict[Key, Outcome], after: dict[Key, Outcome]) -> GateResult:
-    """Only checks present on both sides count: a new or dropped case is a change, not a verdict on it."""
+def compare(before: dict[Key, Outcome], after: dict[Key, Outcome], allow_missing: bool = False) -> GateResult:
     common = [Change(key, before[key], after[key]) for key in sorted(before.keys() & after.keys())]
+    added = [Change(key, None, after[key]) for key in sorted(after.keys() - before.keys())]
     regressions = tuple(c for c in common if c.before.verdict == "passed" and c.after.verdict in FAILING)
-    fixed = tuple(c for c in common if c.before.expected_to_fail and c.after.verdict in PASSING)
-    return GateResult(regressions, fixed)
+    fixed = tuple(c for c in common + added if c.after.verdict == "xpassed"
+                  or (c.before is not None and c.before.expected_to_fail and c.after.verdict in PASSING))
+    new = tuple(c for c in added if c.after.verdict == "failed")
+    missing = tuple(Change(key, before[key], None) for key in sorted(before.keys() - after.keys()))
+    return GateResult(regressions, fixed, new, missing, allow_missing)
 
 
-def gate(records: list[CheckRecord], baseline: Path | dict[Key, Outcome]) -> GateResult:
+def gate(records: list[CheckRecord], baseline: Path | dict[Key, Outcome], allow_missing: bool = False) -> GateResult:
     """This run's records against a baseline: a report.json, a folder of them, or outcomes loaded before."""
-    return compare(baseline if isinstance(baseline, dict) else load(baseline), of_records(records))
+    return compare(baseline if isinstance(baseline, dict) else load(baseline), of_records(records), allow_missing)

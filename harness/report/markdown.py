@@ -1,7 +1,9 @@
 """summary.md of one SoC's report: the few lines a person or a CI comment needs, nothing more."""
 from __future__ import annotations
 
-from harness.report.document import VERDICTS, known_failures, problems, stage_times
+from harness.report.document import known_failures, problems, stage_times
+from harness.report.gate import GateResult
+from harness.vocabulary import VERDICTS
 
 SLOWEST_STAGES = 6
 CASES_PER_REASON = 6
@@ -15,13 +17,22 @@ def _totals(summary: dict) -> str:
     return ", ".join(f"{summary[v]} {v}" for v in VERDICTS if summary[v] or v in ("passed", "failed"))
 
 
-def render(document: dict) -> str:
-    """Short on purpose: the HTML has the matrix and the evidence, this is what fits in a CI comment."""
+def render(document: dict, gate: GateResult | None = None) -> str:
+    """Short on purpose: the HTML has the matrix and the evidence, this is what fits in a CI comment.
+    gate: this SoC's gate result, when the run was gated against a baseline."""
     environment, summary = document["environment"], document["summary"]
     facts = [f"{key} {environment[key]}" for key in ("executorch", "torch", "qnn_build_id", "device_model", "device_serial")
              if environment.get(key)]
     lines = [f"# {document['soc']}: run {document['run_id']}", "",
              f"**{_totals(summary)}** ({summary['total']} checks)", "", " · ".join(facts), ""]
+    if gate is not None:
+        entries = gate.entries()
+        lines += [f"## Gate: {'passed' if gate.ok else 'FAILED'} ({len(entries)} check(s) named)", ""]
+        if entries:
+            lines += ["| why the gate names it | case | check | baseline -> now | detail |", "| --- | --- | --- | --- | --- |"]
+            lines += [f"| {e['kind']} | {e['case_id']} | {e['check']} | {e['before']} -> {e['after']} | {_cell(e['why'])} |"
+                      for e in entries]
+        lines.append("")
     failing = problems(document)
     lines += [f"## Failures ({len(failing)})", ""]
     if failing:

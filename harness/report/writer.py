@@ -5,9 +5,11 @@ import json
 import os
 from pathlib import Path
 
+from harness.files import write_atomically
 from harness.record import CheckRecord
 from harness.report import junit, markdown, page
 from harness.report.document import Column, build, tally
+from harness.report.gate import GateResult
 
 LATEST = "latest"
 
@@ -21,18 +23,22 @@ def _point_latest(report_root: Path, run_id: str) -> None:
 
 
 def write_run(records: list[CheckRecord], environments: dict[str, dict], report_root: Path, run_id: str,
-              columns: list[Column]) -> dict[str, Path]:
-    """report.json, junit.xml, summary.md and report.html under report_root/run_id/SOC/ for each SoC
-    in the records; returns {soc: folder}. A run without records writes nothing and keeps `latest`."""
+              columns: list[Column], gate: GateResult | None = None) -> dict[str, Path]:
+    """report.json, junit.xml, summary.md and report.html (and gate.json when gated) under
+    report_root/run_id/SOC/ for each SoC in the records, each file written whole or not at all; returns
+    {soc: folder}. A run without records writes nothing and keeps `latest`."""
     folders = {}
     for soc in sorted({record.soc for record in records}):
         document = build(records, environments.get(soc, {"soc": soc}), run_id, soc, columns)
         folder = report_root / run_id / soc
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "report.json").write_text(json.dumps(document, indent=1, allow_nan=False) + "\n", encoding="utf-8")
-        (folder / "junit.xml").write_text(junit.render(document), encoding="utf-8")
-        (folder / "summary.md").write_text(markdown.render(document), encoding="utf-8")
-        (folder / "report.html").write_text(page.render(document), encoding="utf-8")
+        mine = gate.for_soc(soc) if gate is not None else None
+        write_atomically(folder / "report.json", json.dumps(document, indent=1, allow_nan=False) + "\n")
+        write_atomically(folder / "junit.xml", junit.render(document))
+        write_atomically(folder / "summary.md", markdown.render(document, mine))
+        write_atomically(folder / "report.html", page.render(document))
+        if mine is not None:
+            write_atomically(folder / "gate.json", json.dumps({"ok": mine.ok, "checks": mine.entries()}, indent=1) + "\n")
         folders[soc] = folder
     if folders:
         _point_latest(report_root, run_id)
