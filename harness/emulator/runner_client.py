@@ -9,6 +9,9 @@ killed by signal N, as a shell reports it). Being killed closes the connection, 
 the child, so `timeout -s KILL` and a closed adb stream end the run as before.
 Without $QNNSUITE_RUNNER_SOCKET, or when the server is not there or turns the run down, it execs
 `$QNNSUITE_PYTHON -m harness.emulator.host_runner` itself: the same run, only slower.
+In a jailed device shell (harness.emulator.jail) the device's paths (/data/...) exist only inside the jail,
+while the server runs on the host: the cwd, path arguments and library paths sent are the sandbox's host
+paths of what the device command named (the server refuses anything outside its device's sandbox).
 Start-up cost is what counts here, so only os, sys, socket and json are imported.
 """
 from __future__ import annotations
@@ -16,9 +19,29 @@ from __future__ import annotations
 import os
 import sys
 
+from harness.emulator.device_fs import host_path
 from harness.fork_client import STD_FDS, NotStarted, ServerGone, request
 
 SOCKET_ENV = "QNNSUITE_RUNNER_SOCKET"
+SANDBOX_ENV = "ANDROID_ROOT_SANDBOX"
+PATH_LIST_VARIABLES = ("LD_LIBRARY_PATH", "ADSP_LIBRARY_PATH")
+
+
+def for_host(argv: list[str], env: dict[str, str]) -> tuple[list[str], str, dict[str, str]]:
+    """argv, cwd and environment with device paths turned into their host paths in the sandbox."""
+    root = env.get(SANDBOX_ENV)
+    if not root:
+        return argv, os.getcwd(), env
+
+    def argument(value: str) -> str:
+        flag, equals, path = value.partition("=")
+        return f"{flag}={host_path(path, root)}" if equals and flag.startswith("--") else host_path(value, root)
+
+    env = dict(env)
+    for name in PATH_LIST_VARIABLES:
+        if name in env:
+            env[name] = ":".join(host_path(entry, root) for entry in env[name].split(":"))
+    return [argument(value) for value in argv], host_path(os.getcwd(), root), env
 
 
 def open_std_fds() -> list[int]:
@@ -36,7 +59,8 @@ def open_std_fds() -> list[int]:
 def run_through_server(path: str, argv: list[str]) -> int | None:
     """The runner's exit status, or None when the server did not start the run (the caller runs it itself)."""
     try:
-        return request(path, argv, os.getcwd(), dict(os.environ), {fd: fd for fd in open_std_fds()})
+        host_argv, cwd, env = for_host(argv, dict(os.environ))
+        return request(path, host_argv, cwd, env, {fd: fd for fd in open_std_fds()})
     except ServerGone as gone:
         print(f"runner_client: {gone}", file=sys.stderr, flush=True)
         return 1
