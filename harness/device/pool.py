@@ -17,7 +17,7 @@ from typing import Iterator
 from filelock import Timeout
 
 from harness.device.adb import AdbClient
-from harness.device.device import WORKSPACE_ROOT, Device, DeviceError, DeviceLost
+from harness.device.device import WORKSPACE_ROOT, Device, DeviceError, DeviceLost, shell_line
 from harness.device.execute import Workspace, prepare_workspace
 from harness.device.payload import for_device
 
@@ -103,7 +103,7 @@ class DevicePool:
         """Called with the device held, so no other worker pushes the payload at the same time."""
         if spec.serial not in self._prepared:
             payload = f"{WORKSPACE_ROOT}/{self.run_id}/payload"
-            device.shell(f"mkdir -p {payload}")
+            device.shell(shell_line(["mkdir", "-p", payload]))
             prepare_workspace(device, payload, for_device(spec.abi, spec.htp_arch, self.runner, self.sdk_root))
             self._prepared[spec.serial] = Workspace(device.workspace(f"{self.run_id}/{self.worker}"), payload)
         return self._prepared[spec.serial]
@@ -128,7 +128,7 @@ def remove_run_folders(specs: list[DeviceSpec], adb_port: int, run_id: str) -> l
     for spec in specs:
         try:
             Device(spec.serial, AdbClient(host="127.0.0.1", port=adb_port)).shell(
-                f"rm -rf {WORKSPACE_ROOT}/{run_id}", timeout_s=30)
+                shell_line(["rm", "-rf", f"{WORKSPACE_ROOT}/{run_id}"]), timeout_s=30)
         except DeviceError:
             lines.append(f"could not remove {spec.serial}:{WORKSPACE_ROOT}/{run_id} (device gone)")
     return lines
