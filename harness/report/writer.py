@@ -29,8 +29,9 @@ def write_run(records: list[dict], environments: dict[str, dict], report_root: P
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "report.json").write_text(json.dumps(document, indent=1, allow_nan=False) + "\n", encoding="utf-8")
         (folder / "junit.xml").write_text(junit.render(document), encoding="utf-8")
-        (folder / "summary.md").write_text(markdown.render(document), encoding="utf-8")
-        (folder / "report.html").write_text(page.render(document), encoding="utf-8")
+        # A lone surrogate (from a name or a log) is written as its escape rather than failing the file.
+        (folder / "summary.md").write_text(markdown.render(document), encoding="utf-8", errors="backslashreplace")
+        (folder / "report.html").write_text(page.render(document), encoding="utf-8", errors="backslashreplace")
         folders[soc] = folder
     if folders:
         _point_latest(report_root, run_id)
