@@ -152,7 +152,7 @@ class Device:
             env["EMULATED_STORAGE_FULL"] = "1"
         if not self.jail_problem:
             env.update(PATH=f"/system/bin:{os.environ.get('PATH', '/usr/bin:/bin')}", TMPDIR="/data/local/tmp")
-            argv = jail.jail_argv(self.root, ["/bin/sh", "-c", command], "/data/local/tmp")
+            argv = jail.jail_argv(self.root, ["/bin/sh", "-c", command], "/data/local/tmp", env)
         else:
             env["PATH"] = f"{self.root}/system/bin:{os.environ.get('PATH', '/usr/bin:/bin')}"
             refused = shell_paths.refusal(command, self.root)

@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import resource
+import shutil
 import socket
 import struct
 import subprocess
@@ -26,10 +27,10 @@ from harness.device.device import Device, DeviceError, safe_pull_name
 from harness.device.execute import reset_case_dir
 from harness.device.pool import DeviceSpec, remove_run_folders
 from harness.device.sync import SyncSession
-from harness.emulator import jail, runner_server, shell_paths
+from harness.emulator import jail, runner_client, runner_server, shell_paths
 from harness.emulator.adb_auth import PublicKey, load_keys
 from harness.emulator.adbd import HEADER, JAIL_ENV
-from harness.emulator.launcher import ADB_SERVER_ENV, EmulatorFleet, free_port, host_request
+from harness.emulator.launcher import ADB_SERVER_ENV, PROJECT_ROOT, EmulatorFleet, free_port, host_request
 from harness.pipeline import card as card_registry
 from harness.report import write_run
 from harness.tests.test_report import make_records
@@ -144,6 +145,12 @@ def test_adb_key_file_and_signature_checks_reject_what_is_not_the_servers(fleet:
     """Attack: a garbled key file, or a signature that is not the token's, must not be taken for the server's key."""
     key = load_keys(fleet.server_public_key)[0]
     assert isinstance(key, PublicKey) and key.size == 256
+    token = os.urandom(20)
+    if shutil.which("openssl"):  # the server's private key signs as adb does: PKCS#1 v1.5 over the raw token
+        signed = subprocess.run(["openssl", "pkeyutl", "-sign", "-inkey", str(fleet.server_public_key.with_suffix("")),
+                                 "-pkeyopt", "digest:sha1"], input=token, capture_output=True, check=True).stdout
+        assert key.verifies(token, signed)
+        assert not key.verifies(bytes([token[0] ^ 1]) + token[1:], signed)
     assert not key.verifies(os.urandom(20), os.urandom(256))
     assert not key.verifies(os.urandom(20), b"\0" * 255 + b"\1")  # 1^e = 1: no padding, no digest
     broken = tmp_path / "adbkey.pub"
@@ -157,11 +164,25 @@ def test_shell_command_cannot_write_a_host_path(fleet: EmulatorFleet, tmp_path: 
     target = tmp_path / "host-file"
     target.write_text("host data")
     device = harness_device(fleet)
-    for command in (f"echo pwned > {target}", f"rm -f {target}", f"cd / && rm -f {str(target).lstrip('/')}",
+    assert device.shell(f"echo pwned > {target}").exit_code != 0
+    project_file = PROJECT_ROOT / "written-by-a-device"  # a host folder outside /tmp, writable by the suite
+    assert device.shell(f"touch {project_file}").exit_code != 0 and not project_file.exists()
+    for command in (f"rm -f {target}", f"cd / && rm -f {str(target).lstrip('/')}",
                     f"cd /data/../{str(target.parent).lstrip('/')} && rm -f {target.name}"):
-        assert device.shell(command).exit_code != 0, command
+        device.shell(command)  # refused, or run where the host's file is not (`rm -f` is content either way)
         assert target.read_text() == "host data", command
     assert device.shell("echo ok > /data/local/tmp/inside && cat /data/local/tmp/inside").output == "ok\n"
+
+
+def test_shell_command_cannot_reach_a_host_socket(fleet: EmulatorFleet, tmp_path: Path) -> None:
+    """Attack: a device command connects to a unix socket of the host (an ssh agent, docker) in /tmp or /run,
+    which a read-only mount would not stop."""
+    agent = tmp_path / "agent.sock"
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(agent))
+        listener.listen()
+        assert harness_device(fleet).shell(f"test -S {agent}").exit_code != 0
+        assert harness_device(fleet).shell("test -S /data/local/tmp || ls -d /data/local/tmp").exit_code == 0
 
 
 def test_path_check_refuses_host_paths_and_passes_device_ones() -> None:
@@ -342,6 +363,18 @@ def test_runner_server_refuses_paths_outside_its_device(tmp_path: Path, monkeypa
     (case / "input_list.txt").write_text("/etc/passwd\n")
     assert runner_server.paths_outside(inside, root.resolve()) == ["/etc/passwd"]
     assert runner_server.confined(root.resolve())(inside) == runner_server.REFUSED_EXIT
+
+
+def test_jailed_runner_client_sends_the_sandbox_paths_of_device_paths() -> None:
+    """What the confinement above relies on: a jailed device's /data/... reaches the host-side server as the
+    sandbox's host path, other paths unchanged (so the server judges them as they are)."""
+    env = {"ANDROID_ROOT_SANDBOX": "/srv/root", "LD_LIBRARY_PATH": "/data/p:/opt/qnn/lib", "HOME": "/data"}
+    argv, _, sent = runner_client.for_host(["--model_path=/data/m.pte", "--output_folder_path", "/data/o",
+                                            "rel.txt", "/etc/passwd", "/srv/root/data/x"], env)
+    assert argv == ["--model_path=/srv/root/data/m.pte", "--output_folder_path", "/srv/root/data/o", "rel.txt",
+                    "/etc/passwd", "/srv/root/data/x"]
+    assert sent["LD_LIBRARY_PATH"] == "/srv/root/data/p:/opt/qnn/lib" and sent["HOME"] == "/data"
+    assert runner_client.for_host(["/data/m"], {})[0] == ["/data/m"]  # not on an emulated device: as given
 
 
 HOSTILE_NAME = "evil\x1b[31m<script>alert(1)</script>\x00\udc80"
