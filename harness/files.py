@@ -6,10 +6,10 @@ import threading
 from pathlib import Path
 
 
-def write_atomically(path: Path, text: str, encoding: str = "utf-8") -> None:
+def write_atomically(path: Path, text: str, encoding: str = "utf-8", errors: str = "strict") -> None:
     """Write via a temporary file and rename, so a reader in another process never sees half a file, and a
     run killed mid-write leaves the old file (or none), never a torn one."""
-    write_bytes_atomically(path, text.encode(encoding))
+    write_bytes_atomically(path, text.encode(encoding, errors))
 
 
 def write_bytes_atomically(path: Path, data: bytes) -> None:

@@ -46,6 +46,14 @@ fi
 "$venv/bin/python" -c 'import executorch' 2>/dev/null || {
   echo "setup: executorch is not importable from $venv: unset QNNSUITE_EXECUTORCH or install one into $venv" >&2; exit 2; }
 
+# Emulated devices jail their shells with bubblewrap (harness/emulator/jail.py); without it they fall back to
+# path checks, so a failed install only weakens the sandbox and the run goes on (the device log says which).
+if ! command -v bwrap >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "setup: installing bubblewrap (Debian package) for the emulated devices' jailed shells" >&2
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap) >/dev/null 2>&1 ||
+    echo "setup: could not install bubblewrap; emulated device shells are path-checked only" >&2
+fi
+
 if [ "$command" = doctor ]; then
   exec "$venv/bin/python" -m harness doctor "$@"
 fi

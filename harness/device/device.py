@@ -13,7 +13,6 @@ import os
 import posixpath
 import re
 import shlex
-import tempfile
 import time
 from dataclasses import dataclass
 from functools import cached_property
@@ -25,6 +24,7 @@ from filelock import FileLock
 
 from harness.device.sync import SyncRefused, SyncSession
 from harness.qnn import soc as soc_table
+from harness.user_state import UnsafeStateDir, open_append, state_dir
 
 WORKSPACE_ROOT = "/data/local/tmp/qnnsuite"
 # Android 12+ reports the SoC directly; older builds only name the platform.
@@ -56,8 +56,18 @@ class RunResult:
 
 
 def lock_dir() -> Path:
-    """Fixed, machine-wide, so two separate pytest runs serialise on a device too."""
-    return Path(os.environ.get("QNNSUITE_LOCK_DIR", Path(tempfile.gettempdir()) / "qnnsuite-locks"))
+    """Fixed per user, so two separate pytest runs serialise on a device too; private (harness.user_state)."""
+    return state_dir("locks", os.environ.get("QNNSUITE_LOCK_DIR"))
+
+
+def shell_line(argv: list[str]) -> str:
+    """A device command line from its words: each one quoted, so no word is ever read as shell syntax."""
+    return shlex.join(argv)
+
+
+def safe_pull_name(name: str) -> bool:
+    """Whether a name a device listed can be a file in the local pull folder (not `..`, no `/`, no NUL)."""
+    return name not in ("", ".", "..") and not any(char in name for char in "/\\\0")
 
 
 class Device:
@@ -72,7 +82,7 @@ class Device:
 
     # --- identity -------------------------------------------------------------------------------
     def getprop(self, name: str) -> str:
-        return self.shell(f"getprop {name}", timeout_s=30).output.strip()
+        return self.shell(shell_line(["getprop", name]), timeout_s=30).output.strip()
 
     @cached_property
     def soc(self) -> str:
@@ -113,10 +123,18 @@ class Device:
                              f"check the cable/connection and `adb devices`") from error
         return RunResult(command, result.returncode, result.output, time.perf_counter() - started)
 
-    def run(self, command: str, cwd: str, timeout_s: float, env: dict[str, str] | None = None) -> RunResult:
-        """Run with a device-side kill after timeout_s (a hung runner must not outlive its case)."""
-        assignments = " ".join(f"{key}={value}" for key, value in (env or {}).items())
-        line = f"cd {shlex.quote(cwd)} && {assignments} timeout -s KILL {int(timeout_s)} {command}"
+    def run(self, argv: list[str], cwd: str, timeout_s: float, env: dict[str, str] | None = None,
+            prepend: dict[str, str] | None = None) -> RunResult:
+        """Run argv with a device-side kill after timeout_s (a hung runner must not outlive its case).
+
+        env: variables set to these values; prepend: path lists put in front of the device's own value."""
+        for key in [*(env or {}), *(prepend or {})]:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+                raise DeviceError(f"device {self.serial}: {key!r} cannot be an environment variable name")
+        assignments = [f"{key}={shlex.quote(value)}" for key, value in (env or {}).items()]
+        assignments += [f'{key}={shlex.quote(value)}"${{{key}:+:${key}}}"' for key, value in (prepend or {}).items()]
+        line = " ".join([f"cd {shlex.quote(cwd)} &&", *assignments, shell_line(["timeout", "-s", "KILL",
+                                                                                  str(int(timeout_s)), *argv])])
         return self.shell(line, timeout_s=timeout_s + ADB_GRACE_S)
 
     # --- files ----------------------------------------------------------------------------------
@@ -191,6 +209,9 @@ class Device:
         with self._sync("pulling") as session:
             names = session.list_files(remote_dir)
             for name in names:
+                if not safe_pull_name(name):
+                    raise DeviceError(f"device {self.serial} listed a file named {name!r} in {remote_dir}, which "
+                                      f"would land outside {local_dir}: nothing more is pulled; check the device")
                 session.pull(f"{remote_dir}/{name}", local_dir / name)
         return names
 
@@ -230,13 +251,15 @@ class Device:
         With wait=False a busy device raises filelock.Timeout at once. Each hold is appended to
         <lock dir>/<serial>.uses.jsonl so overlap can be measured.
         """
-        directory = lock_dir()
-        directory.mkdir(parents=True, exist_ok=True)
+        try:
+            directory = lock_dir()
+        except UnsafeStateDir as unsafe:
+            raise DeviceError(f"device {self.serial}: cannot lock it: {unsafe}") from unsafe
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", self.serial)
         with FileLock(str(directory / f"{safe}.lock"), timeout=-1 if wait else 0):
             started = time.time()
             try:
                 yield
             finally:
-                with open(directory / f"{safe}.uses.jsonl", "a") as log:
+                with open_append(directory / f"{safe}.uses.jsonl") as log:
                     log.write(json.dumps({"holder": holder, "pid": os.getpid(), "start": started, "end": time.time()}) + "\n")

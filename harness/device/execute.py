@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.device.device import Device, DeviceError
+from harness.device.device import Device, DeviceError, shell_line
 from harness.device.payload import RUNNER_NAME, PayloadFile
 
 RUNNER_TIMEOUT_S = 300
@@ -81,12 +81,17 @@ def _tail(text: str, lines: int = 15) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
+def reset_case_dir(device: Device, remote: str) -> None:
+    """An empty case folder with its outputs/ on the device (each path one quoted word)."""
+    device.shell(f"{shell_line(['rm', '-rf', remote])} && {shell_line(['mkdir', '-p', f'{remote}/outputs'])}")
+
+
 def run_case(device: Device, workspace: Workspace, case_dir_name: str, pte: Path, steps: list[tuple],
              local_dir: Path, output_count: int, timeout_s: float = RUNNER_TIMEOUT_S) -> DeviceRun:
     timings: dict[str, float] = {}
     started = time.perf_counter()
     remote = f"{workspace.cases}/{case_dir_name}"
-    device.shell(f"rm -rf {remote} && mkdir -p {remote}/outputs")
+    reset_case_dir(device, remote)
     input_files = write_inputs(steps, local_dir / "inputs")
     input_list = local_dir / "input_list.txt"
     input_list.write_text("".join(" ".join(path.name for path in row) + "\n" for row in input_files))
@@ -96,10 +101,9 @@ def run_case(device: Device, workspace: Workspace, case_dir_name: str, pte: Path
     timings["push"] = time.perf_counter() - started
 
     started = time.perf_counter()
-    result = device.run(f"{workspace.payload}/{RUNNER_NAME} --model_path model.pte --input_list_path input_list.txt "
-                        f"--output_folder_path outputs", cwd=remote, timeout_s=timeout_s,
-                        env={"LD_LIBRARY_PATH": f"{workspace.payload}:$LD_LIBRARY_PATH",
-                             "ADSP_LIBRARY_PATH": workspace.payload})
+    result = device.run([f"{workspace.payload}/{RUNNER_NAME}", "--model_path", "model.pte", "--input_list_path",
+                         "input_list.txt", "--output_folder_path", "outputs"], cwd=remote, timeout_s=timeout_s,
+                        env={"ADSP_LIBRARY_PATH": workspace.payload}, prepend={"LD_LIBRARY_PATH": workspace.payload})
     timings["run"] = time.perf_counter() - started
     executed = RUNNER_EXECUTION.search(result.output)
     if executed:  # the emulated runner reports its own execution time, imports excluded

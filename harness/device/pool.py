@@ -18,7 +18,7 @@ from filelock import Timeout
 
 from harness.device import kinds
 from harness.device.adb import AdbClient
-from harness.device.device import WORKSPACE_ROOT, Device, DeviceError, DeviceLost
+from harness.device.device import WORKSPACE_ROOT, Device, DeviceError, DeviceLost, shell_line
 from harness.device.execute import Workspace, prepare_workspace
 from harness.qnn.sdk import QnnSdk
 
@@ -104,7 +104,7 @@ class DevicePool:
         """Called with the device held, so no other worker pushes the payload at the same time."""
         if spec.serial not in self._prepared:
             payload = f"{WORKSPACE_ROOT}/{self.run_id}/payload"
-            device.shell(f"mkdir -p {payload}")
+            device.shell(shell_line(["mkdir", "-p", payload]))
             files = kinds.of(spec.kind).payload(spec.abi, spec.htp_arch, self.runner, self.sdk)
             prepare_workspace(device, payload, files)
             self._prepared[spec.serial] = Workspace(device.workspace(f"{self.run_id}/{self.worker}"), payload)
@@ -130,7 +130,7 @@ def remove_run_folders(specs: list[DeviceSpec], adb_port: int, run_id: str) -> l
     for spec in specs:
         try:
             Device(spec.serial, AdbClient(host="127.0.0.1", port=adb_port)).shell(
-                f"rm -rf {WORKSPACE_ROOT}/{run_id}", timeout_s=30)
+                shell_line(["rm", "-rf", f"{WORKSPACE_ROOT}/{run_id}"]), timeout_s=30)
         except DeviceError:
             lines.append(f"could not remove {spec.serial}:{WORKSPACE_ROOT}/{run_id} (device gone)")
     return lines

@@ -1,7 +1,9 @@
 """Device side of the adb transport protocol: one emulated Android device per OS process.
 
-A real adb server accepts it after `adb connect 127.0.0.1:PORT`. Commands run on the host inside a sandbox
-directory that stands in for the device file system, so the harness drives it exactly like a phone.
+A real adb server accepts it after `adb connect 127.0.0.1:PORT`, once it has proved to hold the private key
+whose public half the device was given (CNXN, then AUTH as real adbd does; anything else is hung up on).
+Commands run on the host inside a sandbox directory that stands in for the device file system (jailed with
+bubblewrap where it works: harness.emulator.jail), so the harness drives it exactly like a phone.
 Protocol references: AOSP packages/modules/adb protocol.txt, SYNC.TXT, shell_protocol.h, file_sync_protocol.h.
 """
 
@@ -13,21 +15,30 @@ import json
 import os
 import posixpath
 import queue
-import re
 import signal
 import socket
 import struct
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable
 
+from harness.emulator import jail, shell_paths
+from harness.emulator.adb_auth import TOKEN_SIZE, PublicKey, load_keys
+from harness.emulator.shell_paths import rewrite_device_paths
 from harness.files import write_atomically
 
 A_CNXN, A_OPEN, A_OKAY, A_CLSE, A_WRTE, A_AUTH = (
     int.from_bytes(name, "little") for name in (b"CNXN", b"OPEN", b"OKAY", b"CLSE", b"WRTE", b"AUTH"))
-AUTH_TOKEN, AUTH_SIGNATURE = 1, 2
+AUTH_TOKEN, AUTH_SIGNATURE, AUTH_RSAPUBLICKEY = 1, 2, 3
+# A connection that has not authenticated within this long is hung up on, so idle ones cannot pile up.
+HANDSHAKE_TIMEOUT_S = 10.0
+MAX_AUTH_ATTEMPTS = 8  # signatures tried on one connection (the server tries each key it has)
+MIN_PAYLOAD = 4096
+MAX_SYNC_PATH = 1024  # adbd's limit for a sync request's path
+ACCEPT_RETRY_S = 0.1  # after accept() failed (EMFILE: too many open files), try again this much later
 # 0x01000001 is the version from which neither side verifies data checksums, so we send 0.
 PROTOCOL_VERSION = 0x01000001
 MAX_PAYLOAD = 256 * 1024
@@ -39,33 +50,25 @@ FEATURES = "shell_v2,cmd"  # no stat_v2/ls_v2/sendrecv_v2: only the v1 sync requ
 # the command (`adb exec-in 'cat > f' < f`), which gets this long to finish before its process group is killed.
 RAW_HANGUP_GRACE_S = 2.0
 SHELL_STDIN, SHELL_STDOUT, SHELL_STDERR, SHELL_EXIT, SHELL_CLOSE_STDIN = 0, 1, 2, 3, 4
-SANDBOXED_TOP_DIRS = ("data", "sdcard", "system", "vendor")
-# A device path starts a token: at the start, after whitespace, `=`, `:` (path lists), quotes or shell operators.
-_DEVICE_PATH = re.compile(
-    r"(?<![^\s='\":;(|&<>`])/(?:%s)(?=[/\s'\":;)|&<>`]|$)" % "|".join(SANDBOXED_TOP_DIRS))
+JAIL_ENV = "QNNSUITE_DEVICE_JAIL"  # "off": device shells without bubblewrap (to test the fallback)
 
 
 class SandboxEscape(ValueError):
-    """A device path resolved outside the device's root directory."""
+    """A device path that cannot be served: it resolves outside the device's root directory, or holds a NUL."""
+
+
+class MalformedPacket(Exception):
+    """A packet no adb server sends (bad magic, oversized): the connection is hung up on."""
 
 
 class StreamClosed(Exception):
     """The stream (or its whole connection) is gone; the service using it stops."""
 
 
-def rewrite_device_paths(command: str, root: Path) -> str:
-    """Prefix absolute device paths in a shell command with the sandbox root, so commands touch the sandbox."""
-    root_text = str(root)
-
-    def prefix(match: re.Match[str]) -> str:
-        already_inside = command.startswith(root_text + "/", match.start())
-        return match.group(0) if already_inside else root_text + match.group(0)
-
-    return _DEVICE_PATH.sub(prefix, command)
-
-
 def device_to_host(device_path: str, root: Path) -> Path:
     """Map a device path to its host path under `root`; symlinks may not lead out of the sandbox."""
+    if "\0" in device_path:
+        raise SandboxEscape(f"{device_path!r}: a path cannot hold a NUL byte")
     relative = posixpath.normpath("/" + device_path).lstrip("/")
     host_path = root / relative if relative else root
     if not host_path.resolve().is_relative_to(root.resolve()):
@@ -76,8 +79,9 @@ def device_to_host(device_path: str, root: Path) -> Path:
 class Device:
     """State shared by all connections to one emulated device: sandbox, properties, faults, live streams."""
 
-    def __init__(self, root: Path, props_file: Path, banner_name: str | None) -> None:
+    def __init__(self, root: Path, props_file: Path, banner_name: str | None, keys: list[PublicKey]) -> None:
         self.root = root.resolve()
+        self.keys = keys  # the only hosts this device lets in
         self.props_file = props_file.resolve()
         self.faults_file = self.root / ".faults.json"
         self.banner_name = banner_name
@@ -92,6 +96,10 @@ class Device:
         df = self.root / "system/bin/df"
         df.write_text(DF_SCRIPT)
         df.chmod(0o755)
+        self.jail_problem = "switched off" if os.environ.get(JAIL_ENV) == "off" else jail.unavailable_reason()
+        if self.jail_problem:
+            print(f"adbd: device shells are not jailed ({self.jail_problem}); paths are rewritten and host paths "
+                  f"refused instead", file=sys.stderr, flush=True)
 
     def load_faults(self) -> dict[str, Any]:
         """The faults file as it is now; missing or half-edited means no faults."""
@@ -131,14 +139,21 @@ class Device:
         return ("device::" + ";".join(fields)).encode()
 
     def start_command(self, command: str, separate_stderr: bool) -> subprocess.Popen[bytes]:
-        """Run a device command with the host shell in its own process group, inside the sandbox."""
-        env = dict(os.environ, ANDROID_ROOT_SANDBOX=str(self.root), EMULATED_FAULTS_FILE=str(self.faults_file),
-                   PATH=f"{self.root}/system/bin:{os.environ.get('PATH', '/usr/bin:/bin')}")
+        """Run a device command with the host shell in its own process group, inside the sandbox: jailed,
+        or (without bubblewrap) with its device paths rewritten and any host path refused."""
+        env = dict(os.environ, ANDROID_ROOT_SANDBOX=str(self.root), EMULATED_FAULTS_FILE=str(self.faults_file))
         if self.read_faults().get("storage_full"):
             env["EMULATED_STORAGE_FULL"] = "1"
+        if not self.jail_problem:
+            env.update(PATH=f"/system/bin:{os.environ.get('PATH', '/usr/bin:/bin')}", TMPDIR="/data/local/tmp")
+            argv = jail.jail_argv(self.root, ["/bin/sh", "-c", command], "/data/local/tmp", env)
+        else:
+            env["PATH"] = f"{self.root}/system/bin:{os.environ.get('PATH', '/usr/bin:/bin')}"
+            refused = shell_paths.refusal(command, self.root)
+            argv = (["/bin/sh", "-c", 'echo "$1" >&2; exit 126', "refused", refused] if refused
+                    else ["/bin/sh", "-c", rewrite_device_paths(command, self.root)])
         return subprocess.Popen(
-            ["/bin/sh", "-c", rewrite_device_paths(command, self.root)], cwd=self.root / "data/local/tmp",
-            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            argv, cwd=self.root / "data/local/tmp", env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE if separate_stderr else subprocess.STDOUT, start_new_session=True)
 
     def vanish_if(self, stage: str, connection: "Connection") -> bool:
@@ -187,7 +202,7 @@ fi
 
 
 class Connection:
-    """One transport connection from the adb server: handshake, then packets dispatched to streams."""
+    """One transport connection from the adb server: authentication, then packets dispatched to streams."""
 
     def __init__(self, device: Device, sock: socket.socket) -> None:
         self.device = device
@@ -204,11 +219,13 @@ class Connection:
             self.sock.sendall(header + data)
 
     def read_packet(self) -> tuple[int, int, int, bytes]:
-        """Next message from the server; EOFError when the connection ends."""
+        """Next message from the server; EOFError when the connection ends, MalformedPacket for garbage."""
         header = self.reader.read(HEADER.size)
         if len(header) < HEADER.size:
             raise EOFError
-        command, arg0, arg1, length, _checksum, _magic = HEADER.unpack(header)
+        command, arg0, arg1, length, _checksum, magic = HEADER.unpack(header)
+        if magic != command ^ 0xFFFFFFFF or length > MAX_PAYLOAD:
+            raise MalformedPacket(f"command {command:#x}, magic {magic:#x}, length {length}")
         data = self.reader.read(length)
         if len(data) < length:
             raise EOFError
@@ -220,21 +237,22 @@ class Connection:
         self.sock.shutdown(socket.SHUT_RDWR)
 
     def serve(self) -> None:
-        """Serve packets until the adb server or a fault ends the connection."""
+        """Authenticate, then serve packets until the adb server or a fault ends the connection."""
         try:
-            faults = self.device.read_faults()
+            self.sock.settimeout(HANDSHAKE_TIMEOUT_S)
+            if not self.authenticate():
+                return
+            self.sock.settimeout(None)
             while True:
                 command, arg0, arg1, data = self.read_packet()
-                if faults.get("offline"):
-                    continue  # swallow everything: adb lists the device as offline
-                if faults.get("unauthorized"):
-                    if command == A_CNXN or (command == A_AUTH and arg0 == AUTH_SIGNATURE):
-                        self.send_packet(A_AUTH, AUTH_TOKEN, 0, os.urandom(20))  # a new challenge; no key passes
-                elif command == A_CNXN:
-                    self.max_payload = min(MAX_PAYLOAD, arg1)
-                    self.send_packet(A_CNXN, PROTOCOL_VERSION, MAX_PAYLOAD, self.device.banner())
-                elif command == A_OPEN:
-                    self.open_stream(arg0, data.rstrip(b"\0").decode(errors="replace"))
+                if command == A_CNXN:
+                    return  # a new handshake on a live connection: adbd resets it
+                if command == A_OPEN:
+                    destination = data.rstrip(b"\0")
+                    if arg0 == 0 or b"\0" in destination:
+                        self.send_packet(A_CLSE, 0, arg0)
+                    else:
+                        self.open_stream(arg0, destination.decode(errors="replace"))
                 elif command in (A_OKAY, A_WRTE, A_CLSE) and arg1 in self.streams:
                     stream = self.streams[arg1]
                     if command == A_OKAY:
@@ -246,12 +264,40 @@ class Connection:
                         stream.on_data(data)
                     else:
                         stream.on_remote_close()
-        except (EOFError, OSError):
+        except (EOFError, OSError, MalformedPacket):
             pass
         finally:
             for stream in list(self.streams.values()):
                 stream.on_remote_close()
             self.sock.close()
+
+    def authenticate(self) -> bool:
+        """adbd's handshake: CNXN, then AUTH tokens until a signature verifies with a trusted key (True).
+        False hangs up: a packet out of order, a key this device does not know, too many tries.
+        Faults: `offline` swallows everything; `unauthorized` never accepts and waits, as a phone
+        whose user has not answered the prompt."""
+        token, signatures = b"", 0
+        while signatures <= MAX_AUTH_ATTEMPTS:
+            command, arg0, arg1, data = self.read_packet()
+            faults = self.device.read_faults()
+            if faults.get("offline"):
+                self.sock.settimeout(None)
+                continue
+            if command == A_CNXN:
+                self.max_payload = max(MIN_PAYLOAD, min(MAX_PAYLOAD, arg1))
+            elif command == A_AUTH and arg0 == AUTH_SIGNATURE and token:
+                if not faults.get("unauthorized") and any(key.verifies(token, data) for key in self.device.keys):
+                    self.send_packet(A_CNXN, PROTOCOL_VERSION, MAX_PAYLOAD, self.device.banner())
+                    return True
+                signatures += 1
+            elif command == A_AUTH and arg0 == AUTH_RSAPUBLICKEY and faults.get("unauthorized"):
+                self.sock.settimeout(None)  # the prompt nobody answers
+                continue
+            else:
+                return False
+            token = os.urandom(TOKEN_SIZE)
+            self.send_packet(A_AUTH, AUTH_TOKEN, 0, token)
+        return False
 
     def open_stream(self, remote_id: int, destination: str) -> None:
         """Answer OPEN: OKAY and a service thread, or CLSE for services we do not offer."""
@@ -286,8 +332,8 @@ class Stream:
     def run(self, service: Callable[[Stream], None]) -> None:
         try:
             service(self)
-        except (StreamClosed, OSError):
-            pass
+        except (StreamClosed, OSError, ValueError, struct.error):
+            pass  # a broken or hostile request ends its own stream, never the device
         finally:
             self.close()
 
@@ -461,6 +507,9 @@ def serve_sync(stream: Stream) -> None:
     device = stream.connection.device
     while True:
         request_id, length = struct.unpack("<4sI", stream.read_exact(8))
+        if length > MAX_SYNC_PATH:
+            stream.write(sync_fail(f"sync request of {length} bytes: longer than {MAX_SYNC_PATH}"))
+            return
         argument = stream.read_exact(length).decode(errors="surrogateescape")
         faults = device.read_faults()
         if request_id == b"QUIT":
@@ -570,9 +619,18 @@ def serve(device: Device, port_file: Path) -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         while True:
-            sock, _ = listener.accept()
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            threading.Thread(target=Connection(device, sock).serve, daemon=True).start()
+            try:
+                sock, _ = listener.accept()
+            except OSError as error:  # EMFILE and friends lose one connection, not the device
+                print(f"adbd: accept failed ({error}); retrying", file=sys.stderr, flush=True)
+                time.sleep(ACCEPT_RETRY_S)
+                continue
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                threading.Thread(target=Connection(device, sock).serve, daemon=True).start()
+            except (OSError, RuntimeError) as error:  # no thread or file left for it
+                print(f"adbd: dropped a connection ({error})", file=sys.stderr, flush=True)
+                sock.close()
     except KeyboardInterrupt:
         pass
     finally:
@@ -586,8 +644,14 @@ def main() -> None:
     parser.add_argument("--props-file", type=Path, required=True, help="JSON object of system properties")
     parser.add_argument("--port-file", type=Path, required=True, help="receives the listening port")
     parser.add_argument("--banner-name", help="product name shown by `adb devices -l`")
+    parser.add_argument("--adb-key", type=Path, required=True,
+                        help="adbkey.pub of the adb server allowed in (adb_keys format, one key a line)")
     arguments = parser.parse_args()
-    serve(Device(arguments.root, arguments.props_file, arguments.banner_name), arguments.port_file)
+    try:
+        keys = load_keys(arguments.adb_key)
+    except (OSError, ValueError) as error:
+        parser.exit(2, f"adbd: cannot read --adb-key: {error}\n")
+    serve(Device(arguments.root, arguments.props_file, arguments.banner_name, keys), arguments.port_file)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 
 Each device is a `harness.emulator.adbd` process connected to the server with `adb connect`, so stock adb
 tooling (adbutils, the adb CLI) sees ordinary `127.0.0.1:PORT` devices. Everything started is owned by PID.
+The server gets a key pair of its own in the fleet's folder (its HOME and ADB_VENDOR_KEYS), and each device
+trusts exactly that public key: nothing else on the machine can open a shell on an emulated device.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ SOC_PLATFORMS = {"SM8650": "pineapple", "SM8750": "sun"}
 GENERIC_PLATFORM = "emulated"
 # No USB scan, no emulator port probing, no mDNS: the private server only knows the devices we connect.
 ADB_SERVER_ENV = {"ADB_USB": "0", "ADB_EMU": "0", "ADB_MDNS": "0"}
+# Where adb would otherwise look for keys and its home: the private server must use only its own.
+ADB_ENV_DROPPED = ("ANDROID_USER_HOME", "ANDROID_SDK_HOME", "ANDROID_PREFS_ROOT", "ADB_VENDOR_KEYS")
 
 
 class FleetError(RuntimeError):
@@ -127,6 +131,7 @@ class EmulatorFleet:
         self.devices: list[EmulatedDeviceInfo] = []
         self._server: subprocess.Popen[bytes] | None = None
         self._device_processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.server_public_key = self.workdir / "adb-home" / ".android" / "adbkey.pub"
 
     @property
     def started_pids(self) -> list[int]:
@@ -160,13 +165,20 @@ class EmulatorFleet:
         adb = os.environ.get("ADBUTILS_ADB_PATH") or adbutils.adb_path()
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.adb_port = free_port()
-        log = open(self.workdir / "adb-server.log", "wb")
         # A private HOME keeps the server's key and its per-port marker files out of the user's ~/.android.
         server_home = self.workdir / "adb-home"
-        server_home.mkdir(exist_ok=True)
+        private_key = self.server_public_key.with_suffix("")
+        private_key.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        env = {key: value for key, value in os.environ.items() if key not in ADB_ENV_DROPPED}
+        env.update(ADB_SERVER_ENV, HOME=str(server_home), ADB_VENDOR_KEYS=str(private_key))
+        if not private_key.exists():
+            keygen = subprocess.run([adb, "keygen", str(private_key)], env=env, capture_output=True, text=True)
+            if keygen.returncode != 0 or not self.server_public_key.exists():
+                raise FleetError(f"`adb keygen {private_key}` failed ({keygen.stderr.strip()[:200]}): "
+                                 f"check that {private_key.parent} is writable")
+        log = open(self.workdir / "adb-server.log", "wb")
         self._server = subprocess.Popen([adb, "-P", str(self.adb_port), "server", "nodaemon"],
-                                        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                        env={**os.environ, **ADB_SERVER_ENV, "HOME": str(server_home)})
+                                        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
         self._wait_for("the adb server to answer", self._server_answers)
 
@@ -203,7 +215,7 @@ class EmulatorFleet:
         log = open(device_dir / "adbd.log", "wb")
         process = subprocess.Popen(
             [sys.executable, "-m", "harness.emulator.adbd", "--root", str(root), "--props-file", str(props_file),
-             "--port-file", str(port_file), "--banner-name", name],
+             "--port-file", str(port_file), "--banner-name", name, "--adb-key", str(self.server_public_key)],
             cwd=PROJECT_ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
         self._device_processes[name] = process

@@ -9,6 +9,9 @@ status (128+N for a child killed by signal N, as a shell reports it). Being kill
 which makes the server kill the child, so `timeout -s KILL` and a closed adb stream end the run as before.
 Without $QNNSUITE_RUNNER_SOCKET, or when the server is not there or turns the run down, it execs
 `$QNNSUITE_PYTHON -m harness.emulator.host_runner` itself: the same run, only slower.
+In a jailed device shell (harness.emulator.jail) the device's paths (/data/...) exist only inside the jail,
+while the server runs on the host: the cwd, path arguments and library paths sent are the sandbox's host
+paths of what the device command named (the server refuses anything outside its device's sandbox).
 Start-up cost is what counts here, so only os, sys, socket and json are imported.
 """
 from __future__ import annotations
@@ -16,10 +19,30 @@ from __future__ import annotations
 import os
 import sys
 
+from harness.emulator.device_fs import host_path
 from harness.process.fork_client import STD_FDS, ServerGone, run
 
 SOCKET_ENV = "QNNSUITE_RUNNER_SOCKET"
 HOST_RUNNER = "harness.emulator.host_runner"  # the runner service's entry (harness/process/services.py RUNNER)
+SANDBOX_ENV = "ANDROID_ROOT_SANDBOX"
+PATH_LIST_VARIABLES = ("LD_LIBRARY_PATH", "ADSP_LIBRARY_PATH")
+
+
+def for_host(argv: list[str], cwd: str, env: dict[str, str]) -> tuple[list[str], str, dict[str, str]]:
+    """argv, cwd and environment with device paths turned into their host paths in the sandbox."""
+    root = env.get(SANDBOX_ENV)
+    if not root:
+        return argv, cwd, env
+
+    def argument(value: str) -> str:
+        flag, equals, path = value.partition("=")
+        return f"{flag}={host_path(path, root)}" if equals and flag.startswith("--") else host_path(value, root)
+
+    env = dict(env)
+    for name in PATH_LIST_VARIABLES:
+        if name in env:
+            env[name] = ":".join(host_path(entry, root) for entry in env[name].split(":"))
+    return [argument(value) for value in argv], host_path(cwd, root), env
 
 
 def open_std_fds() -> list[int]:
@@ -37,7 +60,8 @@ def open_std_fds() -> list[int]:
 def main(argv: list[str]) -> None:
     try:
         status = run(os.environ.get(SOCKET_ENV), HOST_RUNNER, argv, os.getcwd(), dict(os.environ),
-                     {fd: fd for fd in open_std_fds()}, python=os.environ.get("QNNSUITE_PYTHON"), replace=True)
+                     {fd: fd for fd in open_std_fds()}, python=os.environ.get("QNNSUITE_PYTHON"), replace=True,
+                     for_server=for_host)
     except ServerGone as gone:
         print(f"runner_client: {gone}", file=sys.stderr, flush=True)
         status = 1

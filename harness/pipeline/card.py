@@ -8,8 +8,12 @@ and passing `--models MODULE`; nothing in the suite changes.
 from __future__ import annotations
 
 import importlib
+import re
 
 from harness.vocabulary import ModelCard
+
+# A card name becomes a test id, a folder on the device and a report cell: plain characters only.
+CARD_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
 __all__ = ["ModelCard", "cards", "find", "load_module", "register"]
 
@@ -17,6 +21,10 @@ _REGISTRY: dict[str, ModelCard] = {}
 
 
 def register(card: ModelCard) -> ModelCard:
+    """Add a card; ValueError (one line naming it) for a bad name or a name taken by another module."""
+    if not CARD_NAME.fullmatch(card.name) or card.name.strip(".") == "":
+        raise ValueError(f"model card {card.name!r} from {card.module or 'an unnamed module'}: a card name may hold "
+                         f"only letters, digits and _ . - (it names folders on the device): rename the card")
     if card.name in _REGISTRY and _REGISTRY[card.name].module != card.module:
         raise ValueError(f"two model cards are named {card.name!r} ({_REGISTRY[card.name].module} and {card.module})")
     _REGISTRY[card.name] = card

@@ -11,6 +11,7 @@ import json
 import os
 import socket
 import sys
+from collections.abc import Callable
 
 # One request (argv, cwd, environment) is one SOCK_SEQPACKET message; environments are a few KiB.
 MAX_MESSAGE_BYTES = 1 << 20
@@ -88,18 +89,23 @@ def request(path: str, argv: list[str], cwd: str, env: dict[str, str], fds: dict
     return int(status)
 
 
+Request = tuple[list[str], str, dict[str, str]]  # argv, cwd, environment
+
+
 def run(socket_path: str | None, module: str, argv: list[str], cwd: str, env: dict[str, str], fds: dict[int, int],
-        timeout_s: float | None = None, python: str | None = None, replace: bool = False) -> int:
+        timeout_s: float | None = None, python: str | None = None, replace: bool = False,
+        for_server: Callable[[list[str], str, dict[str, str]], Request] | None = None) -> int:
     """The request's exit status, through the server at socket_path when it takes the request, else as
     `python -m module ARGV`, a fresh process with the same cwd, environment and descriptors.
 
     replace=True execs the fresh process in place of this one (never returns): a runner must, so that a
     `timeout -s KILL` of this process reaches it. A server that turns the request down says why on the
     request's stderr. ServerGone and TimeoutError as `request` raises them; a fresh process past timeout_s
-    is killed and TimeoutError raised."""
+    is killed and TimeoutError raised. for_server: how the request reads from the server's side (e.g. a
+    jailed device's paths as the host sees them); the fresh process gets it as given."""
     if socket_path:
         try:
-            return request(socket_path, argv, cwd, env, fds, timeout_s)
+            return request(socket_path, *(for_server(argv, cwd, env) if for_server else (argv, cwd, env)), fds, timeout_s)
         except NotStarted as not_started:
             if not_started.refusal and 2 in fds:
                 os.write(fds[2], f"fork client: the server turned the request down ({not_started.refusal}); "

@@ -301,9 +301,13 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"fork server: importing {', '.join(service.preload)} mapped {', '.join(mapped)}; "
                  f"QNN libraries must load only in each request's child")
     entry = importlib.import_module(service.entry)
+    serve = entry.main
+    if service.server_entry:
+        factory_module, _, factory = service.server_entry.partition(":")
+        serve = getattr(importlib.import_module(factory_module), factory)()
     code = 0
     try:
-        ForkServer(args.socket.absolute(), entry.main, entry.__file__).serve()
+        ForkServer(args.socket.absolute(), serve, entry.__file__).serve()
     except SystemExit as stop:  # SIGTERM
         code = exit_code(stop.code)
     except BaseException:

@@ -7,7 +7,8 @@
   to fd 2 is captured per case; no program is run in the process that lowered it), it just starts imported.
 - runner_server: one per emulated device, started by the launcher with the device commands' environment. A
   fresh `python -m harness.emulator.host_runner` spends 4-5 s importing torch and executorch before it runs
-  anything; each run is a child with the client's argv, cwd, environment and descriptors.
+  anything; each run is a child with the client's argv, cwd, environment and descriptors, and only a run
+  whose files are inside its device's sandbox is served (harness/emulator/runner_confinement.py).
 
 No QNN library is loaded by these imports (fork_server checks); each child dlopens its own. Only names here:
 importing this module costs nothing, as the runner's client needs.
@@ -22,6 +23,8 @@ class Service:
     name: str  # also in the server's command line, so its processes can be recognised
     entry: str  # module whose main(argv) serves one request; `python -m entry ARGV` is the same request, slowly
     preload: tuple[str, ...]  # imported once by the server, before any request
+    # "module:function" called once at server start, returning the per-request entry (default: entry's main)
+    server_entry: str | None = None
 
     def __post_init__(self) -> None:
         SERVICES[self.name] = self
@@ -37,4 +40,4 @@ LOWERING = Service("lowering_server", "harness.pipeline.lower_job", (
 ))
 RUNNER = Service("runner_server", "harness.emulator.host_runner", (
     "numpy", "torch", "executorch.extension.pybindings.portable_lib",
-))
+), server_entry="harness.emulator.runner_confinement:server_entry")  # requests stay inside the device

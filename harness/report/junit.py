@@ -11,12 +11,14 @@ import xml.etree.ElementTree as ET
 
 from harness.report.document import checks_of
 
-# Characters XML 1.0 cannot hold at all (messages may carry terminal escapes from a runner's log).
-_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
+# Characters XML 1.0 cannot hold at all (messages may carry terminal escapes from a runner's log), and
+# lone surrogates, which no UTF-8 file can (one made writing junit.xml fail, leaving it empty).
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff\ufffe\uffff]")
 
 
-def _text(value: str) -> str:
-    return _NOT_XML.sub("\N{REPLACEMENT CHARACTER}", value)
+def _text(value: object) -> str:
+    """Any value as XML 1.0 text: what XML cannot hold is written as its escape (`\\x1b`, `\\udc80`)."""
+    return _NOT_XML.sub(lambda match: match.group(0).encode("unicode_escape", "backslashreplace").decode(), str(value))
 
 
 def _seconds(value: object) -> str:
@@ -24,7 +26,8 @@ def _seconds(value: object) -> str:
 
 
 def _testcase(suite: ET.Element, case: dict, name: str, check: dict) -> None:
-    element = ET.SubElement(suite, "testcase", classname=name, name=case["case_id"], time=_seconds(check["duration_s"]))
+    element = ET.SubElement(suite, "testcase", classname=_text(name), name=_text(case["case_id"]),
+                            time=_seconds(check["duration_s"]))
     verdict, message, reason = check["verdict"], _text(check["message"]), _text(check["known_failure"])
     if verdict == "failed":
         failure = ET.SubElement(element, "failure", type="failed", message=message)
@@ -45,12 +48,12 @@ def render(document: dict) -> str:
     total_time = _seconds(sum(c["duration_s"] for _, _, c in checks if isinstance(c["duration_s"], (int, float))))
     counts = {"tests": str(summary["total"]), "failures": str(summary["failed"] + summary["xpassed"]),
               "errors": "0", "skipped": str(summary["skipped"] + summary["xfailed"]), "time": total_time}
-    root = ET.Element("testsuites", name=f"qnn-mutbuf {document['run_id']}", **counts)
-    suite = ET.SubElement(root, "testsuite", name=f"qnn-mutbuf.{document['soc']}", **counts,
-                          timestamp=str(environment.get("started", "")), hostname=str(environment.get("host", "")))
+    root = ET.Element("testsuites", name=_text(f"qnn-mutbuf {document['run_id']}"), **counts)
+    suite = ET.SubElement(root, "testsuite", name=_text(f"qnn-mutbuf.{document['soc']}"), **counts,
+                          timestamp=_text(environment.get("started", "")), hostname=_text(environment.get("host", "")))
     properties = ET.SubElement(suite, "properties")
     for key, value in environment.items():
-        ET.SubElement(properties, "property", name=str(key), value=_text(str(value)))
+        ET.SubElement(properties, "property", name=_text(key), value=_text(value))
     for case, name, check in checks:
         _testcase(suite, case, name, check)
     ET.indent(root)

@@ -6,6 +6,7 @@ Rows are model cards, column groups dtype x mode, one cell per check. The page i
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,8 @@ ENVIRONMENT_FIRST = ("executorch", "torch", "torchao", "qnn_build_id", "bridge",
                      "device_serial", "host", "python", "started", "finished")
 ENV_PAIRS_PER_ROW = 4
 SLOWEST_STAGES = 8
+# Shown as their escapes (`\x1b`, `\udc80`): control characters a runner log carries, and lone surrogates.
+_UNPRINTABLE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -111,9 +114,18 @@ def _environment_rows(environment: dict) -> list[list[tuple[str, str]]]:
     return [pairs[i:i + ENV_PAIRS_PER_ROW] for i in range(0, len(pairs), ENV_PAIRS_PER_ROW)]
 
 
+def visible(value: object) -> object:
+    """Every value the template prints, before HTML escaping: unprintable characters become their escapes.
+    Markup is the page's own (the charts), built from numbers."""
+    if isinstance(value, str) and not isinstance(value, Markup):
+        return _UNPRINTABLE.sub(lambda match: match.group(0).encode("unicode_escape", "backslashreplace").decode(),
+                                value)
+    return value
+
+
 def render(document: dict) -> str:
     """The whole page; StrictUndefined so a template typo fails the tests instead of rendering blank."""
-    environment = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
+    environment = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True, finalize=visible,
                                      undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     times = stage_times(document)[:SLOWEST_STAGES]
     return environment.get_template("report.html.j2").render(

@@ -35,8 +35,9 @@ def write_run(records: list[CheckRecord], environments: dict[str, dict], report_
         mine = gate.for_soc(soc) if gate is not None else None
         write_atomically(folder / "report.json", json.dumps(document, indent=1, allow_nan=False) + "\n")
         write_atomically(folder / "junit.xml", junit.render(document))
-        write_atomically(folder / "summary.md", markdown.render(document, mine))
-        write_atomically(folder / "report.html", page.render(document))
+        # A lone surrogate (from a name or a log) is written as its escape rather than failing the file.
+        write_atomically(folder / "summary.md", markdown.render(document, mine), errors="backslashreplace")
+        write_atomically(folder / "report.html", page.render(document), errors="backslashreplace")
         if mine is not None:
             write_atomically(folder / "gate.json", json.dumps({"ok": mine.ok, "checks": mine.entries()}, indent=1) + "\n")
         folders[soc] = folder

@@ -44,7 +44,7 @@ def test_round_trip_with_exit_codes(device, tmp_path):
     source = tmp_path / "data.bin"
     source.write_bytes(os.urandom(4096))
     assert device.push(source, f"{workspace}/data.bin") is True
-    result = device.run("cat data.bin | wc -c; exit 7", cwd=workspace, timeout_s=30)
+    result = device.run(["sh", "-c", "cat data.bin | wc -c; exit 7"], cwd=workspace, timeout_s=30)
     assert result.exit_code == 7 and result.output.split()[0] == "4096"
     device.pull(f"{workspace}/data.bin", tmp_path / "back.bin")
     assert (tmp_path / "back.bin").read_bytes() == source.read_bytes()
@@ -169,7 +169,7 @@ def test_payload_goes_to_a_device_once_per_run(fleet):
     for pool in workers:
         with pool.acquire(info.soc, holder=pool.worker) as (device, workspace):
             assert workspace.payload.endswith("/payload-run/payload") and workspace.cases.endswith(f"/payload-run/{pool.worker}")
-            assert device.run(f"test -x {workspace.payload}/{RUNNER_NAME}", cwd=workspace.cases, timeout_s=30).exit_code == 0
+            assert device.run(["test", "-x", f"{workspace.payload}/{RUNNER_NAME}"], cwd=workspace.cases, timeout_s=30).exit_code == 0
         written.append(runner.stat().st_ctime_ns)
     assert written[0] == written[1], "the second worker of the run found the runner there and did not push it again"
     for pool in workers:

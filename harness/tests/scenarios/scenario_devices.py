@@ -29,6 +29,6 @@ def test_use_device(soc, index, device_pool, run_context):
         serial = next(spec.serial for spec in run_context.devices if spec.soc == soc)
         os.kill(run_context.emulated_pids[serial], signal.SIGKILL)
     with device_pool.acquire(soc, holder=f"{soc}:{index}") as (device, workspace):
-        result = device.run("echo used", cwd=workspace.cases, timeout_s=30)
+        result = device.run(["echo", "used"], cwd=workspace.cases, timeout_s=30)
         time.sleep(float(os.environ.get("SCENARIO_HOLD_S", "0.2")))
     assert result.exit_code == 0 and "used" in result.output

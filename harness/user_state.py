@@ -1,0 +1,62 @@
+"""Per-user state (device locks, run folders): under a 0700 directory that only this user owns.
+
+A fixed folder in a world-writable /tmp lets another user plant it (or a symlink in it) first and then
+read, block or redirect what the suite writes there. So the base is $XDG_RUNTIME_DIR when it is usable,
+else the temporary directory with the uid in the name; it and every folder made in it are created 0700
+and checked (a real directory, owned by this user, nobody else may enter) before use, and files in it
+are opened without following symlinks.
+"""
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+from pathlib import Path
+from typing import IO
+
+
+class UnsafeStateDir(RuntimeError):
+    """A state folder that someone else could tamper with; the message names it and the fix."""
+
+
+def checked_dir(path: Path) -> Path:
+    """`path` as a private directory: created 0700 if missing, else verified to be one."""
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    except OSError as error:
+        raise UnsafeStateDir(f"cannot create state folder {path} ({error.strerror}): "
+                             f"check its parent or set XDG_RUNTIME_DIR") from error
+    info = os.lstat(path)
+    problem = ("is a symlink" if stat.S_ISLNK(info.st_mode) else "is not a directory" if not stat.S_ISDIR(info.st_mode)
+               else f"belongs to uid {info.st_uid}" if info.st_uid != os.getuid()
+               else f"has mode {stat.S_IMODE(info.st_mode):o} (others may enter)" if info.st_mode & 0o077 else "")
+    if problem:
+        raise UnsafeStateDir(f"state folder {path} {problem}: remove it (someone may have planted it) "
+                             f"or point XDG_RUNTIME_DIR elsewhere")
+    return path
+
+
+def base_dir() -> Path:
+    """This user's private folder for the suite's state."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and Path(runtime).is_absolute():
+        try:
+            return checked_dir(checked_dir(Path(runtime)) / "qnnsuite")
+        except UnsafeStateDir:
+            pass  # an unusable runtime dir (not ours, say after `su`): fall back to the temporary directory
+    return checked_dir(Path(tempfile.gettempdir()) / f"qnnsuite-{os.getuid()}")
+
+
+def state_dir(name: str, override: str | None = None) -> Path:
+    """A private sub-folder (`locks`, `runs`); `override` (an environment setting) replaces it, checked alike."""
+    if override:
+        return checked_dir(Path(override))
+    return checked_dir(base_dir() / name)
+
+
+def open_append(path: Path) -> IO[str]:
+    """Append to a file in a state folder, never through a symlink, creating it 0600."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    return os.fdopen(descriptor, "a")
