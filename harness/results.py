@@ -5,6 +5,7 @@ and, for lowering, across workers (a file lock per case, results on disk in the 
 """
 from __future__ import annotations
 
+import hashlib
 import sys
 import time
 from dataclasses import dataclass, field
@@ -105,23 +106,38 @@ class CaseStore:
         return outcome
 
     def _lower_once(self, case: Case, steps: int) -> LoweredArtifact:
-        """Workers asking for the same key wait for the one that lowers it, then read its result."""
+        """Workers asking for the same key wait for the one that lowers it, then read its result. A cached
+        entry is served only when its facts parse and its program is the one they describe; a failure of the
+        machine (no space, no memory, a killed lowering) is reported but not kept for later runs."""
         if self._cache_dir is None:
             directory = self._work_dir / "artifacts" / case.id
         else:
-            directory = self._cache_dir / cache.key(case, steps, self._toolchain.probe.build_id)
+            directory = self._cache_dir / cache.key(case, steps, self._toolchain)
         directory.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(directory) + ".lock"):
-            facts_path, log_path = directory / "facts.json", directory / "lower.log"
-            if facts_path.exists() and log_path.exists():
-                try:
-                    facts = LoweringFacts.read(facts_path)
-                except FactsError as error:
-                    print(f"qnnsuite: cached lowering of {case.id} is unreadable ({error}); lowering it again", file=sys.stderr)
-                else:
-                    log = log_path.read_text(errors="replace")
-                    return LoweredArtifact(case, directory, facts, log, 0.0, qnnlog.error_lines(log), cached=True)
-            return lower_case(case, self._toolchain, directory, steps, self._lowering_server)
+            cached = self._cached(case, directory)
+            if cached is not None:
+                return cached
+            artifact = lower_case(case, self._toolchain, directory, steps, self._lowering_server)
+            if not artifact.facts.cacheable:
+                (directory / "facts.json").unlink(missing_ok=True)  # the next run lowers it again
+            return artifact
+
+    def _cached(self, case: Case, directory: Path) -> LoweredArtifact | None:
+        facts_path, log_path = directory / "facts.json", directory / "lower.log"
+        if not (facts_path.exists() and log_path.exists()):
+            return None
+        try:
+            facts = LoweringFacts.read(facts_path)
+        except FactsError as error:
+            problem = str(error)
+        else:
+            problem = _program_problem(directory / "model.pte", facts)
+            if problem is None:
+                log = log_path.read_text(errors="replace")
+                return LoweredArtifact(case, directory, facts, log, 0.0, qnnlog.error_lines(log), cached=True)
+        print(f"qnnsuite: cached lowering of {case.id} is damaged ({problem}); lowering it again", file=sys.stderr)
+        return None
 
     def _run(self, outcome: CaseOutcome) -> None:
         """Run on a device; a dropped connection is retried (bounded) if the device comes back."""
@@ -155,3 +171,20 @@ class CaseStore:
                 outcome.run_error = f"device run failed unexpectedly: {type(error).__name__}: {error}"
                 break
         outcome.timings_s["device_total"] = time.perf_counter() - started
+
+
+def _program_problem(pte: Path, facts: LoweringFacts) -> str | None:
+    """Why a cached model.pte is not the program its facts describe (None: it is, or there is none to be)."""
+    if facts.error is not None:
+        return None  # a lowering failure has no program
+    if facts.program is None:
+        return "its facts do not describe a program"
+    try:
+        data = pte.read_bytes()
+    except OSError as error:
+        return f"model.pte unreadable: {error.strerror or error}"
+    if len(data) != facts.program.bytes:
+        return f"model.pte has {len(data)} bytes, its facts say {facts.program.bytes}"
+    if hashlib.sha256(data).hexdigest() != facts.program.sha256:
+        return "model.pte's sha256 differs from its facts'"
+    return None

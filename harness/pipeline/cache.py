@@ -1,9 +1,10 @@
 """Content keys for lowered artifacts, so a case is lowered once and reused across checks, workers
 and runs until something that shapes the result changes.
 
-The key covers the card (its module's source and name), dtype, mode (which implies the lowering path), SoC, the
-calibration length, the harness code that lowers, and the executorch / torch / torchao / QNN build
-under test. Anything else (device, run id) cannot change a .pte and stays out of it.
+The key covers the card (its module's source and name), dtype, mode (which implies the lowering path), SoC,
+the calibration length, the harness code that lowers, the QNN build, whether the device-config bridge is
+on and the interposer's source, and the executorch / torch / torchao builds under test by content (a
+wheel's RECORD, an editable checkout's commit and changes: harness/versions.py build_identity). Anything else (device, run id) cannot change a .pte and stays out of it.
 """
 from __future__ import annotations
 
@@ -12,18 +13,21 @@ import inspect
 import sys
 from pathlib import Path
 
-from harness.versions import package_version
+from harness.qnn.interposer import SOURCE as INTERPOSER_SOURCE
+from harness.qnn.toolchain import Toolchain
+from harness.versions import build_identity, package_version
 from harness.vocabulary import Case
 
 LOWERING_SOURCES = ("stages.py", "lower_job.py", "eager.py", "facts.py")
 
 
-def key(case: Case, steps: int, qnn_build_id: str) -> str:
+def key(case: Case, steps: int, toolchain: Toolchain) -> str:
     card_module = sys.modules.get(case.card.module)
     card_source = inspect.getsource(card_module) if card_module else case.card.module
     here = Path(__file__).parent
-    parts = [case.card.name, card_source, case.dtype, case.mode.value, case.soc, str(steps), qnn_build_id,
-             package_version("executorch"), package_version("torch"), package_version("torchao"),
+    parts = [case.card.name, card_source, case.dtype, case.mode.value, case.soc, str(steps), toolchain.probe.build_id,
+             "bridge" if toolchain.probe.bridge_device_config else "no bridge", INTERPOSER_SOURCE.read_text(),
+             *(f"{name} {package_version(name)} {build_identity(name)}" for name in ("executorch", "torch", "torchao")),
              *((here / name).read_text() for name in LOWERING_SOURCES)]
     digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:20]
     return f"{case.id}-{digest}"

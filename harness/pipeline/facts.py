@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.files import write_atomically
 from harness.vocabulary import Mode
 
 SCHEMA_VERSION = 1
@@ -81,6 +82,16 @@ class LoweringError:
     type: str
     message: str
     traceback: str = ""
+    # The machine's doing (no space, no memory, a killed or crashed process), not the case's: never cached.
+    environmental: bool = False
+
+
+@dataclass(frozen=True)
+class ProgramFacts:
+    """The model.pte that was written, so a cached one is checked before it is served."""
+
+    sha256: str
+    bytes: int
 
 
 @dataclass
@@ -93,10 +104,16 @@ class LoweringFacts:
     quantize: QuantizeFacts | None = None
     partitions: PartitionFacts | None = None
     partitions_without_convert_bmm: PartitionFacts | None = None  # meta llama only: the pass switched off
+    program: ProgramFacts | None = None
     schema_version: int = SCHEMA_VERSION
 
+    @property
+    def cacheable(self) -> bool:
+        return self.error is None or not self.error.environmental
+
     def write(self, path: Path) -> None:
-        path.write_text(json.dumps(asdict(self), indent=1))
+        """Last of a lowering's files, and atomically: a facts.json that exists is a finished lowering."""
+        write_atomically(path, json.dumps(asdict(self), indent=1))
 
     @classmethod
     def read(cls, path: Path) -> LoweringFacts:
@@ -109,10 +126,11 @@ class LoweringFacts:
                 quantize=QuantizeFacts(**data["quantize"]) if data["quantize"] else None,
                 partitions=PartitionFacts.of(data["partitions"]) if data["partitions"] else None,
                 partitions_without_convert_bmm=(PartitionFacts.of(data["partitions_without_convert_bmm"])
-                                                if data["partitions_without_convert_bmm"] else None))
+                                                if data["partitions_without_convert_bmm"] else None),
+                program=ProgramFacts(**data["program"]) if data["program"] else None)
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as error:
             raise FactsError(f"{path}: unreadable facts ({type(error).__name__}: {error})") from error
 
     @classmethod
     def crashed(cls, message: str) -> LoweringFacts:
-        return cls(error=LoweringError("LoweringCrashed", message))
+        return cls(error=LoweringError("LoweringCrashed", message, environmental=True))

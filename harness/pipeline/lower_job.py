@@ -8,13 +8,19 @@ typed (harness.pipeline.facts); see harness.pipeline.lower.
 """
 from __future__ import annotations
 
+import hashlib
 import sys
 import time
 import traceback
 from pathlib import Path
 
-from harness.pipeline.facts import ExportFacts, LoweringError, LoweringFacts, LoweringRequest, PartitionFacts, QuantizeFacts
+from harness.files import write_bytes_atomically
+from harness.pipeline.facts import (ExportFacts, LoweringError, LoweringFacts, LoweringRequest, PartitionFacts,
+                                    ProgramFacts, QuantizeFacts)
 from harness.vocabulary import FLOAT_DTYPE, Mode
+
+# Failures of the machine rather than of the case (ENOSPC, EMFILE, out of memory): reported, never cached.
+ENVIRONMENTAL = (OSError, MemoryError)
 
 
 def main(argv: list[str]) -> int:
@@ -54,12 +60,14 @@ def main(argv: list[str]) -> int:
             edge = stages.lower(model, example, request.soc, request.dtype, request.mode.skip_mutable_buffer)
         facts.partitions = PartitionFacts.of(stages.partition_facts(edge, card.mutated_buffers))
         stage_done("lower")
-        program = edge.to_executorch(stages.backend_config(card))
-        (out_dir / "model.pte").write_bytes(program.buffer)
+        program = edge.to_executorch(stages.backend_config(card)).buffer
+        write_bytes_atomically(out_dir / "model.pte", program)
+        facts.program = ProgramFacts(hashlib.sha256(program).hexdigest(), len(program))
         stage_done("serialize")
     except Exception as error:
         text = str(error).strip()
-        facts.error = LoweringError(type(error).__name__, text.splitlines()[0] if text else "", traceback.format_exc())
+        facts.error = LoweringError(type(error).__name__, text.splitlines()[0] if text else "", traceback.format_exc(),
+                                    environmental=isinstance(error, ENVIRONMENTAL))
     facts.write(out_dir / "facts.json")
     return 0
 

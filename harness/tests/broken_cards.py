@@ -1,6 +1,7 @@
 """Cards that are wrong on purpose, so the checks can be shown to fail (harness tests only)."""
 from __future__ import annotations
 
+import errno
 import os
 import signal
 
@@ -44,6 +45,15 @@ class CrashesTheProcess(torch.nn.Module):
         os.kill(os.getpid(), signal.SIGSEGV)
 
 
+class FillsTheDisk(torch.nn.Module):
+    """Fails as a full disk does when built (ENOSPC): a failure of the machine, not of the case."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "model.pte")
+
+
 SPLIT = register(ModelCard("split_by_unsupported_op", SplitByUnsupportedOp, _steps, ("state",), module=__name__))
 MISDECLARED = register(ModelCard("misdeclared_buffer", UndeclaredBuffer, _steps, ("declared",), module=__name__))
 CRASHING = register(ModelCard("crashes_the_process", CrashesTheProcess, _steps, ("state",), module=__name__))
+DISK_FULL = register(ModelCard("fills_the_disk", FillsTheDisk, _steps, ("state",), module=__name__))
