@@ -64,8 +64,16 @@ def combinations(args: argparse.Namespace) -> list[Combination]:
     return [Combination(e, q) for e in executorch for q in wheels]
 
 
+def flaky_reasons() -> frozenset[str]:
+    """How the report words an xfail of each manifest entry marked flaky (those flips are not version changes)."""
+    from harness import known_failures  # imports torch (via the checks): only when writing the report
+
+    return frozenset(entry.describe() for entry in known_failures.load() if entry.flaky)
+
+
 def write_side_by_side(folder: Path, command: str) -> Path:
-    document = side_by_side.build(side_by_side.load_columns(folder), folder.name.removeprefix("matrix-"), command)
+    document = side_by_side.build(side_by_side.load_columns(folder), folder.name.removeprefix("matrix-"), command,
+                                  flaky_reasons())
     render.write(document, folder)
     return folder / "matrix.html"
 

@@ -131,12 +131,20 @@ def label(values: list[tuple[Column, str]]) -> str:
 
 def _row_order(row: dict) -> tuple:
     check = row["check"]
-    return (not row["changed"], row["soc"], row["card"], row["dtype"], row["mode"],
+    return (not row["changed"], row["flaky"], row["soc"], row["card"], row["dtype"], row["mode"],
             CHECK_ORDER.index(check) if check in CHECK_ORDER else len(CHECK_ORDER), check)
 
 
-def build(columns: list[Column], matrix_id: str, command: str) -> dict:
-    """matrix.json: columns (sorted by executorch, then QAIRT), rows (changing ones first), findings."""
+def only_flaky(verdicts: list[tuple[str, str]], flaky_reasons: frozenset[str]) -> bool:
+    """Whether (verdict, known_failure) of the columns differ only as a flaky known failure allows:
+    passes, and xfails by entries marked flaky."""
+    return all(verdict == "passed" or (verdict == "xfailed" and reason in flaky_reasons) for verdict, reason in verdicts)
+
+
+def build(columns: list[Column], matrix_id: str, command: str, flaky_reasons: frozenset[str] = frozenset()) -> dict:
+    """matrix.json: columns (sorted by executorch, then QAIRT), rows (changing ones first), findings.
+
+    flaky_reasons: the known-failure descriptions (`KnownFailure.describe()`) of entries marked flaky."""
     columns = sorted(columns, key=lambda c: (_version(c.executorch), _version(c.qairt), _version(c.qnn_wheel)))
     cells = [_cells(column) if column.ran else {} for column in columns]
     rows = []
@@ -146,10 +154,13 @@ def build(columns: list[Column], matrix_id: str, command: str) -> dict:
                      for column, column_cells in zip(columns, cells)]
         ran = [(column, cell["verdict"]) for column, cell in zip(columns, row_cells) if cell is not None]
         changed = len({verdict for _, verdict in ran}) > 1
+        flaky = changed and only_flaky([(cell["verdict"], cell.get("known_failure", "")) for cell in row_cells if cell],
+                                       flaky_reasons)
         case = next(cell for cell in row_cells if cell and cell["verdict"] != ABSENT)
         rows.append({
             "soc": key[0], "case_id": key[1], "check": key[2], "card": case["card"], "dtype": case["dtype"],
-            "mode": case["mode"], "changed": changed, "label": label(ran) if changed else "",
+            "mode": case["mode"], "changed": changed, "flaky": flaky,
+            "label": ("flaky known failure, not a version change: " if flaky else "") + label(ran) if changed else "",
             "cells": [cell and {name: cell.get(name, "") for name in ("verdict", "message", "known_failure")}
                       for cell in row_cells],
         })
@@ -157,7 +168,8 @@ def build(columns: list[Column], matrix_id: str, command: str) -> dict:
     return {"schema_version": MATRIX_SCHEMA_VERSION, "matrix_id": matrix_id, "command": command,
             "columns": [_column_entry(column) for column in columns], "rows": rows,
             "findings": _findings(columns, cells),
-            "changed_rows": sum(row["changed"] for row in rows), "total_rows": len(rows)}
+            "changed_rows": sum(row["changed"] and not row["flaky"] for row in rows),
+            "flaky_rows": sum(row["flaky"] for row in rows), "total_rows": len(rows)}
 
 
 def _column_entry(column: Column) -> dict:

@@ -271,3 +271,17 @@ def test_a_venv_with_a_current_stamp_is_reused_without_pip(tmp_path, monkeypatch
     with pytest.raises(AssertionError):
         environments.ensure_venv("1.5.1", tmp_path)  # a stale stamp reinstalls (reaches pip)
     assert calls
+
+
+def test_flips_allowed_by_a_flaky_known_failure_are_kept_apart_from_version_changes():
+    flaky = "known failure [uninitialised_delegated_buffer]: a reason"
+    columns = [_column("1.4.1", "2.51", {STATE: ("xfailed", "uninitialised_delegated_buffer"), EXPORT: PASS}),
+               _column("1.5.1", "2.51", {STATE: PASS, EXPORT: FAIL})]
+    document = side_by_side.build(columns, "m", "c", frozenset({flaky}))
+    rows = _rows(document)
+    assert rows[STATE]["flaky"] and rows[STATE]["label"].startswith("flaky known failure, not a version change: ")
+    assert not rows[EXPORT]["flaky"] and document["rows"][0] is rows[EXPORT]
+    assert document["changed_rows"] == 1 and document["flaky_rows"] == 1
+    assert not side_by_side.build(columns, "m", "c")["rows"][1]["flaky"]  # not flaky in the manifest: a change
+    markdown = render.render_markdown(document)
+    assert markdown.index("fails from executorch 1.5.1 on") < markdown.index("## Checks that differ only by a flaky")
