@@ -17,7 +17,7 @@ from pathlib import Path
 
 from harness.matrix import render, runner, side_by_side
 from harness.matrix.environments import MATRIX_HOME, REQUIREMENTS, MatrixSetupError, release
-from harness.matrix.layout import Combination
+from harness.matrix.layout import COMMAND_FILE, Combination
 from harness.paths import REPO_ROOT
 
 MATRIX_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -85,11 +85,8 @@ def main(argv: list[str]) -> int:
         if not args.rebuild.is_dir():
             print(f"matrix: --rebuild {args.rebuild}: no such folder; pass a reports/matrix-<id>/ folder", file=sys.stderr)
             return 2
-        previous = args.rebuild / "matrix.json"
-        if previous.exists():  # keep the command that made the runs, not the one that re-rendered them
-            import json
-
-            command = json.loads(previous.read_text()).get("command", command)
+        recorded = args.rebuild / COMMAND_FILE  # the command that made the runs, not the one re-rendering them
+        command = recorded.read_text().strip() if recorded.is_file() else command
         print(f"matrix: {write_side_by_side(args.rebuild, command)}")
         return 0
     try:
@@ -99,6 +96,7 @@ def main(argv: list[str]) -> int:
         return 2
     folder = args.report_root / f"matrix-{args.id or time.strftime('%Y%m%d-%H%M%S')}"
     folder.mkdir(parents=True, exist_ok=True)
+    (folder / COMMAND_FILE).write_text(command + "\n")
     runs = runner.run_matrix(wanted, runner.RealSteps(args.home, pytest_args), folder,
                              progress=lambda line: print(line, flush=True))
     page = write_side_by_side(folder, command)

@@ -1,6 +1,6 @@
 """What a matrix run folder holds, the one place runner and builder agree on it.
 
-reports/matrix-<id>/<combination id>/ has combination.json (what happened: ran, or why not), pytest.log
+reports/matrix-<id>/ has command.txt, and per combination <combination id>/ has combination.json (what happened: ran, or why not), pytest.log
 and the suite's own reports (<run>/<SOC>/report.json, reports/README.md); matrix.{json,md,html} sit
 in reports/matrix-<id>/ itself.
 """
@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 COMBINATION_FILE = "combination.json"
+COMMAND_FILE = "command.txt"  # the command that made the runs (written first, so a re-render keeps it)
 SUITE_LOG = "pytest.log"
 OUTPUTS = ("matrix.json", "matrix.md", "matrix.html")
 

@@ -234,9 +234,11 @@ def test_cli_bad_arguments_are_one_line_and_exit_2():
 def test_rebuild_renders_an_existing_matrix_folder(tmp_path):
     runner.run_matrix([Combination("1.4.1", "2.7.0"), Combination("1.5.1", "2.7.0")], FakeSteps(), tmp_path / "matrix-x",
                       progress=lambda line: None)
+    (tmp_path / "matrix-x" / "command.txt").write_text("python -m harness matrix --executorch 1.4.1,1.5.1\n")
     assert cli.main(["--rebuild", str(tmp_path / "matrix-x")]) == 0
     document = json.loads((tmp_path / "matrix-x" / "matrix.json").read_text())
     assert document["matrix_id"] == "x" and document["changed_rows"] == 1
+    assert document["command"] == "python -m harness matrix --executorch 1.4.1,1.5.1"
     assert (tmp_path / "matrix-x" / "matrix.html").read_text().startswith("<!DOCTYPE html>")
 
 
