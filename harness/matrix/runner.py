@@ -74,16 +74,20 @@ class RealSteps:
     def qnn_tree(self, wheel: str) -> QnnTree:
         return ensure_qnn_tree(wheel, self.home)
 
-    def _env(self, tree: QnnTree) -> dict[str, str]:
-        # QNN_SDK_ROOT in the suite's own processes too: some executorch releases set up (download) an
-        # SDK when their Qualcomm backend is imported without it. QNNSUITE_HOME: one state folder for the
-        # matrix (overlays and probe results are keyed by library and executorch, so columns never mix).
-        env = {**os.environ, "QNN_SDK_ROOT": str(tree.root), "QNNSUITE_HOME": str(self.home / "state")}
-        env.pop("QNNSUITE_TRACE", None)
-        return env
+    def _env(self, env: PythonEnv, tree: QnnTree) -> dict[str, str]:
+        """The combination's processes run as in its activated venv: its bin/ first on PATH (executorch
+        1.3.1 runs the `flatc` its wheel installs there), QNN_SDK_ROOT at its tree in the suite's own
+        processes too (some releases set up, i.e. download, an SDK when their Qualcomm backend is imported
+        without it), and one state folder for the matrix (overlays and probe results are keyed by library
+        and executorch, so columns never mix)."""
+        path = [str(env.root / "bin"), *[p for p in os.environ.get("PATH", "").split(os.pathsep) if p]]
+        variables = {**os.environ, "PATH": os.pathsep.join(path), "VIRTUAL_ENV": str(env.root),
+                     "QNN_SDK_ROOT": str(tree.root), "QNNSUITE_HOME": str(self.home / "state")}
+        variables.pop("QNNSUITE_TRACE", None)
+        return variables
 
     def setup(self, env: PythonEnv, tree: QnnTree) -> str:
-        completed = subprocess.run([str(env.python), "-m", "harness", "setup"], cwd=REPO_ROOT, env=self._env(tree),
+        completed = subprocess.run([str(env.python), "-m", "harness", "setup"], cwd=REPO_ROOT, env=self._env(env, tree),
                                    capture_output=True, text=True, timeout=SETUP_TIMEOUT_S)
         if completed.returncode != 0:
             lines = [line for line in completed.stderr.splitlines() if line.strip()]
@@ -99,7 +103,7 @@ class RealSteps:
         with open(folder / SUITE_LOG, "w") as log:
             log.write("$ " + " ".join(command) + "\n")
             log.flush()
-            completed = subprocess.run(command, cwd=REPO_ROOT, env=self._env(tree), stdout=log,
+            completed = subprocess.run(command, cwd=REPO_ROOT, env=self._env(env, tree), stdout=log,
                                        stderr=subprocess.STDOUT, timeout=SUITE_TIMEOUT_S)
         return completed.returncode
 
@@ -153,7 +157,7 @@ def run_matrix(combinations: list[Combination], steps: Steps, out_dir: Path,
         if run.status == "ran":
             counts = _summary(out_dir / combination.id)
             progress(f"{prefix}: {counts} (QAIRT {run.qnn_build_id}, bridge {run.bridge}, "
-                     f"venv {'reused' if run.venv_reused else 'made'}) in {run.duration_s:.0f} s")
+                     f"venv {'reused' if run.venv_reused else 'made in %.0f s' % run.steps_s['venv']}) in {run.duration_s:.0f} s")
         else:
             progress(f"{prefix}: cannot run: {run.reason}")
         runs.append(run)

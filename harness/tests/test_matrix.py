@@ -287,3 +287,13 @@ def test_flips_allowed_by_a_flaky_known_failure_are_kept_apart_from_version_chan
     assert not side_by_side.build(columns, "m", "c")["rows"][1]["flaky"]  # not flaky in the manifest: a change
     markdown = render.render_markdown(document)
     assert markdown.index("fails from executorch 1.5.1 on") < markdown.index("## Checks that differ only by a flaky")
+
+
+def test_a_combination_runs_as_in_its_activated_venv(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", "/usr/bin")
+    monkeypatch.setenv("QNNSUITE_TRACE", "/tmp/stale-trace")
+    steps = runner.RealSteps(tmp_path / "home")
+    env = steps._env(PythonEnv("1.3.1", tmp_path / "venv", reused=True), QnnTree("2.7.0", tmp_path / "tree", BUILD["2.51"]))
+    assert env["PATH"].split(":")[:2] == [str(tmp_path / "venv" / "bin"), "/usr/bin"]
+    assert env["QNN_SDK_ROOT"] == str(tmp_path / "tree") and env["QNNSUITE_HOME"] == str(tmp_path / "home" / "state")
+    assert "QNNSUITE_TRACE" not in env
