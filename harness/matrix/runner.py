@@ -24,6 +24,8 @@ from harness.paths import REPO_ROOT
 DEFAULT_WORKERS = ("-n", "2")  # the machines this runs on have 2 cores; a user's own -n wins
 SUITE_TIMEOUT_S = 6 * 3600
 SETUP_TIMEOUT_S = 900
+# The runtime the emulated devices run .pte files with; its compiled binding must match the venv's torch.
+RUNTIME_MODULE = "executorch.extension.pybindings.portable_lib"
 
 
 @dataclass
@@ -87,6 +89,13 @@ class RealSteps:
         return variables
 
     def setup(self, env: PythonEnv, tree: QnnTree) -> str:
+        """Feature checks first (does the runtime binding load beside this torch?), then the bridge probe."""
+        loaded = subprocess.run([str(env.python), "-c", f"import {RUNTIME_MODULE}"], cwd=REPO_ROOT,
+                                env=self._env(env, tree), capture_output=True, text=True, timeout=SETUP_TIMEOUT_S)
+        if loaded.returncode != 0:
+            lines = [line for line in loaded.stderr.splitlines() if line.strip()]
+            raise MatrixSetupError(f"{RUNTIME_MODULE} does not load in this venv: "
+                                   f"{_one_line(lines[-1] if lines else f'exit {loaded.returncode}')}")
         completed = subprocess.run([str(env.python), "-m", "harness", "setup"], cwd=REPO_ROOT, env=self._env(env, tree),
                                    capture_output=True, text=True, timeout=SETUP_TIMEOUT_S)
         if completed.returncode != 0:
