@@ -94,8 +94,8 @@ class RealSteps:
                                 env=self._env(env, tree), capture_output=True, text=True, timeout=SETUP_TIMEOUT_S)
         if loaded.returncode != 0:
             lines = [line for line in loaded.stderr.splitlines() if line.strip()]
-            raise MatrixSetupError(f"{RUNTIME_MODULE} does not load in this venv: "
-                                   f"{_one_line(lines[-1] if lines else f'exit {loaded.returncode}')}")
+            last = (lines[-1] if lines else f"exit {loaded.returncode}").replace(str(env.root) + "/", "")
+            raise MatrixSetupError(f"{RUNTIME_MODULE} does not load in this venv: {_one_line(last)}")
         completed = subprocess.run([str(env.python), "-m", "harness", "setup"], cwd=REPO_ROOT, env=self._env(env, tree),
                                    capture_output=True, text=True, timeout=SETUP_TIMEOUT_S)
         if completed.returncode != 0:

@@ -297,3 +297,37 @@ def test_a_combination_runs_as_in_its_activated_venv(tmp_path, monkeypatch):
     assert env["PATH"].split(":")[:2] == [str(tmp_path / "venv" / "bin"), "/usr/bin"]
     assert env["QNN_SDK_ROOT"] == str(tmp_path / "tree") and env["QNNSUITE_HOME"] == str(tmp_path / "home" / "state")
     assert "QNNSUITE_TRACE" not in env
+
+
+def _fake_python(root: Path, runtime: str, setup: str) -> PythonEnv:
+    """A venv whose `python` is a shell script: `-c` (the runtime feature check) and `-m harness setup`
+    answer with the given shell snippets, so RealSteps.setup's reading of both is tested without executorch."""
+    (root / "bin").mkdir(parents=True)
+    script = root / "bin" / "python"
+    script.write_text(f'#!/bin/sh\nif [ "$1" = "-c" ]; then {runtime}; fi\n{setup}\n')
+    script.chmod(0o755)
+    return PythonEnv("1.3.1", root, reused=True)
+
+
+RUNTIME_BROKEN = ("echo 'Traceback (most recent call last):' >&2; "
+                  "echo \"ImportError: $VIRTUAL_ENV/lib/_portable_lib.so: undefined symbol: _ZN3c10\" >&2; exit 1")
+SETUP_OK = "echo 'setup: QNN v2.51.0.1 from QNN_SDK_ROOT, device-config bridge off'; exit 0"
+SETUP_BROKEN = "echo 'setup: QNN backend does not start (FileNotFoundError: flatc)' >&2; exit 1"
+
+
+@pytest.mark.parametrize(("runtime", "setup", "expected"), [
+    (RUNTIME_BROKEN, SETUP_OK, "executorch.extension.pybindings.portable_lib does not load in this venv: "
+                               "ImportError: lib/_portable_lib.so: undefined symbol: _ZN3c10"),
+    ("exit 0", SETUP_BROKEN, "bridge probe failed: QNN backend does not start (FileNotFoundError: flatc)"),
+    ("exit 0", SETUP_OK, None),
+])
+def test_setup_checks_the_runtime_then_reads_the_probe(tmp_path, runtime, setup, expected):
+    env = _fake_python(tmp_path / "venv", runtime, setup)
+    tree = QnnTree("2.7.0", tmp_path / "tree", BUILD["2.51"])
+    steps = runner.RealSteps(tmp_path / "home")
+    if expected is None:
+        assert steps.setup(env, tree) == "off"
+        return
+    with pytest.raises(MatrixSetupError) as error:
+        steps.setup(env, tree)
+    assert str(error.value) == expected
