@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import time
 from dataclasses import asdict, dataclass, field
@@ -110,7 +111,7 @@ class RealSteps:
                    "--cache-dir", str(self.home / "artifacts" / combination.id), "--report-dir", str(folder),
                    *self.pytest_args]
         with open(folder / SUITE_LOG, "w") as log:
-            log.write("$ " + " ".join(command) + "\n")
+            log.write("$ " + shlex.join(command) + "\n")
             log.flush()
             completed = subprocess.run(command, cwd=REPO_ROOT, env=self._env(env, tree), stdout=log,
                                        stderr=subprocess.STDOUT, timeout=SUITE_TIMEOUT_S)
