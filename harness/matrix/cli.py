@@ -85,7 +85,7 @@ def main(argv: list[str]) -> int:
         if not args.rebuild.is_dir():
             print(f"matrix: --rebuild {args.rebuild}: no such folder; pass a reports/matrix-<id>/ folder", file=sys.stderr)
             return 2
-        recorded = args.rebuild / COMMAND_FILE  # the command that made the runs, not the one re-rendering them
+        recorded = args.rebuild / COMMAND_FILE  # the commands that made the runs, not the one re-rendering them
         command = recorded.read_text().strip() if recorded.is_file() else command
         print(f"matrix: {write_side_by_side(args.rebuild, command)}")
         return 0
@@ -96,7 +96,8 @@ def main(argv: list[str]) -> int:
         return 2
     folder = args.report_root / f"matrix-{args.id or time.strftime('%Y%m%d-%H%M%S')}"
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / COMMAND_FILE).write_text(command + "\n")
+    with open(folder / COMMAND_FILE, "a") as commands:  # a re-run of some combinations adds its line
+        commands.write(command + "\n")
     runs = runner.run_matrix(wanted, runner.RealSteps(args.home, pytest_args), folder,
                              progress=lambda line: print(line, flush=True))
     page = write_side_by_side(folder, command)

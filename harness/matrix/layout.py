@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 COMBINATION_FILE = "combination.json"
-COMMAND_FILE = "command.txt"  # the command that made the runs (written first, so a re-render keeps it)
+COMMAND_FILE = "command.txt"  # the commands that made the runs, one a line (written first, so a re-render keeps them)
 SUITE_LOG = "pytest.log"
 OUTPUTS = ("matrix.json", "matrix.md", "matrix.html")
 

@@ -141,6 +141,11 @@ def only_flaky(verdicts: list[tuple[str, str]], flaky_reasons: frozenset[str]) -
     return all(verdict == "passed" or (verdict == "xfailed" and reason in flaky_reasons) for verdict, reason in verdicts)
 
 
+def _flaky_label(values: list[tuple[Column, str]]) -> str:
+    passes = sum(verdict == "passed" for _, verdict in values)
+    return f"flaky known failure, not a version change: passed in {passes} of {len(values)} columns"
+
+
 def build(columns: list[Column], matrix_id: str, command: str, flaky_reasons: frozenset[str] = frozenset()) -> dict:
     """matrix.json: columns (sorted by executorch, then QAIRT), rows (changing ones first), findings.
 
@@ -160,7 +165,7 @@ def build(columns: list[Column], matrix_id: str, command: str, flaky_reasons: fr
         rows.append({
             "soc": key[0], "case_id": key[1], "check": key[2], "card": case["card"], "dtype": case["dtype"],
             "mode": case["mode"], "changed": changed, "flaky": flaky,
-            "label": ("flaky known failure, not a version change: " if flaky else "") + label(ran) if changed else "",
+            "label": _flaky_label(ran) if flaky else label(ran) if changed else "",
             "cells": [cell and {name: cell.get(name, "") for name in ("verdict", "message", "known_failure")}
                       for cell in row_cells],
         })
@@ -186,17 +191,18 @@ def _column_entry(column: Column) -> dict:
 
 
 def _findings(columns: list[Column], cells: list[dict]) -> list[dict]:
-    """Per signature, how many checks of each column failed (or xfailed, or xpassed) that way."""
-    table: dict[str, list[int]] = {}
+    """Per signature, how many checks of each column failed (or xfailed, or xpassed) that way (None:
+    the column did not run)."""
+    table: dict[str, list[int | None]] = {}
     examples: dict[str, str] = {}
     for index, column_cells in enumerate(cells):
         for cell in column_cells.values():
             if cell["verdict"] in FINDINGS:
                 signature = signature_of(cell)
-                table.setdefault(signature, [0] * len(columns))[index] += 1
+                table.setdefault(signature, [0 if column.ran else None for column in columns])[index] += 1
                 examples.setdefault(signature, cell["message"] or cell["known_failure"])
     return [{"signature": signature, "counts": counts, "example": examples[signature][:300]}
-            for signature, counts in sorted(table.items(), key=lambda item: (-sum(item[1]), item[0]))]
+            for signature, counts in sorted(table.items(), key=lambda item: (-sum(n or 0 for n in item[1]), item[0]))]
 
 
 def load_columns(folder: Path) -> list[Column]:

@@ -91,6 +91,8 @@ def test_a_column_that_did_not_run_makes_no_row_change_and_keeps_its_reason():
     assert not row["changed"] and row["cells"][1] is None
     assert document["columns"][1]["status"] == "cannot run" and "pip cannot install" in document["columns"][1]["reason"]
     assert "cannot run: pip cannot install executorch==1.5.0: x" in render.render_markdown(document)
+    columns[0] = _column("1.4.1", "2.51", {STATE: FAIL})
+    assert side_by_side.build(columns, "m", "c")["findings"][0]["counts"] == [1, None, 0]  # not run: not "none found"
 
 
 def test_a_check_missing_in_one_column_that_ran_is_a_change():
@@ -281,7 +283,7 @@ def test_flips_allowed_by_a_flaky_known_failure_are_kept_apart_from_version_chan
                _column("1.5.1", "2.51", {STATE: PASS, EXPORT: FAIL})]
     document = side_by_side.build(columns, "m", "c", frozenset({flaky}))
     rows = _rows(document)
-    assert rows[STATE]["flaky"] and rows[STATE]["label"].startswith("flaky known failure, not a version change: ")
+    assert rows[STATE]["flaky"] and rows[STATE]["label"] == "flaky known failure, not a version change: passed in 1 of 2 columns"
     assert not rows[EXPORT]["flaky"] and document["rows"][0] is rows[EXPORT]
     assert document["changed_rows"] == 1 and document["flaky_rows"] == 1
     assert not side_by_side.build(columns, "m", "c")["rows"][1]["flaky"]  # not flaky in the manifest: a change
