@@ -112,10 +112,6 @@ class QnnTree:
     root: Path  # an SDK-shaped tree: root/lib/x86_64-linux-clang/*.so
     build_id: str  # as read from its libQnnHtp.so, e.g. v2.51.0.260929181845
 
-    @property
-    def qairt(self) -> str:
-        return str(qairt.release_of(self.build_id))
-
 
 def ensure_qnn_tree(wheel: str, home: Path = MATRIX_HOME, python: str = sys.executable) -> QnnTree:
     """The host QNN tree of one onnxruntime-qnn release (installed once with pip --target, then reused)."""
