@@ -71,7 +71,11 @@ def flaky_reasons() -> frozenset[str]:
     return frozenset(entry.describe() for entry in known_failures.load() if entry.flaky)
 
 
-def write_side_by_side(folder: Path, command: str) -> Path:
+def write_side_by_side(folder: Path, fallback_command: str) -> Path:
+    """matrix.{json,md,html} of `folder`, naming every command recorded in its command.txt (the runs
+    and re-runs that made it), or `fallback_command` for a folder made before that file existed."""
+    recorded = folder / COMMAND_FILE
+    command = recorded.read_text().strip() if recorded.is_file() else fallback_command
     document = side_by_side.build(side_by_side.load_columns(folder), folder.name.removeprefix("matrix-"), command,
                                   flaky_reasons())
     render.write(document, folder)
@@ -85,8 +89,6 @@ def main(argv: list[str]) -> int:
         if not args.rebuild.is_dir():
             print(f"matrix: --rebuild {args.rebuild}: no such folder; pass a reports/matrix-<id>/ folder", file=sys.stderr)
             return 2
-        recorded = args.rebuild / COMMAND_FILE  # the commands that made the runs, not the one re-rendering them
-        command = recorded.read_text().strip() if recorded.is_file() else command
         print(f"matrix: {write_side_by_side(args.rebuild, command)}")
         return 0
     try:

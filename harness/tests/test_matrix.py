@@ -135,7 +135,8 @@ def test_markdown_tables_have_one_line_per_row_and_a_header_per_table():
 
 
 def _fake_report(folder: Path, verdicts: dict, build_id: str) -> None:
-    path = folder / "20261201-000000-1" / "SM8650" / "report.json"
+    run = len(list(folder.glob("2026*")))  # a fresh run id per run, as a real suite run makes
+    path = folder / f"20261201-00000{run}-1" / "SM8650" / "report.json"
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps(_document(verdicts, build_id)))
 
@@ -333,3 +334,16 @@ def test_setup_checks_the_runtime_then_reads_the_probe(tmp_path, runtime, setup,
     with pytest.raises(MatrixSetupError) as error:
         steps.setup(env, tree)
     assert str(error.value) == expected
+
+
+def test_the_report_after_a_partial_rerun_names_every_command(tmp_path, monkeypatch):
+    monkeypatch.setattr(runner, "RealSteps", lambda home, pytest_args: FakeSteps())
+    root = tmp_path / "reports"
+    first = ["--id", "x", "--report-root", str(root), "--executorch", "1.4.1,1.5.1", "--qnn-wheel", "2.7.0"]
+    assert cli.main(first) == 0
+    assert cli.main(["--id", "x", "--report-root", str(root), "--executorch", "1.4.1", "--qnn-wheel", "2.7.0"]) == 0
+    document = json.loads((root / "matrix-x" / "matrix.json").read_text())
+    assert document["command"].splitlines() == [
+        "python -m harness matrix --id x --report-root " + str(root) + " --executorch 1.4.1,1.5.1 --qnn-wheel 2.7.0",
+        "python -m harness matrix --id x --report-root " + str(root) + " --executorch 1.4.1 --qnn-wheel 2.7.0"]
+    assert len(document["columns"]) == 2 and document["changed_rows"] == 1
