@@ -1,7 +1,8 @@
-"""`python -m harness setup|doctor`: prepare the host toolchain, or report on it.
+"""`python -m harness setup|doctor|matrix`: prepare the host toolchain, report on it, or compare versions.
 
 setup  lays out the QNN tree, builds the interposer and probes the bridge (all cached; fast when done).
 doctor prints versions, SDK, bridge, adb and devices; exits non-zero with one line per missing piece.
+matrix runs one suite selection per executorch x onnxruntime-qnn release (harness/matrix/cli.py).
 """
 from __future__ import annotations
 
@@ -67,8 +68,13 @@ def doctor(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["matrix"]:  # its own options, and pytest's after `--`
+        from harness.matrix import cli
+
+        return cli.main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m harness")
-    parser.add_argument("command", choices=("setup", "doctor"))
+    parser.add_argument("command", choices=("setup", "doctor", "matrix"))
     parser.add_argument("--qnn-sdk", default=None, help="QNN SDK root (else QNN_SDK_ROOT, else the onnxruntime-qnn wheel)")
     args = parser.parse_args(argv)
     return {"setup": setup, "doctor": doctor}[args.command](args)

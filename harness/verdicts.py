@@ -41,7 +41,7 @@ DRAFT = pytest.StashKey[CheckDraft]()
 def expect_known_failures(items: list[pytest.Item], manifest: Path) -> None:
     """Attach to each collected item the manifest entries that name it (ValueError on a bad manifest)."""
     for item in items:
-        item.stash[EXPECTED] = known_failures.matching(item.name, manifest)
+        item.stash[EXPECTED] = known_failures.matching(item.name, path=manifest)
 
 
 def settle(item: pytest.Item, call: pytest.CallInfo, report: pytest.TestReport) -> None:

@@ -75,10 +75,13 @@ def wheel_library_dir() -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-def lay_out_wheel_tree(destination: Path | None = None) -> Path:
+def lay_out_wheel_tree(destination: Path | None = None, package_dir: Path | None = None) -> Path:
     """Build ROOT/lib/x86_64-linux-clang from the wheel with symbolic links (never copies: the
-    licence forbids redistributing the libraries, and links cost nothing to refresh)."""
-    package_dir = wheel_library_dir()
+    licence forbids redistributing the libraries, and links cost nothing to refresh).
+
+    package_dir: an onnxruntime_qnn folder installed elsewhere (the version matrix keeps one per
+    release); default: the one this Python imports."""
+    package_dir = package_dir or wheel_library_dir()
     root = destination or state_dir() / "sdk"
     lib_dir = root / HOST_LIB_DIR
     lib_dir.mkdir(parents=True, exist_ok=True)

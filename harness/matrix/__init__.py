@@ -1,0 +1,1 @@
+"""The version matrix (issue 16): one suite selection across executorch and QNN library releases, side by side."""

@@ -1,0 +1,56 @@
+"""matrix.md and matrix.html from the side-by-side document, both with jinja2 templates.
+
+HTML is autoescaped; in Markdown every value from a report (case ids, messages) goes through `md`,
+which keeps it inside its table cell (pipes, newlines, backticks and angle brackets neutralised).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jinja2
+
+from harness.matrix.layout import OUTPUTS
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+LABELS = {"passed": "pass", "failed": "FAIL", "xpassed": "XPASS", "xfailed": "xfail", "skipped": "skip", "absent": "absent"}
+
+
+def md(value: object) -> str:
+    """One Markdown table cell's worth of text from any value."""
+    text = " ".join(str("" if value is None else value).split())
+    for raw, safe in (("\\", "\\\\"), ("|", "\\|"), ("`", "'"), ("<", "&lt;"), (">", "&gt;"), ("*", "\\*")):
+        text = text.replace(raw, safe)
+    return text
+
+
+def _environment(autoescape: bool) -> jinja2.Environment:
+    environment = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=autoescape,
+                                     undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+                                     keep_trailing_newline=True)
+    environment.filters["md"] = md
+    environment.filters["verdict"] = lambda cell: "n/a" if cell is None else LABELS.get(cell["verdict"], cell["verdict"])
+    return environment
+
+
+def _heading(column: dict) -> str:
+    return f"{column['executorch']} / QAIRT {column['qairt']}"
+
+
+def render_markdown(document: dict) -> str:
+    return _environment(False).get_template("matrix.md.j2").render(document=document, heading=_heading)
+
+
+def render_html(document: dict) -> str:
+    return _environment(True).get_template("matrix.html.j2").render(document=document, heading=_heading)
+
+
+def write(document: dict, folder: Path) -> list[Path]:
+    """matrix.json, matrix.md and matrix.html in `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    texts = (json.dumps(document, indent=1) + "\n", render_markdown(document), render_html(document))
+    paths = []
+    for name, text in zip(OUTPUTS, texts):
+        (folder / name).write_text(text, encoding="utf-8")
+        paths.append(folder / name)
+    return paths
