@@ -61,4 +61,9 @@ fi
 if [ "$command" = tests ]; then
   exec "$venv/bin/python" -m pytest harness/tests "$@"
 fi
-exec "$venv/bin/python" -m pytest suites "$@"
+# Every core unless told otherwise: a newcomer's first run is not serial (-n / --numprocesses / -p no:xdist win).
+workers=(-n auto)
+for argument in "$@"; do
+  case "$argument" in -n|-n*|--numprocesses|--numprocesses=*|no:xdist) workers=() ;; esac
+done
+exec "$venv/bin/python" -m pytest suites "${workers[@]}" "$@"
