@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 from harness.context import RunContext, new_run_id
@@ -30,14 +32,22 @@ class RunStartError(RuntimeError):
     """The run cannot start; the message is one line naming the problem and the fix."""
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    """SIGTERM (a CI job cancelled, `kill`) ends the run as Ctrl-C does: reports of what finished, then stop."""
+    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+
 class RunSession:
     def __init__(self, options: RunOptions) -> None:
         self._options = options
         self._provider: DeviceProvider | None = None
+        self._previous_sigterm: object = None
         self._lowering_server: subprocess.Popen[bytes] | None = None
         self.context: RunContext | None = None
 
     def start(self) -> RunContext:
+        if threading.current_thread() is threading.main_thread():
+            self._previous_sigterm = signal.signal(signal.SIGTERM, _interrupt)
         run_id = new_run_id()
         work_dir = Path(tempfile.mkdtemp(prefix=f"qnnsuite-{run_id}-"))
         try:
@@ -80,6 +90,9 @@ class RunSession:
             for line in pool.remove_run_folders(list(context.devices), context.adb_port, context.run_id):
                 print(line, file=sys.stderr)
         self._stop_processes()
+        if self._previous_sigterm is not None:
+            signal.signal(signal.SIGTERM, self._previous_sigterm)
+            self._previous_sigterm = None
         if context is not None and (keep or keep_work_dir):
             print(f"qnnsuite: the run's work folder is kept: {context.work_dir}", file=sys.stderr)
         elif context is not None:

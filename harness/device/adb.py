@@ -1,10 +1,13 @@
-"""The adbutils client the harness talks through, with two per-request costs removed.
+"""The adbutils client the harness talks through, with two per-request costs removed and no server started.
 
 adbutils opens a fresh TCP connection to the adb server for every shell, stat, push and pull, and
 (1) asks the server its version before each transport is opened (a second connection per request),
 (2) leaves Nagle's algorithm on, so its split writes (a sync DATA header, then the chunk) wait for the
 peer's delayed ACK: measured on loopback, a 100-byte push took 68 ms and 12 ms without both.
 The server's version cannot change under a running server, so it is asked once per client.
+adbutils also runs `adb start-server` when it finds no server, which starts one on 5037 whatever port the
+client was given: a run whose private server died would then talk to (or start) the user's. Here a
+missing server is an error, and connections time out instead of waiting forever.
 """
 from __future__ import annotations
 
@@ -14,9 +17,18 @@ from typing import Optional
 import adbutils
 
 
+CONNECT_TIMEOUT_S = 10.0  # a request's own timeout, when it has none
+
+
+class _ServerConnection(adbutils.AdbConnection):
+    def _safe_connect(self):
+        """The connection to the given server only: never start one (adbutils would start it on 5037)."""
+        return self._create_socket()
+
+
 class AdbClient(adbutils.AdbClient):
     def __init__(self, host: str = "127.0.0.1", port: int = 5037) -> None:
-        super().__init__(host=host, port=port)
+        super().__init__(host=host, port=port, socket_timeout=CONNECT_TIMEOUT_S)
         self._server_version: int | None = None
 
     def server_version(self) -> int:
@@ -25,6 +37,10 @@ class AdbClient(adbutils.AdbClient):
         return self._server_version
 
     def make_connection(self, timeout: Optional[float] = None) -> adbutils.AdbConnection:
-        connection = super().make_connection(timeout)
+        try:
+            connection = _ServerConnection(self.host, self.port)
+        except TimeoutError as error:
+            raise adbutils.AdbTimeout("connect to adb server timeout") from error
+        connection.conn.settimeout(timeout or CONNECT_TIMEOUT_S)
         connection.conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return connection

@@ -32,6 +32,7 @@ PLATFORM_TO_SOC = {"lahaina": "SM8350", "taro": "SM8450", "cape": "SM8475", "kal
                    "pineapple": "SM8650", "sun": "SM8750", "canoe": "SM8850"}
 KILLED_BY_TIMEOUT = (124, 137)  # toybox/coreutils `timeout`: TERM -> 124, -s KILL -> 137
 ADB_GRACE_S = 30  # host-side adb timeout beyond the device-side one, in case the device hangs
+PROBE_TIMEOUT_S = 10.0  # after a command times out: does the device answer at all?
 TRANSFER_TIMEOUT_S = 120  # no answer for this long in a push or pull: the device is gone
 
 
@@ -111,11 +112,22 @@ class Device:
         return self.getprop("ro.product.model")
 
     # --- commands -------------------------------------------------------------------------------
+    def answers(self) -> bool:
+        """Whether the device still runs a trivial command, within PROBE_TIMEOUT_S."""
+        try:
+            return self._adb.shell2("echo ok", timeout=PROBE_TIMEOUT_S, v2=True).output.strip() == "ok"
+        except (adbutils.AdbError, adbutils.AdbTimeout, OSError, EOFError):
+            return False
+
     def shell(self, command: str, timeout_s: float = 60) -> RunResult:
         started = time.perf_counter()
         try:
             result = self._adb.shell2(command, timeout=timeout_s, v2=True)
         except adbutils.AdbTimeout as error:
+            if not self.answers():  # a device that keeps its link but is frozen must not cost every case a timeout
+                raise DeviceLost(f"device {self.serial} stopped answering: `{command[:80]}` got nothing in "
+                                 f"{timeout_s:.0f} s and `echo ok` nothing in {PROBE_TIMEOUT_S:.0f} s: check it "
+                                 f"(`adb -s {self.serial} shell echo ok`)") from error
             raise DeviceError(f"device {self.serial}: `{command[:80]}` did not answer in {timeout_s:.0f} s") from error
         except (adbutils.AdbError, OSError, EOFError) as error:
             what = command.split("&&")[-1].strip()[:60]

@@ -1,7 +1,8 @@
 """An emulated fleet: a private real adb server on a loopback port plus one emulated device per SoC.
 
 Each device is a `harness.emulator.adbd` process connected to the server with `adb connect`, so stock adb
-tooling (adbutils, the adb CLI) sees ordinary `127.0.0.1:PORT` devices. Everything started is owned by PID.
+tooling (adbutils, the adb CLI) sees ordinary `127.0.0.1:PORT` devices. Everything started is owned by PID
+and dies with the process that started it, even if that one is SIGKILLed (harness/process/lifetime.py).
 The server gets a key pair of its own in the fleet's folder (its HOME and ADB_VENDOR_KEYS), and each device
 trusts exactly that public key: nothing else on the machine can open a shell on an emulated device.
 """
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from harness.files import write_atomically
+from harness.process.lifetime import die_with_parent
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 20.0
@@ -177,8 +179,8 @@ class EmulatorFleet:
                 raise FleetError(f"`adb keygen {private_key}` failed ({keygen.stderr.strip()[:200]}): "
                                  f"check that {private_key.parent} is writable")
         log = open(self.workdir / "adb-server.log", "wb")
-        self._server = subprocess.Popen([adb, "-P", str(self.adb_port), "server", "nodaemon"],
-                                        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env)
+        self._server = subprocess.Popen([adb, "-P", str(self.adb_port), "server", "nodaemon"], stdin=subprocess.DEVNULL,
+                                        stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=die_with_parent)
         log.close()
         self._wait_for("the adb server to answer", self._server_answers)
 
@@ -216,7 +218,8 @@ class EmulatorFleet:
         process = subprocess.Popen(
             [sys.executable, "-m", "harness.emulator.adbd", "--root", str(root), "--props-file", str(props_file),
              "--port-file", str(port_file), "--banner-name", name, "--adb-key", str(self.server_public_key)],
-            cwd=PROJECT_ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env)
+            cwd=PROJECT_ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+            preexec_fn=die_with_parent)
         log.close()
         self._device_processes[name] = process
 

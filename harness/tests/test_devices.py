@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -14,15 +17,15 @@ import adbutils
 import pytest
 
 from harness.context import RunContext
-from harness.device import discovery
-from harness.device.device import Device, DeviceError
+from harness.device import discovery, kinds
+from harness.device.adb import AdbClient
+from harness.device.device import PROBE_TIMEOUT_S, Device, DeviceError, DeviceLost
 from harness.device.execute import RunnerFailed, Workspace, run_case
-from harness.device import kinds
 from harness.device.payload import EMULATED_RUNNER, RUNNER_NAME
-from harness.qnn.sdk import WHEEL_ORIGIN, QnnSdk
 from harness.device.pool import DevicePool, DeviceSpec, remove_run_folders
 from harness.emulator.launcher import EmulatorFleet
 from harness.paths import REPO_ROOT
+from harness.qnn.sdk import WHEEL_ORIGIN, QnnSdk
 
 SCENARIO = Path(__file__).parent / "scenarios" / "scenario_devices.py"
 
@@ -249,3 +252,34 @@ def test_device_lost_mid_run_fails_only_its_cases(tmp_path):
     assert len(passed) == 4, "every case of the other device passes"
     context = RunContext.from_json((tmp_path / "ctx.json").read_text())
     assert not any(_alive(pid) for pid in context.started_pids)
+
+
+def test_a_frozen_device_is_lost_at_its_first_timeout(fleet):
+    """A device that keeps its TCP link but stops answering (SIGSTOP) is declared lost after one timeout
+    and a short probe, so its other cases fail at once instead of each waiting out a timeout."""
+    info = fleet.add_device("SM8650")
+    device = Device(info.serial, AdbClient(host="127.0.0.1", port=fleet.adb_port))
+    assert device.answers()
+    os.kill(info.pid, signal.SIGSTOP)
+    started = time.monotonic()
+    try:
+        with pytest.raises(DeviceLost, match=rf"device {re.escape(info.serial)} stopped answering: "):
+            device.shell("echo hello", timeout_s=3)
+    finally:
+        os.kill(info.pid, signal.SIGCONT)
+    assert time.monotonic() - started < 3 + PROBE_TIMEOUT_S + 5
+    fleet.stop_device(info.serial)
+
+
+def test_a_missing_adb_server_is_an_error_and_none_is_started(tmp_path):
+    """adbutils alone runs `adb start-server` (on 5037, whatever port it was given) when it finds none."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    default_was_listening = discovery.server_listening(5037)
+    started = time.monotonic()
+    with pytest.raises(adbutils.AdbError):
+        AdbClient(host="127.0.0.1", port=port).list()
+    assert time.monotonic() - started < 5
+    assert not discovery.server_listening(port)
+    assert discovery.server_listening(5037) == default_was_listening, "no server was started on 5037"

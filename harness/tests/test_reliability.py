@@ -147,7 +147,9 @@ def test_keep_workspace_prints_where_it_is(tmp_path, shared_cache):
     shutil.rmtree(run.context.work_dir)  # the emulated devices' storage: this test's to clean up
 
 
-def test_ctrl_c_in_a_parallel_run(tmp_path, shared_cache):
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_or_sigterm_in_a_parallel_run(tmp_path, shared_cache, stop):
+    """SIGTERM (a cancelled CI job) ends the run as Ctrl-C does: what finished is reported, nothing is left."""
     reports = tmp_path / "reports"
     command = [sys.executable, "-m", "pytest", "suites", "-p", "no:cacheprovider", "-q", "-W", "ignore",
                "--emulate", f"{HEALTHY},{FAULTY}", "--dtype", "fp16", "-k", "kv_gather_written or kv_index_put",
@@ -158,7 +160,7 @@ def test_ctrl_c_in_a_parallel_run(tmp_path, shared_cache):
     while time.monotonic() < deadline and not list(reports.glob("*/run-context.json")):
         time.sleep(0.5)
     time.sleep(25)  # let some cases finish and others hang on the faulty device
-    child.send_signal(signal.SIGINT)
+    child.send_signal(stop)
     output, _ = child.communicate(timeout=120)
     assert child.returncode == pytest.ExitCode.INTERRUPTED, output[-3000:]
     assert "KeyboardInterrupt" in output
@@ -166,3 +168,31 @@ def test_ctrl_c_in_a_parallel_run(tmp_path, shared_cache):
     healthy = run.report(HEALTHY)
     assert healthy["summary"]["passed"] >= 1, "finished results are in the report"
     run.assert_nothing_left()
+
+
+def test_sigkill_of_pytest_leaves_no_adb_server_or_device(tmp_path, shared_cache):
+    """Nothing can run in a SIGKILLed process: its adb server, emulated devices and servers die with it."""
+    reports = tmp_path / "reports"
+    command = [sys.executable, "-m", "pytest", "suites", "-p", "no:cacheprovider", "-q", "-W", "ignore",
+               "--emulate", HEALTHY, "--dtype", "fp16", "-k", CARD, "--cache-dir", str(shared_cache),
+               "--report-dir", str(reports)]
+    child = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not list(reports.glob("*/run-context.json")):
+        time.sleep(0.2)
+    context = RunContext.from_json(next(reports.glob("*/run-context.json")).read_text())
+    assert context.started_pids, "the run recorded what it started"
+    child.kill()
+    child.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and [pid for pid in context.started_pids if _alive(pid)]:
+        time.sleep(0.2)
+    assert [pid for pid in context.started_pids if _alive(pid)] == [], "left running after SIGKILL of pytest"
+    shutil.rmtree(context.work_dir, ignore_errors=True)  # a killed run cannot clean its host folder
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
