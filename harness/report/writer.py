@@ -8,6 +8,7 @@ from pathlib import Path
 from harness.record import CheckRecord
 from harness.report import junit, markdown, page
 from harness.report.document import Column, build, tally
+from harness.repro import layout
 
 LATEST = "latest"
 
@@ -31,7 +32,7 @@ def write_run(records: list[CheckRecord], environments: dict[str, dict], report_
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "report.json").write_text(json.dumps(document, indent=1, allow_nan=False) + "\n", encoding="utf-8")
         (folder / "junit.xml").write_text(junit.render(document), encoding="utf-8")
-        (folder / "summary.md").write_text(markdown.render(document), encoding="utf-8")
+        (folder / "summary.md").write_text(markdown.render(document, layout.sizes(folder)), encoding="utf-8")
         (folder / "report.html").write_text(page.render(document), encoding="utf-8")
         folders[soc] = folder
     if folders:
