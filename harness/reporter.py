@@ -16,6 +16,7 @@ from harness.context import RunContext
 from harness.options import RunOptions
 from harness.qnn.toolchain import prepare
 from harness.record import REPORT_ATTRIBUTE, CheckRecord
+from harness.repro import layout
 from harness.report.gate import Key, Outcome
 
 SECTION = "QNN mutable-buffer conformance"
@@ -46,6 +47,10 @@ class ConformanceReporter:
         folders = report.write_run(self.records, environments, self._options.report_dir, self._context.run_id,
                                    check_registry.columns())
         self._lines = [report.summary_line(self.records, soc, folders[soc] / "report.html") for soc in sorted(folders)]
+        for soc in sorted(folders):
+            if bundles := layout.sizes(folders[soc]):
+                self._lines.append(f"{soc}: {len(bundles)} reproduction bundle(s), "
+                                   f"{sum(b.archive_bytes for b in bundles) / 1024:.0f} KiB as .tar.gz -> {folders[soc] / layout.REPRO_DIR}")
         if self._baseline is not None:
             verdict = report.gate(self.records, self._baseline)
             self._lines += [f"gate against {self._options.baseline}: " + ("no regressions" if verdict.ok else "FAILED")]

@@ -312,12 +312,18 @@ def judge_run(case: dict, card, steps: list[tuple], reference, device, trace: Pa
             else:
                 verdicts.failed("state", "state_mismatch", line)
     if "initial_state" in checks:
-        wrong = numerics.count(numerics.only_where(comparison.masks, dependence))
+        only_dependent = numerics.only_where(comparison.masks, dependence)
+        wrong = numerics.count(only_dependent)
         if not numerics.count(dependence):
             verdicts.skipped("initial_state", "no output element depends on the buffers' initial values")
         elif wrong:
-            verdicts.failed("initial_state", "uninitialised_delegated_buffer" if delegated else "initial_value_ignored",
-                            f"{wrong} output element(s) that depend on the registered initial value differ from eager")
+            first = next(step for step, row in enumerate(only_dependent) if any(mask.any() for mask in row))
+            line = f"{wrong} output element(s) that depend on the registered initial value differ from eager, first at step {first}"
+            if delegated:
+                verdicts.failed("initial_state", "uninitialised_delegated_buffer",
+                                line + "; the delegated buffer did not start from its registered value")
+            else:
+                verdicts.failed("initial_state", "initial_value_ignored", line)
         else:
             verdicts.passed("initial_state", f"{numerics.count(dependence)} dependent element(s) match")
     if "address_sharing" in checks:
