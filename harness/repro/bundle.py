@@ -55,6 +55,7 @@ class BundleWriter:
             return record
         folder = self._run_folder / record.soc / layout.link(record.case_id)
         try:
+            folder.mkdir(parents=True, exist_ok=True)
             if not (folder / layout.CASE_FILE).is_file():
                 self._write_case_files(folder, outcome)
             case = json.loads((folder / layout.CASE_FILE).read_text())
@@ -66,7 +67,7 @@ class BundleWriter:
             (folder / layout.CASE_FILE).write_text(json.dumps(case, indent=1, default=str) + "\n")
             (folder / "issue.md").write_text(issue.render(case))
             _archive(folder)
-        except (OSError, ValueError, TypeError) as error:
+        except Exception as error:  # a bundle that cannot be written must not cost the run its verdicts and reports
             print(f"qnnsuite: no reproduction bundle for {record.case_id} ({type(error).__name__}: {error})", file=sys.stderr)
             return record
         return replace(record, repro=layout.link(record.case_id))

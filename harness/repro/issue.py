@@ -81,12 +81,23 @@ def _device_words(env: dict) -> str:
 
 
 def _title(case: dict, failing: list[tuple[str, dict]]) -> str:
-    where = f"{case['card']['name']}, {case['dtype']}, {MODE_WORDS.get(case['mode'], case['mode'])}, {case['soc']}"
+    """The known failure's reason (its first clause) or the first failing check's line, and where."""
+    where = f"{case['card']['name']}, {case['dtype']}, {case['mode']}, {case['soc']}"
     if not failing:
         return f"{where}: passes (reference bundle)"
     check = failing[0][1]
-    reason = check["known_failure"].split(": ", 1)[-1].split(" (docs/")[0] if check["known_failure"] else check["message"]
-    return " ".join(f"{reason} ({where})".split())[:200]
+    reason = check["known_failure"].split(": ", 1)[-1].split(" (docs/")[0].split("; ")[0] if check["known_failure"] else check["message"]
+    reason = " ".join(reason.split())
+    return f"{reason[:150]}{'...' if len(reason) > 150 else ''} ({where})"
+
+
+def _groups(failing: list[tuple[str, dict]]) -> list[dict]:
+    """Failing checks that say the same thing, together (a lowering failure fails every check alike)."""
+    groups: dict[tuple[str, str, str], list[str]] = {}
+    for name, check in failing:
+        groups.setdefault((check["verdict"], check["signature"], check["message"] or check["known_failure"]), []).append(name)
+    return [{"verdict": verdict, "signature": signature, "message": message, "names": names}
+            for (verdict, signature, message), names in groups.items()]
 
 
 def render(case: dict) -> str:
@@ -99,7 +110,7 @@ def render(case: dict) -> str:
     environment = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=False,
                                      undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     return environment.get_template("issue.md.j2").render(
-        case=case, env=case["environment"], title=_title(case, failing), failing=failing, causes=causes,
+        case=case, env=case["environment"], title=_title(case, failing), groups=_groups(failing), causes=causes,
         mode_words=MODE_WORDS.get(case["mode"], case["mode"]), device_words=_device_words(case["environment"]),
         buffers=", ".join(code(name) for name in case["card"]["mutated_buffers"]), pipeline=_pipeline(case),
         expectations=_expectations(), archive=folder + layout.ARCHIVE_SUFFIX,

@@ -21,6 +21,7 @@ import argparse
 import importlib.util
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -177,7 +178,7 @@ def run_on_simulator(pte: Path, inputs: Path, outputs: Path, env: dict[str, str]
 def run_on_phone(args: argparse.Namespace, case_id: str, pte: Path, inputs: Path, outputs: Path) -> tuple[int, str]:
     """Your qnn_executor_runner and QNN libraries in --device-dir on the phone; files over adb."""
     adb = [args.adb, "-s", args.serial]
-    remote = f"/data/local/tmp/qnnsuite-repro/{case_id}"
+    remote = "/data/local/tmp/qnnsuite-repro/" + (re.sub(r"[^A-Za-z0-9_.-]", "_", case_id).strip(".") or "case")
     device_dir = shlex.quote(args.device_dir)
 
     def adb_run(*command: str) -> subprocess.CompletedProcess:

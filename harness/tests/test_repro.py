@@ -16,11 +16,17 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import adbutils
+import jsonschema
 import pytest
 
+from harness.device.payload import EMULATED_RUNNER
+from harness.emulator.launcher import EmulatorFleet
 from harness.paths import REPO_ROOT
 from harness.qnn.toolchain import prepare
+from harness.record import CheckRecord
 from harness.repro import issue, layout
+from harness.repro.bundle import BundleWriter
 from harness.repro.rerun import RerunError, find_case
 
 pytestmark = pytest.mark.qnn
@@ -66,10 +72,10 @@ def _standalone_env() -> dict[str, str]:
     return env
 
 
-def _run_alone(bundle: Path, into: Path, *args: str) -> subprocess.CompletedProcess:
+def _run_alone(bundle: Path, into: Path, *args: str, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Copy the bundle into an empty folder and run its repro.py there, the harness not importable."""
     shutil.copytree(bundle, into)
-    env = _standalone_env()
+    env = {**_standalone_env(), **(extra_env or {})}
     probe = subprocess.run([sys.executable, "-c", "import harness"], cwd=into, env=env, capture_output=True, text=True)
     assert probe.returncode != 0, "the harness is importable from the bundle's folder: the test would prove nothing"
     return subprocess.run([sys.executable, "repro.py", *args], cwd=into, env=env, capture_output=True, text=True, timeout=600)
@@ -82,6 +88,8 @@ def test_failing_cases_get_bundles_and_passing_ones_do_not(runs):
     report = _report(runs.soc_folder)
     for name, check in report[FAILING]["checks"].items():
         assert check.get("repro", "") == (f"repro/{FAILING}" if check["verdict"] in ("failed", "xfailed", "xpassed") else ""), name
+    schema = json.loads((REPO_ROOT / "harness" / "report" / "report.schema.json").read_text())
+    jsonschema.Draft202012Validator(schema).validate(json.loads((runs.soc_folder / "report.json").read_text()))
     case = json.loads((folder / FAILING / layout.CASE_FILE).read_text())
     assert sorted(case["checks"]) == ["initial_state", "state"]  # its xfailed checks, sharing one bundle
     assert case["checks"]["state"]["signature"] == "uninitialised_delegated_buffer"
@@ -127,6 +135,23 @@ def test_failing_bundle_reproduces_alone(runs, tmp_path):
     assert [s["mismatches"] for s in result["steps"]] == [s["mismatches"] for s in reported]
     assert f"max abs error {result['steps'][0]['max_abs_error']!r}" in completed.stdout
     assert "verdict: REPRODUCED" in completed.stdout
+
+
+def test_failing_bundle_reproduces_on_a_device_through_adb(runs, tmp_path):
+    """--serial: the program and inputs go over a real adb server to a device whose runner is in --device-dir
+    (an emulated device here, its runner put there as a maintainer would put theirs)."""
+    toolchain = prepare()
+    with EmulatorFleet(["SM8650"], tmp_path / "fleet", device_env={**toolchain.child_env(), "QNNSUITE_PYTHON": sys.executable}) as fleet:
+        serial, adb = fleet.devices[0].serial, adbutils.adb_path()
+        adb_env = {**os.environ, "ANDROID_ADB_SERVER_PORT": str(fleet.adb_port)}
+        for command in (["shell", "mkdir -p /data/local/tmp/qnn"],
+                        ["push", str(EMULATED_RUNNER), "/data/local/tmp/qnn/qnn_executor_runner"],
+                        ["shell", "chmod 755 /data/local/tmp/qnn/qnn_executor_runner"]):
+            assert subprocess.run([adb, "-s", serial, *command], env=adb_env, capture_output=True, timeout=60).returncode == 0
+        completed = _run_alone(runs.soc_folder / layout.REPRO_DIR / FAILING, tmp_path / "empty", "--serial", serial,
+                               "--adb", adb, extra_env={"ANDROID_ADB_SERVER_PORT": str(fleet.adb_port)})
+    assert completed.returncode == 1, completed.stdout[-3000:] + completed.stderr[-3000:]
+    assert f"on phone {serial}" in completed.stdout and "state: FAILED [uninitialised_delegated_buffer]" in completed.stdout
 
 
 def test_passing_bundle_from_a_rerun_does_not_reproduce(runs, tmp_path):
@@ -191,3 +216,23 @@ def test_rerun_names_what_is_wrong(tmp_path):
         find_case(tmp_path, "a;rm -rf /")
     with pytest.raises(RerunError, match="no report.json"):
         find_case(tmp_path, FAILING)
+
+
+def _record(verdict: str) -> CheckRecord:
+    return CheckRecord(nodeid="suites/test_state.py::test_state[x]", check="state", case_id=FAILING, card="kv_arange_init",
+                       tags=(), dtype="fp16", mode="delegate_mutbuf", soc="SM8650", verdict=verdict)
+
+
+def test_a_bundle_that_cannot_be_written_costs_one_line_not_the_run(tmp_path, capsys):
+    (tmp_path / "SM8650").write_text("a file where the SoC's report folder should be")
+    writer = BundleWriter(tmp_path, toolchain=None, write_passes=False)
+    record = _record("failed")
+    assert writer.add(record, outcome=None, signature="state_mismatch", known=None) == record  # no repro link
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"qnnsuite: no reproduction bundle for {FAILING} (")
+
+
+def test_passes_are_not_bundled_without_repro_all(tmp_path, capsys):
+    record = _record("passed")
+    assert BundleWriter(tmp_path, toolchain=None, write_passes=False).add(record, None, "", None) is record
+    assert not list(tmp_path.iterdir()) and not capsys.readouterr().err
