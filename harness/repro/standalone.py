@@ -122,8 +122,7 @@ def qnn_environment(qnn_sdk: str | None) -> dict[str, str]:
 # --- lowering, in a child process (running a program in the process that lowered it crashed) ----------
 def lower(case: dict, out: Path, env: dict[str, str]) -> tuple[Path | None, object]:
     """Export, quantize and lower as the suite does; returns (model.pte or None, the lowering facts)."""
-    modules = sys.modules
-    facts_module, vocabulary = modules["harness.pipeline.facts"], modules["harness.vocabulary"]
+    facts_module, vocabulary = sys.modules["harness.pipeline.facts"], sys.modules["harness.vocabulary"]
     lowering = out / "lowering"
     lowering.mkdir(parents=True, exist_ok=True)
     request = lowering / "request.json"
@@ -362,9 +361,11 @@ def report(case: dict, verdicts: Verdicts, facts, out: Path) -> int:
         if signature == "lowering_failed" and facts is not None and facts.error is not None:
             line = "(the lowering above)"
         was = recorded.get(check, {})
-        same = "as recorded" if signature and signature == was.get("signature") else \
-            f"recorded: {was.get('verdict', 'not recorded')} {('[' + was['signature'] + ']') if was.get('signature') else ''}".rstrip()
-        print(f"{check}: {verdict.upper()}{f' [{signature}]' if signature else ''} {line}".rstrip() + f"  ({same})")
+        if signature and signature == was.get("signature"):
+            note = "as recorded"
+        else:
+            note = f"recorded: {was.get('verdict', 'not recorded')}" + (f" [{was['signature']}]" if was.get("signature") else "")
+        print(f"{check}: {verdict.upper()}{f' [{signature}]' if signature else ''} {line}".rstrip() + f"  ({note})")
         if verdict == "failed":
             failing.append(check)
     for step in verdicts.steps:
