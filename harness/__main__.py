@@ -1,8 +1,10 @@
-"""`python -m harness setup|doctor|matrix`: prepare the host toolchain, report on it, or compare versions.
+"""`python -m harness setup|doctor|matrix|repro`: prepare the host toolchain, report on it, compare versions,
+or rerun one case.
 
 setup  lays out the QNN tree, builds the interposer and probes the bridge (all cached; fast when done).
 doctor prints versions, SDK, bridge, adb and devices; exits non-zero with one line per missing piece.
 matrix runs one suite selection per executorch x onnxruntime-qnn release (harness/matrix/cli.py).
+repro  runs one case of an earlier run again through the suite (harness/repro/rerun.py).
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import sys
 from harness.device import discovery
 from harness.qnn.sdk import SdkError
 from harness.qnn.toolchain import ToolchainError, prepare
+from harness.repro import rerun
 from harness.versions import package_version
 
 DEFAULT_EMULATED_SOCS = ("SM8650", "SM8750")
@@ -73,11 +76,24 @@ def main(argv: list[str] | None = None) -> int:
         from harness.matrix import cli
 
         return cli.main(argv[1:])
-    parser = argparse.ArgumentParser(prog="python -m harness")
-    parser.add_argument("command", choices=("setup", "doctor", "matrix"))
-    parser.add_argument("--qnn-sdk", default=None, help="QNN SDK root (else QNN_SDK_ROOT, else the onnxruntime-qnn wheel)")
-    args = parser.parse_args(argv)
-    return {"setup": setup, "doctor": doctor}[args.command](args)
+    parser = argparse.ArgumentParser(prog="python -m harness", epilog="python -m harness matrix --help: the version matrix")
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name, function, words in (("setup", setup, "lay out the QNN tree, build the interposer, probe the bridge"),
+                                  ("doctor", doctor, "print versions, SDK, bridge, adb and devices")):
+        command = commands.add_parser(name, help=words)
+        command.add_argument("--qnn-sdk", default=None, help="QNN SDK root (else QNN_SDK_ROOT, else the onnxruntime-qnn wheel)")
+        command.set_defaults(function=function)
+    repro = commands.add_parser("repro", help="run one case of an earlier run again, writing its reproduction bundle")
+    rerun.add_arguments(repro)
+    repro.set_defaults(function=rerun.main)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # What follows `--` goes to pytest (repro only); argparse's subcommands cannot hold it themselves.
+    passthrough = argv[argv.index("--") + 1:] if "--" in argv else []
+    args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    if passthrough and args.command != "repro":
+        parser.error(f"{args.command} takes no arguments after --")
+    args.pytest_args = passthrough
+    return args.function(args)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from harness.context import RunContext
 from harness.device.pool import DevicePool
 from harness.options import RunOptions
 from harness.qnn.toolchain import Toolchain, ToolchainError, prepare
+from harness.repro.bundle import BundleWriter
 from harness.results import CaseStore
 from harness.stash import CONTEXT, OPTIONS
 from harness.verdicts import DRAFT, CheckDraft
@@ -64,8 +65,14 @@ def case_store(run_context, qnnsuite_options, toolchain, device_pool, worker_id_
                      qnnsuite_options.cache_dir, run_context.lowering_server)
 
 
+@pytest.fixture(scope="session")
+def repro_bundles(run_context, qnnsuite_options, toolchain) -> BundleWriter:
+    """Reproduction bundles go beside the run's reports (reports/<run>/<SOC>/repro/), written by the worker."""
+    return BundleWriter(qnnsuite_options.report_dir.resolve() / run_context.run_id, toolchain, qnnsuite_options.repro_all)
+
+
 @pytest.fixture
-def run_check(request, case_store, qnnsuite_options):
+def run_check(request, case_store, qnnsuite_options, repro_bundles):
     """Run one registered check on the case's shared outcome; what it found goes on the item for the
     report hook (harness/verdicts.py)."""
 
@@ -73,7 +80,7 @@ def run_check(request, case_store, qnnsuite_options):
         if spec.needs_device and qnnsuite_options.compile_only:
             pytest.skip("--compile-only: no device runs")
         outcome = case_store.executed(case) if spec.needs_device else case_store.lowered(case)
-        draft = request.node.stash[DRAFT] = CheckDraft(spec, case, outcome)
+        draft = request.node.stash[DRAFT] = CheckDraft(spec, case, outcome, bundles=repro_bundles)
         started = time.perf_counter()
         try:
             draft.evidence = spec.function(outcome)

@@ -50,6 +50,8 @@ def add_options(parser: pytest.Parser) -> None:
                     help="lowered artifacts kept by content key across runs (default .cache/artifacts)")
     group.addoption("--no-cache", action="store_true", help="lower every case afresh (this run only)")
     group.addoption("--keep-workspace", action="store_true", help="keep device workspaces and print their paths")
+    group.addoption("--repro-all", action="store_true",
+                    help="write reproduction bundles (reports/<run>/<SOC>/repro/) for passing cases too, not only failures")
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,7 @@ class RunOptions:
     keep_workspace: bool
     runner_timeout_s: float
     cache_dir: Path | None  # None with --no-cache
+    repro_all: bool = False  # reproduction bundles for passes too
 
     def steps_for(self, tags: frozenset[str]) -> int:
         if self.steps is not None:
@@ -116,4 +119,5 @@ def parse(config: pytest.Config) -> RunOptions:
         keep_workspace=config.getoption("--keep-workspace"),
         runner_timeout_s=config.getoption("--runner-timeout"),
         cache_dir=None if config.getoption("--no-cache") else Path(config.getoption("--cache-dir")).resolve(),
+        repro_all=config.getoption("--repro-all"),
     )

@@ -34,6 +34,7 @@ class CheckRecord:
     timings_s: dict[str, float] = field(default_factory=dict)
     duration_s: float = 0.0
     check_s: float | None = None
+    repro: str = ""  # the case's reproduction bundle, relative to its SoC's report folder (harness/repro/layout.py)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-shaped (evidence may hold numpy scalars or paths: they become numbers or strings)."""

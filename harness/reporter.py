@@ -20,6 +20,7 @@ from harness.files import write_atomically
 from harness.options import RunOptions
 from harness.qnn.toolchain import prepare
 from harness.record import REPORT_ATTRIBUTE, CheckRecord
+from harness.repro import layout
 from harness.report.gate import Key, Outcome
 
 SECTION = "QNN mutable-buffer conformance"
@@ -35,6 +36,7 @@ class ConformanceReporter:
         self._options, self._context, self._baseline = options, context, baseline
         self.records: list[CheckRecord] = []
         self._lines: list[str] = []
+        self._notes: list[str] = []  # records that could not be read
         self._started = _now()
         self.failed = False  # reporting failed: the run's work folder must be kept
 
@@ -45,7 +47,7 @@ class ConformanceReporter:
         try:
             self.records.append(CheckRecord.from_dict(data))
         except (TypeError, ValueError) as error:  # one bad record costs its own check, never the report
-            self._lines.append(f"unreadable record of {report.nodeid} ({type(error).__name__}: {error}); left out of the report")
+            self._notes.append(f"unreadable record of {report.nodeid} ({type(error).__name__}: {error}); left out of the report")
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if not self.records:
@@ -70,6 +72,11 @@ class ConformanceReporter:
         folders = report.write_run(self.records, environments, self._options.report_dir, self._context.run_id,
                                    check_registry.columns(), verdict)
         self._lines = [report.summary_line(self.records, soc, folders[soc] / "report.html") for soc in sorted(folders)]
+        self._lines += self._notes
+        for soc in sorted(folders):
+            if bundles := layout.sizes(folders[soc]):
+                self._lines.append(f"{soc}: {len(bundles)} reproduction bundle(s), "
+                                   f"{sum(b.archive_bytes for b in bundles) / 1024:.0f} KiB as .tar.gz -> {folders[soc] / layout.REPRO_DIR}")
         if verdict is not None:
             named = len(verdict.entries())
             self._lines += [f"gate against {self._options.baseline}: " + ("no regressions" if verdict.ok else "FAILED")
@@ -79,7 +86,8 @@ class ConformanceReporter:
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
-        if self._lines:
+        lines = self._lines or self._notes
+        if lines:
             terminalreporter.section(SECTION)
-            for line in self._lines:
+            for line in lines:
                 terminalreporter.write_line(line)

@@ -42,6 +42,7 @@ class CaseOutcome:
     run: DeviceRun | None = None
     run_error: str | None = None
     retries: int = 0  # device runs repeated after a dropped connection
+    run_dir: Path | None = None  # where the device run's inputs, outputs and log were put (in the run's work dir)
     timings_s: dict[str, float] = field(default_factory=dict)
 
     def device_outputs(self) -> list[list[np.ndarray]]:
@@ -145,7 +146,7 @@ class CaseStore:
             outcome.run_error = "no devices in this run (--compile-only?)"
             return
         case = outcome.case
-        local = self._work_dir / "runs" / self._worker / case.id
+        local = outcome.run_dir = self._work_dir / "runs" / self._worker / case.id
         started = time.perf_counter()
         for attempt in range(1 + MAX_RETRIES):
             try:

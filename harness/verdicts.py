@@ -2,8 +2,9 @@
 
 run_check leaves a CheckDraft on the test item; pytest_runtest_makereport calls settle(), which applies
 the known-failures manifest (a failure with the expected signature becomes xfailed; a pass where one was
-expected becomes a strict XPASS failure), words failures as one line, and attaches the CheckRecord to the
-test report, where the controller's reporter finds it (harness/reporter.py).
+expected becomes a strict XPASS failure), words failures as one line, has the case's reproduction bundle
+written or extended (harness/repro/bundle.py) and attaches the CheckRecord to the test report, where the
+controller's reporter finds it (harness/reporter.py).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from harness.check_registry import CheckFailure, CheckSpec
 from harness.device.device import DeviceError
 from harness.known_failures import KnownFailure
 from harness.record import REPORT_ATTRIBUTE, CheckRecord
+from harness.repro.bundle import BundleWriter
 from harness.results import CaseOutcome
 from harness.vocabulary import Case
 
@@ -33,6 +35,7 @@ class CheckDraft:
     evidence: dict = field(default_factory=dict)
     failure_line: str = ""  # the check's one line (a log tail in its message is evidence)
     check_s: float | None = None  # the comparison alone
+    bundles: BundleWriter | None = None  # where the case's reproduction bundle is written (None: no bundles)
 
 
 DRAFT = pytest.StashKey[CheckDraft]()
@@ -67,7 +70,12 @@ def settle(item: pytest.Item, call: pytest.CallInfo, report: pytest.TestReport) 
     draft = item.stash.get(DRAFT, None)
     if draft is None or not (call.when == "call" or (call.when == "setup" and not report.passed)):
         return
-    setattr(report, REPORT_ATTRIBUTE, _record(item, report, draft, verdict, known).to_dict())
+    record = _record(item, report, draft, verdict, known)
+    if draft.bundles is not None:
+        entry = explaining or (expected[0] if verdict == "xpassed" else None)
+        signature = failure.signature if isinstance(failure, CheckFailure) else (entry.signature if entry else "")
+        record = draft.bundles.add(record, outcome=draft.outcome, signature=signature, known=entry)
+    setattr(report, REPORT_ATTRIBUTE, record.to_dict())
 
 
 def _message(report: pytest.TestReport, draft: CheckDraft, verdict: str) -> str:

@@ -1,8 +1,9 @@
 """summary.md of one SoC's report: the few lines a person or a CI comment needs, nothing more."""
 from __future__ import annotations
 
-from harness.report.document import known_failures, problems, stage_times
+from harness.report.document import checks_of, known_failures, problems, stage_times
 from harness.report.gate import GateResult
+from harness.repro.layout import ARCHIVE_SUFFIX, BundleSize
 from harness.vocabulary import VERDICTS
 
 SLOWEST_STAGES = 6
@@ -17,9 +18,35 @@ def _totals(summary: dict) -> str:
     return ", ".join(f"{summary[v]} {v}" for v in VERDICTS if summary[v] or v in ("passed", "failed"))
 
 
-def render(document: dict, gate: GateResult | None = None) -> str:
+def _kib(size: int) -> str:
+    return f"{size / 1024:.0f} KiB"
+
+
+def _bundles(document: dict, sizes: list[BundleSize]) -> list[str]:
+    """One line per reproduction bundle (its case and bundled checks) and a size line for the run."""
+    members: dict[str, list[str]] = {}
+    for case, name, check in checks_of(document):
+        if check.get("repro"):
+            members.setdefault(check["repro"], []).append(f"{name} {check['verdict']}")
+    lines = [f"## Reproduction bundles ({len(members)})", ""]
+    by_folder = {f"repro/{size.folder}": size for size in sizes}
+    for link, checks in members.items():
+        size = by_folder.get(link)
+        lines.append(f"- `{_cell(link)}/` (`{_cell(link)}{ARCHIVE_SUFFIX}`{', ' + _kib(size.archive_bytes) if size else ''}): "
+                     f"{_cell(', '.join(checks))}; `python repro.py` there")
+    if not members:
+        lines.append("None.")
+    if sizes:
+        lines += ["", f"Bundle size: {len(sizes)} bundle(s), {_kib(sum(s.bytes for s in sizes))} unpacked "
+                      f"({sum(s.files for s in sizes)} files), {_kib(sum(s.archive_bytes for s in sizes))} as .tar.gz; "
+                      f"largest {_kib(max(s.bytes for s in sizes))}."]
+    return lines
+
+
+def render(document: dict, gate: GateResult | None = None, bundles: list[BundleSize] | None = None) -> str:
     """Short on purpose: the HTML has the matrix and the evidence, this is what fits in a CI comment.
-    gate: this SoC's gate result, when the run was gated against a baseline."""
+    gate: this SoC's gate result, when the run was gated against a baseline; bundles: the sizes of the
+    reproduction bundles in the report's folder."""
     environment, summary = document["environment"], document["summary"]
     facts = [f"{key} {environment[key]}" for key in ("executorch", "torch", "qnn_build_id", "device_model", "device_serial")
              if environment.get(key)]
@@ -49,6 +76,7 @@ def render(document: dict, gate: GateResult | None = None) -> str:
         lines.append(f"- {_cell(reason)}: {len(members)} check(s): {named}{more}")
     if not groups:
         lines.append("None.")
+    lines += ["", *_bundles(document, bundles or [])]
     times = stage_times(document)[:SLOWEST_STAGES]
     lines += ["", "## Slowest stages", ""]
     if times:

@@ -15,6 +15,7 @@ from markupsafe import Markup
 
 from harness.report.chart import error_chart
 from harness.report.document import check_order, known_failures, problems, rank, stage_times
+from harness.repro.layout import LINK
 from harness.vocabulary import DTYPES, MODE_ORDER, VERDICTS
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -44,6 +45,7 @@ class Cell:
     duration_s: object
     nodeid: str
     opens_left: bool
+    repro: str = ""  # the case's reproduction bundle (repro/<folder>), only when it has that shape
 
     @property
     def label(self) -> str:
@@ -83,7 +85,7 @@ def _cell(case: dict, check_name: str, check: dict, opens_left: bool) -> Cell:
     return Cell(case["card"], case["dtype"], case["mode"], check_name, check["verdict"], check["message"],
                 check["known_failure"], _pretty(shown) if shown else "",
                 Markup(error_chart(steps)) if steps else Markup(""), check["duration_s"], check["nodeid"] or "",
-                opens_left)
+                opens_left, repro if LINK.match(repro := str(check.get("repro") or "")) else "")
 
 
 def _matrix(document: dict) -> dict:

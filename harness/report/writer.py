@@ -10,6 +10,7 @@ from harness.record import CheckRecord
 from harness.report import junit, markdown, page
 from harness.report.document import Column, build, tally
 from harness.report.gate import GateResult
+from harness.repro import layout
 
 LATEST = "latest"
 
@@ -36,7 +37,7 @@ def write_run(records: list[CheckRecord], environments: dict[str, dict], report_
         write_atomically(folder / "report.json", json.dumps(document, indent=1, allow_nan=False) + "\n")
         write_atomically(folder / "junit.xml", junit.render(document))
         # A lone surrogate (from a name or a log) is written as its escape rather than failing the file.
-        write_atomically(folder / "summary.md", markdown.render(document, mine), errors="backslashreplace")
+        write_atomically(folder / "summary.md", markdown.render(document, mine, layout.sizes(folder)), errors="backslashreplace")
         write_atomically(folder / "report.html", page.render(document), errors="backslashreplace")
         if mine is not None:
             write_atomically(folder / "gate.json", json.dumps({"ok": mine.ok, "checks": mine.entries()}, indent=1) + "\n")

@@ -1,0 +1,152 @@
+"""Writes a case's reproduction bundle on the worker that ran it, while the run's work dir still holds
+its files (the work dir is deleted when the run ends).
+
+Called from the report hook (harness/verdicts.py) with each settled check of a failed, expected-to-fail
+or unexpectedly passing kind (or every check, with --repro-all). The case's files are copied once, by
+its first such check; every such check adds itself to case.json, and issue.md and the .tar.gz are
+rewritten, so the bundle is complete after any check. Bundles carry no QNN or executorch library:
+repro.py needs them installed (see harness/repro/standalone.py).
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import shutil
+import sys
+import tarfile
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from harness.device.execute import write_inputs
+from harness.known_failures import KnownFailure
+from harness.paths import REPO_ROOT
+from harness.qnn.toolchain import Toolchain
+from harness.record import CheckRecord
+from harness.repro import issue, layout, standalone
+from harness.results import CaseOutcome
+from harness.versions import package_version
+
+PTE_LIMIT_BYTES = 2 * 1024 * 1024  # a larger .pte is left out: repro.py makes it again
+BUNDLED_VERDICTS = ("failed", "xfailed", "xpassed")
+SCHEMA_VERSION = 1
+
+
+def _source(function: object) -> str:
+    """The source of a card's build class or steps function ('' when Python cannot show it)."""
+    target = getattr(function, "func", function)  # functools.partial
+    try:
+        return inspect.getsource(target)
+    except (OSError, TypeError):
+        return ""
+
+
+class BundleWriter:
+    def __init__(self, run_folder: Path, toolchain: Toolchain, write_passes: bool) -> None:
+        """run_folder: reports/<run>; write_passes: bundles for every check, passes and skips too (--repro-all)."""
+        self._run_folder, self._toolchain, self._write_passes = run_folder, toolchain, write_passes
+
+    def add(self, record: CheckRecord, outcome: CaseOutcome, signature: str, known: KnownFailure | None) -> CheckRecord:
+        """Add the check to its case's bundle; the record comes back with the bundle's link (or as it
+        was, when the check is not bundled or the bundle cannot be written: one line says why)."""
+        if record.verdict not in BUNDLED_VERDICTS and not self._write_passes:
+            return record
+        folder = self._run_folder / record.soc / layout.link(record.case_id)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            if not (folder / layout.CASE_FILE).is_file():
+                self._write_case_files(folder, outcome)
+            case = json.loads((folder / layout.CASE_FILE).read_text())
+            finding, _, upstream = (known.reference if known else "").partition(";")
+            case["checks"][record.check] = {
+                "verdict": record.verdict, "signature": signature, "message": record.message,
+                "known_failure": record.known_failure, "finding": finding.strip(), "upstream": upstream.strip(),
+                "evidence": record.evidence, "nodeid": record.nodeid}
+            (folder / layout.CASE_FILE).write_text(json.dumps(case, indent=1, default=str) + "\n")
+            (folder / "issue.md").write_text(issue.render(case))
+            _archive(folder)
+        except Exception as error:  # a bundle that cannot be written must not cost the run its verdicts and reports
+            print(f"qnnsuite: no reproduction bundle for {record.case_id} ({type(error).__name__}: {error})", file=sys.stderr)
+            return record
+        return replace(record, repro=layout.link(record.case_id))
+
+    def _write_case_files(self, folder: Path, outcome: CaseOutcome) -> None:
+        case, artifact = outcome.case, outcome.artifact
+        card_file = Path(sys.modules[case.card.module].__file__)
+        shutil.rmtree(folder, ignore_errors=True)
+        for directory in ("card", "suite", "lowering", "reference", "device"):
+            (folder / directory).mkdir(parents=True)
+        shutil.copyfile(card_file, folder / "card" / card_file.name)
+        for name in standalone.SUITE_MODULES:
+            shutil.copyfile(REPO_ROOT / (name.replace(".", "/") + ".py"), folder / "suite" / f"{name}.py")
+        shutil.copyfile(Path(standalone.__file__), folder / "repro.py")
+        for name in ("lower.log", "facts.json", "request.json"):
+            if (artifact.directory / name).is_file():
+                shutil.copyfile(artifact.directory / name, folder / "lowering" / name)
+        rows = write_inputs(outcome.steps, folder / "inputs")
+        (folder / "inputs" / "input_list.txt").write_text("".join(" ".join(p.name for p in row) + "\n" for row in rows))
+        for step, row in enumerate(outcome.reference):
+            for index, array in enumerate(row):
+                np.save(folder / "reference" / f"output_{step}_{index}.npy", array)
+        if outcome.run is not None:
+            for path in [path for row in outcome.run.output_files for path in row] + [outcome.run.trace]:
+                if path is not None and path.is_file():
+                    shutil.copyfile(path, folder / "device" / path.name)
+            (folder / "device" / "runner.log").write_text(outcome.run.log)
+        elif outcome.run_dir is not None and (outcome.run_dir / "runner.log").is_file():
+            shutil.copyfile(outcome.run_dir / "runner.log", folder / "device" / "runner.log")
+        pte = _pte(artifact.pte, folder)
+        (folder / layout.CASE_FILE).write_text(json.dumps(self._case(outcome, card_file, pte), indent=1, default=str) + "\n")
+
+    def _case(self, outcome: CaseOutcome, card_file: Path, pte: dict) -> dict:
+        case, artifact, probe = outcome.case, outcome.artifact, self._toolchain.probe
+        error = artifact.facts.error
+        return {
+            "schema_version": SCHEMA_VERSION, "case_id": case.id, "dtype": case.dtype, "mode": case.mode.value,
+            "soc": case.soc, "steps": len(outcome.steps), "skip_mutable_buffer": case.skip_mutable_buffer,
+            "card": {"name": case.card.name, "module": case.card.module, "reference": case.card.reference,
+                     "file": f"card/{card_file.name}", "mutated_buffers": list(case.card.mutated_buffers),
+                     "expected_partitions": case.card.expected_partitions, "build_source": _source(case.card.build),
+                     "steps_source": _source(case.card.steps)},
+            "environment": {"executorch": package_version("executorch"), "torch": package_version("torch"),
+                            "torchao": package_version("torchao"), "python": sys.version.split()[0],
+                            "qnn_build_id": probe.build_id, "qnn_sdk": self._toolchain.sdk.origin,
+                            "device_config_bridge": probe.bridge_device_config, "device_serial": outcome.device_serial,
+                            "device_kind": outcome.device_kind, "run": self._run_folder.name},
+            "lowering": {"ok": artifact.ok, "error": artifact.failure if not artifact.ok else "",
+                         "traceback": error.traceback if error else "", "delegates": artifact.delegate_count,
+                         "cached": artifact.cached, "qnn_errors": artifact.qnn_errors[:10]},
+            "run_error": outcome.run_error or "", "numbers": _numbers(outcome), "pte": pte, "checks": {}}
+
+
+def _numbers(outcome: CaseOutcome) -> list[dict]:
+    """Device vs eager per step, as the state check saw it ([] when nothing ran)."""
+    if outcome.run is None:
+        return []
+    try:
+        return [dict(error.__dict__) for error in outcome.comparison.errors]
+    except ValueError:  # outputs of the wrong size: the checks say so, the bundle has the files
+        return []
+
+
+def _pte(pte: Path, folder: Path) -> dict:
+    if not pte.is_file():
+        return {"file": "", "bytes": 0, "note": "lowering made no program"}
+    size = pte.stat().st_size
+    if size > PTE_LIMIT_BYTES:
+        return {"file": "", "bytes": size,
+                "note": f"{size} bytes is over the bundle limit of {PTE_LIMIT_BYTES}: `python repro.py` lowers it again "
+                        f"(into repro-out/lowering/model.pte)"}
+    shutil.copyfile(pte, folder / "model.pte")
+    return {"file": "model.pte", "bytes": size, "note": ""}
+
+
+def _archive(folder: Path) -> None:
+    """<folder>.tar.gz beside the folder, swapped in whole so a reader never sees half of it."""
+    target = folder.parent / (folder.name + layout.ARCHIVE_SUFFIX)
+    staging = target.with_name(f".{target.name}.{os.getpid()}")
+    with tarfile.open(staging, "w:gz") as archive:
+        archive.add(folder, arcname=folder.name)
+    os.replace(staging, target)

@@ -1,0 +1,120 @@
+"""issue.md of a reproduction bundle: an upstream bug report ready to file, from the bundle's case.json.
+
+Markdown is not escaped by a template engine, so every value from the run (messages, names, sources)
+goes into a code span or a fence longer than any run of backticks inside it: a hostile message can
+neither end the fence nor inject markup.
+"""
+from __future__ import annotations
+
+import re
+from functools import cache
+from pathlib import Path
+
+import jinja2
+
+from harness import check_registry
+from harness.numerics import TOLERANCES
+from harness.paths import REPO_ROOT
+from harness.repro import layout
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+FINDINGS = REPO_ROOT / "docs" / "FINDINGS.md"
+TRACEBACK_LINES = 12
+MODE_WORDS = {"delegate_mutbuf": "buffers delegated (skip_mutable_buffer=False)",
+              "skip_mutbuf": "buffers kept outside the delegate (skip_mutable_buffer=True)",
+              "meta_llama": "executorch's Meta llama export path"}
+
+
+def _longest_backticks(text: str) -> int:
+    return max((len(run) for run in re.findall(r"`+", text)), default=0)
+
+
+def code(value: object) -> str:
+    """An inline code span that holds value on one line, whatever backticks it contains."""
+    text = " ".join(str(value).split())
+    ticks = "`" * (_longest_backticks(text) + 1)
+    return f"{ticks} {text} {ticks}" if text else "(none)"
+
+
+def fenced(text: str, language: str = "") -> str:
+    fence = "`" * max(3, _longest_backticks(text) + 1)
+    return f"{fence}{language}\n{text.rstrip()}\n{fence}\n"
+
+
+@cache
+def finding_titles() -> dict[str, str]:
+    """docs/FINDINGS.md anchors (F1, ...) -> their section titles."""
+    if not FINDINGS.is_file():
+        return {}
+    text = FINDINGS.read_text(encoding="utf-8")
+    return {anchor: title.strip() for anchor, title in re.findall(r'<a id="(F\d+)"></a>\s*\n## F\d+\.\s*(.+)', text)}
+
+
+def _finding_title(reference: str) -> str:
+    anchor = reference.partition("#")[2]
+    return finding_titles().get(anchor, "see docs/FINDINGS.md")
+
+
+def _expectations() -> dict[str, str]:
+    """What each check expects, in the words of its own docstring's first line."""
+    return {spec.name: " ".join((spec.function.__doc__ or "it passes").split("\n\n")[0].split()).rstrip(".")
+            for spec in check_registry.specs()}
+
+
+def _pipeline(case: dict) -> str:
+    buffers = ", ".join(name.replace(".", "_") for name in case["card"]["mutated_buffers"])
+    quantize = "" if case["dtype"] == "fp16" else \
+        f"quantizes with `QnnQuantizer` ({case['dtype']}, `MinMaxObserver`, calibrated on the steps' inputs), "
+    if case["mode"] == "meta_llama":
+        lower = "lowers as executorch's Meta llama export does (`to_edge`, the QNN capture passes, `QnnPartitioner`)"
+    else:
+        lower = (f"lowers with `to_edge_transform_and_lower_to_qnn` for {case['soc']} "
+                 f"(`skip_mutable_buffer={case['skip_mutable_buffer']}`{', fp16' if case['dtype'] == 'fp16' else ''})")
+    return (f"exports with `torch.export`, {quantize}{lower}, serialises with "
+            f"`InitializedMutableBufferPass([{buffers}])`")
+
+
+def _device_words(env: dict) -> str:
+    if env.get("device_kind") == "emulated" or not env.get("device_serial"):
+        return "the x86_64 HTP simulator (an emulated device of the suite, running the .pte with executorch's pybindings)"
+    return f"phone {code(env['device_serial'])}"
+
+
+def _title(case: dict, failing: list[tuple[str, dict]]) -> str:
+    """The known failure's reason (its first clause) or the first failing check's line, and where."""
+    where = f"{case['card']['name']}, {case['dtype']}, {case['mode']}, {case['soc']}"
+    if not failing:
+        return f"{where}: passes (reference bundle)"
+    check = failing[0][1]
+    reason = check["known_failure"].split(": ", 1)[-1].split(" (docs/")[0].split("; ")[0] if check["known_failure"] else check["message"]
+    reason = " ".join(reason.split())
+    return f"{reason[:150]}{'...' if len(reason) > 150 else ''} ({where})"
+
+
+def _groups(failing: list[tuple[str, dict]]) -> list[dict]:
+    """Failing checks that say the same thing, together (a lowering failure fails every check alike)."""
+    groups: dict[tuple[str, str, str], list[str]] = {}
+    for name, check in failing:
+        groups.setdefault((check["verdict"], check["signature"], check["message"] or check["known_failure"]), []).append(name)
+    return [{"verdict": verdict, "signature": signature, "message": message, "names": names}
+            for (verdict, signature, message), names in groups.items()]
+
+
+def render(case: dict) -> str:
+    """The report for one bundle (case.json as a dict)."""
+    failing = [(name, check) for name, check in case["checks"].items() if check["verdict"] in ("failed", "xfailed", "xpassed")]
+    causes = sorted({(check["finding"], check["upstream"]) for _, check in failing if check["upstream"]})
+    tolerance = TOLERANCES.get(case["dtype"], {})
+    folder = layout.folder_name(case["case_id"])
+    traceback = case["lowering"].get("traceback", "").strip().splitlines()
+    environment = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=False,
+                                     undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    return environment.get_template("issue.md.j2").render(
+        case=case, env=case["environment"], title=_title(case, failing), groups=_groups(failing), causes=causes,
+        mode_words=MODE_WORDS.get(case["mode"], case["mode"]), device_words=_device_words(case["environment"]),
+        buffers=", ".join(code(name) for name in case["card"]["mutated_buffers"]), pipeline=_pipeline(case),
+        expectations=_expectations(), archive=folder + layout.ARCHIVE_SUFFIX,
+        tolerance=(f"|device - eager| <= {tolerance['atol']} + {tolerance['range_fraction']} x (eager's value range) "
+                   f"+ {tolerance['rtol']} x |eager|") if tolerance else "see the suite",
+        traceback_tail="\n".join(traceback[-TRACEBACK_LINES:]), has_trace=bool(case.get("numbers")) and case["environment"].get("device_kind") == "emulated",
+        code=code, fenced=fenced, finding_title=_finding_title)
