@@ -16,6 +16,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+from harness import run_records
 from harness.context import RunContext, new_run_id
 from harness.device import pool
 from harness.device.device import DeviceError
@@ -26,6 +27,7 @@ from harness.process.services import LOWERING
 from harness.providers import DeviceProvider, provider_for
 from harness.qnn.sdk import SdkError
 from harness.qnn.toolchain import ToolchainError, prepare
+from harness.user_state import UnsafeStateDir
 
 
 class RunStartError(RuntimeError):
@@ -48,6 +50,11 @@ class RunSession:
     def start(self) -> RunContext:
         if threading.current_thread() is threading.main_thread():
             self._previous_sigterm = signal.signal(signal.SIGTERM, _interrupt)
+        try:
+            for line in run_records.clean_up_after_killed_runs():
+                print(line, file=sys.stderr)
+        except UnsafeStateDir as error:
+            raise RunStartError(str(error)) from error
         run_id = new_run_id()
         work_dir = Path(tempfile.mkdtemp(prefix=f"qnnsuite-{run_id}-"))
         try:
@@ -64,6 +71,7 @@ class RunSession:
             shutil.rmtree(work_dir, ignore_errors=True)
             raise RunStartError(str(error)) from error
         self._publish(self.context)
+        run_records.record(run_id, work_dir, self.context.started_pids)
         return self.context
 
     def _with_lowering_server(self, context: RunContext, socket_path: Path) -> RunContext:
@@ -93,6 +101,8 @@ class RunSession:
         if self._previous_sigterm is not None:
             signal.signal(signal.SIGTERM, self._previous_sigterm)
             self._previous_sigterm = None
+        if context is not None:
+            run_records.forget(context.run_id)
         if context is not None and (keep or keep_work_dir):
             print(f"qnnsuite: the run's work folder is kept: {context.work_dir}", file=sys.stderr)
         elif context is not None:

@@ -18,6 +18,8 @@ MAX_MESSAGE_BYTES = 1 << 20
 STD_FDS = (0, 1, 2)
 # sun_path holds 108 bytes including the terminating NUL.
 MAX_UNIX_PATH_BYTES = 107
+# The server answers "started" as soon as it has forked; a server that accepts and says nothing is hung.
+START_REPLY_TIMEOUT_S = 30.0
 
 
 class NotStarted(Exception):
@@ -70,7 +72,10 @@ def request(path: str, argv: list[str], cwd: str, env: dict[str, str], fds: dict
                 if directory is not None:
                     os.close(directory)
             socket.send_fds(connection, [message], [fds[target] for target in sorted(fds)])
+            connection.settimeout(START_REPLY_TIMEOUT_S)  # closing on a timeout makes a live server kill the child
             reply = json.loads(connection.recv(MAX_MESSAGE_BYTES) or "{}")
+        except TimeoutError as error:
+            raise NotStarted(f"the server at {path} did not answer in {START_REPLY_TIMEOUT_S:.0f} s") from error
         except OSError as error:
             raise NotStarted(f"no server at {path} ({error.strerror or error})") from error
         if "started" not in reply:

@@ -1,0 +1,78 @@
+"""Records of the runs in progress, so that one killed outright (SIGKILL, a lost terminal) is cleaned up
+by the next run of the same user.
+
+Each controller writes `runs/<run id>.json` in the user's private state folder (harness/user_state.py):
+its pid with the start time the kernel gives it, its host work folder, and what it started (pid and
+start time each). A clean stop deletes the record. At start, a run reads the others: a record whose
+controller is no longer that process (gone, or its pid reused by another start) is a killed run's; its
+processes that are still the recorded ones are killed, its work folder is removed and its record deleted.
+Processes are known by pid and start time, never by name.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+from pathlib import Path
+
+from harness.files import write_atomically
+from harness.user_state import state_dir
+
+RECORDS = "runs"
+
+
+def start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (/proc/PID/stat field 22); None if it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] == "Z" else int(fields[19])
+
+
+def _folder(folder: Path | None) -> Path:
+    return folder if folder is not None else state_dir(RECORDS)
+
+
+def record(run_id: str, work_dir: Path, pids: tuple[int, ...], folder: Path | None = None) -> Path:
+    """Write this run's record (called once its processes are started)."""
+    me = os.getpid()
+    entry = {"run_id": run_id, "controller": [me, start_time(me)], "work_dir": str(work_dir),
+             "processes": [[pid, start_time(pid)] for pid in pids]}
+    path = _folder(folder) / f"{run_id}.json"
+    write_atomically(path, json.dumps(entry))
+    return path
+
+
+def forget(run_id: str, folder: Path | None = None) -> None:
+    (_folder(folder) / f"{run_id}.json").unlink(missing_ok=True)
+
+
+def clean_up_after_killed_runs(folder: Path | None = None) -> list[str]:
+    """Remove what killed runs left; returns one line per run cleaned up."""
+    lines = []
+    for path in sorted(_folder(folder).glob("*.json")):
+        try:
+            entry = json.loads(path.read_text())
+            pid, started = entry["controller"]
+        except (OSError, ValueError, KeyError, TypeError):
+            path.unlink(missing_ok=True)  # a torn record: nothing in it can be trusted to kill by
+            continue
+        if start_time(pid) == started and started is not None:
+            continue  # that run is still going
+        killed = 0
+        for process, process_started in entry.get("processes", []):
+            if process_started is not None and start_time(process) == process_started:
+                try:
+                    os.kill(process, signal.SIGKILL)
+                    killed += 1
+                except OSError:
+                    pass
+        work_dir = Path(entry.get("work_dir", ""))
+        if work_dir.is_absolute() and work_dir.name.startswith("qnnsuite-"):
+            shutil.rmtree(work_dir, ignore_errors=True)
+        path.unlink(missing_ok=True)
+        lines.append(f"qnnsuite: cleaned up after run {entry.get('run_id', path.stem)}, which was killed: "
+                     f"{killed} process(es) stopped, {work_dir} removed")
+    return lines

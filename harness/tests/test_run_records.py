@@ -1,0 +1,52 @@
+"""A run killed outright leaves a record; the next run kills what is still the recorded processes (pid and
+start time, never a name), removes the killed run's work folder, and leaves live runs and reused pids be."""
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from harness import run_records
+
+
+def _dead_pid() -> int:
+    finished = subprocess.Popen(["true"])
+    finished.wait()
+    return finished.pid
+
+
+def _write(folder: Path, run_id: str, controller: list, work_dir: Path, processes: list) -> Path:
+    path = folder / f"{run_id}.json"
+    path.write_text(json.dumps({"run_id": run_id, "controller": controller, "work_dir": str(work_dir),
+                                "processes": processes}))
+    return path
+
+
+def test_a_killed_runs_processes_and_folder_are_removed(tmp_path):
+    records = tmp_path / "runs"
+    records.mkdir()
+    work_dir = tmp_path / "qnnsuite-killed-run-abc"
+    (work_dir / "emulator").mkdir(parents=True)
+    leftover = subprocess.Popen(["sleep", "120"])
+    reused = subprocess.Popen(["sleep", "120"])  # a live process whose pid a record names with another start time
+    try:
+        _write(records, "killed", [_dead_pid(), 12345], work_dir,
+               [[leftover.pid, run_records.start_time(leftover.pid)], [reused.pid, 1]])
+        live = run_records.record("live", tmp_path / "qnnsuite-live", (), records)  # this process: still running
+        lines = run_records.clean_up_after_killed_runs(records)
+        assert lines == [f"qnnsuite: cleaned up after run killed, which was killed: 1 process(es) stopped, {work_dir} removed"]
+        assert leftover.wait(timeout=10) == -9, "the recorded process, still itself, was killed"
+        assert reused.poll() is None, "a pid recorded with another start time is someone else's now"
+        assert not work_dir.exists() and not (records / "killed.json").exists()
+        assert live.exists(), "a run whose controller is alive is left alone"
+    finally:
+        for process in (leftover, reused):
+            process.kill()
+            process.wait()
+
+
+def test_a_clean_stop_forgets_its_record(tmp_path):
+    path = run_records.record("run1", tmp_path / "qnnsuite-run1", (), tmp_path)
+    assert json.loads(path.read_text())["controller"][1] == run_records.start_time(__import__("os").getpid())
+    run_records.forget("run1", tmp_path)
+    assert not path.exists()
