@@ -17,6 +17,8 @@ from harness.device.payload import RUNNER_NAME, PayloadFile
 
 RUNNER_TIMEOUT_S = 300
 RUNNER_EXECUTION = re.compile(r"^runner: .* in ([0-9.]+) ms$", re.MULTILINE)
+# The emulated runner measures what its fresh heap allocations hold; Qualcomm's runner says nothing.
+HEAP_PATTERN = re.compile(r"^runner: heap pattern 0x([0-9a-f]{2})\r?$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,7 @@ class DeviceRun:
     log: str
     timings_s: dict[str, float] = field(default_factory=dict)
     pushed_bytes: int = 0
+    heap_pattern: int | None = None  # the byte the runner's fresh allocations held, when it measured one
 
 
 def prepare_workspace(device: Device, folder: str, payload: list[PayloadFile]) -> int:
@@ -126,4 +129,5 @@ def run_case(device: Device, workspace: Workspace, case_dir_name: str, pte: Path
         outputs.append([np.fromfile(path, dtype=np.uint8) for path in row])
     trace = local_dir / "outputs" / "trace.jsonl" if "trace.jsonl" in present else None
     timings["pull"] = time.perf_counter() - started
-    return DeviceRun(outputs, files, trace, result.output, timings, pushed)
+    pattern = HEAP_PATTERN.search(result.output)
+    return DeviceRun(outputs, files, trace, result.output, timings, pushed, int(pattern.group(1), 16) if pattern else None)
