@@ -158,7 +158,7 @@ def _classify(outcome: CaseOutcome, comparison: numerics.Comparison, what: str) 
     first = bad[0]
     line = (f"{what}: {sum(e.mismatches for e in bad)} element(s) out of tolerance in {len(bad)}/{len(errors)} step(s); "
             f"first at step {first.step}, max abs error {first.max_abs_error:.4g}, SQNR {first.sqnr_db:.1f} dB")
-    if not outcome.case.skip_mutable_buffer:
+    if outcome.delegated_buffers:  # no buffer in the delegate (skip mode, or rejected ops): not this defect
         pattern = outcome.pattern_reference
         if pattern.comparison is not None and not pattern.comparison.mismatched:
             raise CheckFailure(line + f"; the device equals eager started from its heap pattern {pattern.description}",
@@ -186,7 +186,8 @@ def _only_where_initial_value_matters(outcome: CaseOutcome, masks: numerics.Outp
                for mask, dep in zip(mask_row, dep_row))
 
 
-@check("state", short="state", needs_device=True, signatures=("state_mismatch", UNINITIALISED_DELEGATED_BUFFER))
+@check("state", short="state", needs_device=True, signatures=("state_mismatch", UNINITIALISED_DELEGATED_BUFFER),
+       matrix=cases.with_meta_llama)
 def check_state(outcome: CaseOutcome) -> dict:
     """Step by step the device matches eager within the dtype's tolerance."""
     _require_run(outcome)
@@ -197,7 +198,7 @@ def check_state(outcome: CaseOutcome) -> dict:
 
 
 @check("initial_state", short="init", needs_device=True,
-       signatures=("initial_value_ignored", UNINITIALISED_DELEGATED_BUFFER))
+       signatures=("initial_value_ignored", UNINITIALISED_DELEGATED_BUFFER), matrix=cases.with_meta_llama)
 def check_initial_state(outcome: CaseOutcome) -> dict:
     """Output elements that depend on the registered initial value match eager (the buffer started
     from that value on the device)."""
@@ -214,7 +215,7 @@ def check_initial_state(outcome: CaseOutcome) -> dict:
         first = next(e for e in step_errors if e.mismatches)
         message = (f"{wrong} output element(s) that depend on the registered initial value differ from eager, "
                    f"first at step {first.step}")
-        if outcome.case.skip_mutable_buffer:
+        if not outcome.delegated_buffers:
             raise CheckFailure(message, _evidence(step_errors), "initial_value_ignored")
         pattern = outcome.pattern_reference
         unexplained = (numerics.count(numerics.only_where(pattern.comparison.masks, dependence))
@@ -235,8 +236,17 @@ def check_initial_state(outcome: CaseOutcome) -> dict:
 
 @check("meta_llama_partitions", short="llama", signatures=PARTITION_SIGNATURES, matrix=cases.meta_llama_matrix)
 def check_meta_llama_partitions(outcome: CaseOutcome) -> dict:
-    """The Meta llama path (ConvertBmmToMatmul on) gives the card's expected partitions; the count
-    with the pass off is recorded as evidence, not judged."""
-    result = _partitions(outcome)
-    without = outcome.artifact.facts.partitions_without_convert_bmm
-    return {**result, "delegates_without_convert_bmm": len(without.delegates) if without else 0}
+    """executorch's Meta llama export flow (ConvertBmmToMatmul on, as it ships) gives the card's expected
+    partitions; what the flow gives with the pass off is recorded as evidence, not judged."""
+    facts = outcome.artifact.facts
+    without = facts.partitions_without_convert_bmm
+    recorded = {"delegates_without_convert_bmm": len(without.delegates) if without else None,
+                "without_convert_bmm_error": facts.without_convert_bmm_error}
+    try:
+        result = _partitions(outcome)
+    except CheckFailure as failure:
+        off = (f"{len(without.delegates)} delegate(s)" if without
+               else f"no lowering ({facts.without_convert_bmm_error})" if facts.without_convert_bmm_error else "not recorded")
+        raise CheckFailure(f"{failure} (with ConvertBmmToMatmul off: {off})", {**failure.evidence, **recorded},
+                           failure.signature) from None
+    return {**result, **recorded}

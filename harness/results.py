@@ -200,7 +200,8 @@ class CaseStore:
                 with self._pool.acquire(case.soc, holder=f"{self._worker}:{case.id}") as (device, workspace):
                     outcome.device_serial, outcome.device_kind = device.serial, self._pool.spec(device.serial).kind
                     outcome.run = run_case(device, workspace, case.id, outcome.artifact.pte, outcome.steps, local,
-                                           output_count=len(outcome.reference[0]), timeout_s=self._runner_timeout_s)
+                                           output_count=len(outcome.reference[0]), timeout_s=self._runner_timeout_s,
+                                           method_index=outcome.artifact.facts.method_index)
                     outcome.timings_s.update(outcome.run.timings_s)
                 break
             except DeviceLost as lost:

@@ -17,8 +17,10 @@ from harness.device.payload import RUNNER_NAME, PayloadFile
 
 RUNNER_TIMEOUT_S = 300
 RUNNER_EXECUTION = re.compile(r"^runner: .* in ([0-9.]+) ms$", re.MULTILINE)
-# The emulated runner measures what its fresh heap allocations hold; Qualcomm's runner says nothing.
-HEAP_PATTERN = re.compile(r"^runner: heap pattern 0x([0-9a-f]{2})\r?$", re.MULTILINE)
+# The emulated runner measures what its fresh heap allocations hold; Qualcomm's runner says nothing. Not
+# anchored: stderr is merged write by write, and QNN's logger writes its "[INFO] [Qnn ExecuTorch]: "
+# prefix apart from its message, so the line can follow one (measured).
+HEAP_PATTERN = re.compile(r"runner: heap pattern 0x([0-9a-f]{2})\b")
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,7 @@ def _tail(text: str, lines: int = 15) -> str:
 
 
 def run_case(device: Device, workspace: Workspace, case_dir_name: str, pte: Path, steps: list[tuple],
-             local_dir: Path, output_count: int, timeout_s: float = RUNNER_TIMEOUT_S) -> DeviceRun:
+             local_dir: Path, output_count: int, timeout_s: float = RUNNER_TIMEOUT_S, method_index: int = 0) -> DeviceRun:
     timings: dict[str, float] = {}
     started = time.perf_counter()
     remote = f"{workspace.cases}/{case_dir_name}"
@@ -100,7 +102,7 @@ def run_case(device: Device, workspace: Workspace, case_dir_name: str, pte: Path
 
     started = time.perf_counter()
     result = device.run(f"{workspace.payload}/{RUNNER_NAME} --model_path model.pte --input_list_path input_list.txt "
-                        f"--output_folder_path outputs", cwd=remote, timeout_s=timeout_s,
+                        f"--output_folder_path outputs --method_index {int(method_index)}", cwd=remote, timeout_s=timeout_s,
                         env={"LD_LIBRARY_PATH": f"{workspace.payload}:$LD_LIBRARY_PATH",
                              "ADSP_LIBRARY_PATH": workspace.payload})
     timings["run"] = time.perf_counter() - started

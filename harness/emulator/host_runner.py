@@ -95,6 +95,16 @@ def lose_delegate_state(trace: Path, fill: int) -> None:
             ctypes.memset(int(tensor["addr"], 16), fill, int(tensor["bytes"]))
 
 
+def method_name(model_path: Path, names: list[str], index: int) -> str:
+    """--method_index counts methods in the program's order, as upstream's runner does; the pybinding
+    lists them in no particular order (measured with the Meta llama flow's metadata methods)."""
+    if len(names) == 1:
+        return names[index]
+    from executorch.exir._serialize._program import deserialize_pte_binary
+
+    return deserialize_pte_binary(model_path.read_bytes()).program.execution_plan[index].name
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     # First, before any library logs: a line of its own that nothing else writes into.
@@ -117,7 +127,7 @@ def main(argv: list[str]) -> int:
         return 2
     try:  # loading is lazy: a corrupt program shows when its methods are first read
         module = _load_for_executorch(str(model_path))
-        method = module.method_names()[args.method_index]
+        method = method_name(model_path, module.method_names(), args.method_index)
         meta = module.method_meta(method)
     except Exception as error:
         print(f"runner: cannot load {model_path}: {error}", file=sys.stderr)

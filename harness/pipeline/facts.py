@@ -93,6 +93,8 @@ class LoweringFacts:
     quantize: QuantizeFacts | None = None
     partitions: PartitionFacts | None = None
     partitions_without_convert_bmm: PartitionFacts | None = None  # meta llama only: the pass switched off
+    without_convert_bmm_error: str | None = None  # meta llama only: why the flow did not lower with the pass off
+    method_index: int = 0  # the runner's --method_index of forward (the Meta llama flow adds metadata methods)
     schema_version: int = SCHEMA_VERSION
 
     def write(self, path: Path) -> None:
@@ -109,7 +111,9 @@ class LoweringFacts:
                 quantize=QuantizeFacts(**data["quantize"]) if data["quantize"] else None,
                 partitions=PartitionFacts.of(data["partitions"]) if data["partitions"] else None,
                 partitions_without_convert_bmm=(PartitionFacts.of(data["partitions_without_convert_bmm"])
-                                                if data["partitions_without_convert_bmm"] else None))
+                                                if data["partitions_without_convert_bmm"] else None),
+                without_convert_bmm_error=data.get("without_convert_bmm_error"),
+                method_index=int(data.get("method_index", 0)))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as error:
             raise FactsError(f"{path}: unreadable facts ({type(error).__name__}: {error})") from error
 

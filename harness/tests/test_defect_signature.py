@@ -22,7 +22,7 @@ from fixtures import zoo  # noqa: F401  (registers the cards)
 from harness import checks, known_failures
 from harness.check_registry import CheckFailure
 from harness.device import kinds
-from harness.device.execute import DeviceRun
+from harness.device.execute import HEAP_PATTERN, DeviceRun
 from harness.paths import REPO_ROOT
 from harness.pipeline import card as cards
 from harness.pipeline import eager
@@ -54,6 +54,13 @@ def test_runner_measures_the_heap_pattern_only_when_it_is_set():
     plain = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
     assert _runner_heap_pattern(kinds.EmulatedKind.heap_environment(plain)) == str(PATTERN)
     assert _runner_heap_pattern(plain) == "None"
+
+
+def test_the_reported_pattern_is_found_behind_a_log_prefix():
+    """QNN's logger writes its prefix apart from its message; the merged log can join it to our line."""
+    found = HEAP_PATTERN.search("[INFO] [Qnn ExecuTorch]: runner: heap pattern 0x40\nDeserializing ...")
+    assert found and int(found.group(1), 16) == PATTERN
+    assert HEAP_PATTERN.search("runner: heap pattern none\n") is None
 
 
 # The signature as a function of device outputs (no lowering, no device) -----------------------------
