@@ -16,12 +16,14 @@ from harness import numerics
 from harness.check_registry import CheckFailure, NotApplicable, check
 from harness.device import kinds
 from harness.pipeline import cases, mutbuf
-from harness.results import CaseOutcome
+from harness.results import CaseOutcome, PatternReference
 from harness.vocabulary import FLOAT_DTYPE
 
 QNN_BACKEND = "QnnBackend"
-# Every mismatch is in an output element that depends on a buffer's registered initial value: the
-# delegated buffer did not start from it (docs/FINDINGS.md#F1: QnnManager allocates it, never copies it in).
+# The delegated buffer did not start from its registered value (docs/FINDINGS.md#F1: QnnManager allocates
+# it, never copies it in). Exact where the device's heap pattern is known: the device output equals eager
+# started from that pattern in the delegated buffers. Loose elsewhere (phones): every mismatch is in an
+# output element that depends on the initial value, and the message says "unconfirmed".
 UNINITIALISED_DELEGATED_BUFFER = "uninitialised_delegated_buffer"
 PARTITION_SIGNATURES = ("partition_count", "buffer_not_outside", "buffer_outside_delegate")
 
@@ -156,16 +158,36 @@ def _classify(outcome: CaseOutcome, comparison: numerics.Comparison, what: str) 
     first = bad[0]
     line = (f"{what}: {sum(e.mismatches for e in bad)} element(s) out of tolerance in {len(bad)}/{len(errors)} step(s); "
             f"first at step {first.step}, max abs error {first.max_abs_error:.4g}, SQNR {first.sqnr_db:.1f} dB")
-    dependence = outcome.initial_value_dependence
-    explained = all(not np.any(mask & ~dep) for mask_row, dep_row in zip(comparison.masks, dependence)
-                    for mask, dep in zip(mask_row, dep_row))
-    if explained and not outcome.case.skip_mutable_buffer:
-        raise CheckFailure(line + "; every mismatch depends on the buffer's initial value", _evidence(errors),
-                           UNINITIALISED_DELEGATED_BUFFER)
+    if outcome.delegated_buffers:  # no buffer in the delegate (skip mode, or rejected ops): not this defect
+        pattern = outcome.pattern_reference
+        if pattern.comparison is not None and not pattern.comparison.mismatched:
+            raise CheckFailure(line + f"; the device equals eager started from its heap pattern {pattern.description}",
+                               _evidence(errors), UNINITIALISED_DELEGATED_BUFFER)
+        if pattern.comparison is not None and not pattern.inconclusive:
+            wrong = numerics.count(pattern.comparison.masks)
+            line += (f"; not the uninitialised-buffer defect: eager started from the heap pattern "
+                     f"{pattern.description} differs too ({wrong} element(s))")
+        elif _only_where_initial_value_matters(outcome, comparison.masks):
+            raise CheckFailure(line + f"; every mismatch depends on the buffer's initial value (unconfirmed: "
+                                      f"{_unconfirmed(pattern)})", _evidence(errors), UNINITIALISED_DELEGATED_BUFFER)
     raise CheckFailure(line, _evidence(errors), "state_mismatch")
 
 
-@check("state", short="state", needs_device=True, signatures=("state_mismatch", UNINITIALISED_DELEGATED_BUFFER))
+def _unconfirmed(pattern: PatternReference) -> str:
+    """Why the exact signature could not decide, for the loose one's message."""
+    if pattern.comparison is None:
+        return pattern.description
+    return f"the device differs from eager started from the heap pattern {pattern.description}, but {pattern.inconclusive}"
+
+
+def _only_where_initial_value_matters(outcome: CaseOutcome, masks: numerics.Outputs) -> bool:
+    """The loose signature: no mismatch in an element that does not depend on the initial value."""
+    return all(not np.any(mask & ~dep) for mask_row, dep_row in zip(masks, outcome.initial_value_dependence)
+               for mask, dep in zip(mask_row, dep_row))
+
+
+@check("state", short="state", needs_device=True, signatures=("state_mismatch", UNINITIALISED_DELEGATED_BUFFER),
+       matrix=cases.with_meta_llama)
 def check_state(outcome: CaseOutcome) -> dict:
     """Step by step the device matches eager within the dtype's tolerance."""
     _require_run(outcome)
@@ -176,7 +198,7 @@ def check_state(outcome: CaseOutcome) -> dict:
 
 
 @check("initial_state", short="init", needs_device=True,
-       signatures=("initial_value_ignored", UNINITIALISED_DELEGATED_BUFFER))
+       signatures=("initial_value_ignored", UNINITIALISED_DELEGATED_BUFFER), matrix=cases.with_meta_llama)
 def check_initial_state(outcome: CaseOutcome) -> dict:
     """Output elements that depend on the registered initial value match eager (the buffer started
     from that value on the device)."""
@@ -193,17 +215,38 @@ def check_initial_state(outcome: CaseOutcome) -> dict:
         first = next(e for e in step_errors if e.mismatches)
         message = (f"{wrong} output element(s) that depend on the registered initial value differ from eager, "
                    f"first at step {first.step}")
-        if outcome.case.skip_mutable_buffer:
+        if not outcome.delegated_buffers:
             raise CheckFailure(message, _evidence(step_errors), "initial_value_ignored")
-        raise CheckFailure(message + "; the delegated buffer did not start from its registered value",
-                           _evidence(step_errors), UNINITIALISED_DELEGATED_BUFFER)
+        pattern = outcome.pattern_reference
+        unexplained = (numerics.count(numerics.only_where(pattern.comparison.masks, dependence))
+                       if pattern.comparison is not None else None)
+        if unexplained == 0:
+            raise CheckFailure(message + f"; they equal eager started from the heap pattern {pattern.description}: "
+                                         f"the delegated buffer started uninitialised", _evidence(step_errors),
+                               UNINITIALISED_DELEGATED_BUFFER)
+        if unexplained is None or pattern.inconclusive:
+            raise CheckFailure(message + f"; the delegated buffer did not start from its registered value "
+                                         f"(unconfirmed: {_unconfirmed(pattern)})", _evidence(step_errors),
+                               UNINITIALISED_DELEGATED_BUFFER)
+        raise CheckFailure(message + f"; not the uninitialised-buffer defect: {unexplained} of them differ from eager "
+                                     f"started from the heap pattern {pattern.description} too", _evidence(step_errors),
+                           "initial_value_ignored")
     return {"dependent_elements": numerics.count(dependence)}
 
 
 @check("meta_llama_partitions", short="llama", signatures=PARTITION_SIGNATURES, matrix=cases.meta_llama_matrix)
 def check_meta_llama_partitions(outcome: CaseOutcome) -> dict:
-    """The Meta llama path (ConvertBmmToMatmul on) gives the card's expected partitions; the count
-    with the pass off is recorded as evidence, not judged."""
-    result = _partitions(outcome)
-    without = outcome.artifact.facts.partitions_without_convert_bmm
-    return {**result, "delegates_without_convert_bmm": len(without.delegates) if without else 0}
+    """executorch's Meta llama export flow (ConvertBmmToMatmul on, as it ships) gives the card's expected
+    partitions; what the flow gives with the pass off is recorded as evidence, not judged."""
+    facts = outcome.artifact.facts
+    without = facts.partitions_without_convert_bmm
+    recorded = {"delegates_without_convert_bmm": len(without.delegates) if without else None,
+                "without_convert_bmm_error": facts.without_convert_bmm_error}
+    try:
+        result = _partitions(outcome)
+    except CheckFailure as failure:
+        off = (f"{len(without.delegates)} delegate(s)" if without
+               else f"no lowering ({facts.without_convert_bmm_error})" if facts.without_convert_bmm_error else "not recorded")
+        raise CheckFailure(f"{failure} (with ConvertBmmToMatmul off: {off})", {**failure.evidence, **recorded},
+                           failure.signature) from None
+    return {**result, **recorded}

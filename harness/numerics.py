@@ -94,6 +94,18 @@ def initial_value_dependence(card: ModelCard, steps: list[tuple], reference: Out
     return [[~np.isclose(a, b, equal_nan=True) for a, b in zip(row_a, row_b)] for row_a, row_b in zip(reference, other)]
 
 
+def pattern_initial(card: ModelCard, pattern: int, buffers: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """Each named buffer as it reads when its memory holds nothing but the byte `pattern`: the bytes
+    decoded in the buffer's own dtype (what a delegated buffer that was never initialised holds)."""
+    registered = dict(eager.build_model(card).named_buffers())
+    initial = {}
+    for name in buffers:
+        value = registered[name]
+        raw = torch.full((value.numel() * value.element_size(),), pattern, dtype=torch.uint8)
+        initial[name] = raw.view(value.dtype).reshape(value.shape)
+    return initial
+
+
 def only_where(masks: Outputs, selection: Outputs) -> Outputs:
     return [[mask & chosen for mask, chosen in zip(mask_row, chosen_row)] for mask_row, chosen_row in zip(masks, selection)]
 

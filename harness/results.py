@@ -15,20 +15,44 @@ from pathlib import Path
 import numpy as np
 from filelock import FileLock
 
+from harness.device import kinds
 from harness.device.device import DeviceError, DeviceLost
 from harness.device.execute import DeviceRun, run_case
 from harness.device.pool import DevicePool
 from harness import numerics
-from harness.pipeline import cache, eager
+from harness.pipeline import cache, eager, mutbuf
 from harness.pipeline.facts import FactsError, LoweringFacts
 from harness.pipeline.lower import LoweredArtifact, lower_case
 from harness.qnn import qnnlog
 from harness.qnn.toolchain import Toolchain
-from harness.vocabulary import Case
+from harness.vocabulary import FLOAT_DTYPE, Case
 
 
 MAX_RETRIES = 2
 RECONNECT_WAIT_S = 10.0
+
+
+@dataclass(frozen=True)
+class PatternReference:
+    """Eager started from the device's heap pattern in every delegated buffer, compared with the device;
+    comparison is None (the description says why) when what the buffers started from is not known."""
+
+    comparison: numerics.Comparison | None
+    description: str  # e.g. "0x40 (cache = 3.004 as float32)", or why there is none
+    # Why a device that differs from this reference may still have the defect ("": it may not). In
+    # quantized graphs the delegate reads the buffer through an encoding the suite does not know.
+    inconclusive: str = ""
+
+
+def _traced_buffer_bytes(trace: Path | None) -> dict[str, int]:
+    """Delegated buffer name (placeholder form, b_cache) -> bytes of its mutbuf tensor, from the trace."""
+    found = {}
+    for record in mutbuf.read_trace(trace) if trace else []:
+        for tensor in record.get("inputs", []):
+            match = mutbuf.INPUT.match(tensor["name"])
+            if match and "bytes" in tensor:
+                found[match.group(2)] = int(tensor["bytes"])
+    return found
 
 
 @dataclass
@@ -64,6 +88,46 @@ class CaseOutcome:
     def comparison(self) -> numerics.Comparison:
         """Device vs eager, computed once for every check that reads it."""
         return numerics.compare(self.device_outputs(), self.reference, self.case.dtype)
+
+    @property
+    def delegated_buffers(self) -> tuple[str, ...]:
+        """The card's mutated buffers that the delegate holds (none with skip_mutable_buffer)."""
+        if self.case.skip_mutable_buffer:
+            return ()
+        facts = self.artifact.facts.partitions
+        outside = set(facts.buffers_outside) if facts else set()
+        return tuple(name for name in self.case.card.mutated_buffers if name not in outside)
+
+    @cached_property
+    def pattern_reference(self) -> PatternReference:
+        """What the device computes if the only fault is that the delegated buffers started uninitialised,
+        holding the heap pattern (docs/FINDINGS.md#F1): eager from that start, compared with the device."""
+        assert self.run is not None
+        if self.run.heap_pattern is None:
+            kind = kinds.of(self.device_kind) if self.device_kind else None
+            if kind is not None and kind.heap_pattern is None:
+                return PatternReference(None, f"a {kind.name}'s heap pattern cannot be set")
+            return PatternReference(None, "the runner reported no heap pattern")
+        pattern, buffers = self.run.heap_pattern, self.delegated_buffers
+        stored = _traced_buffer_bytes(self.run.trace)
+        initial = numerics.pattern_initial(self.case.card, pattern, buffers)
+        for name, value in initial.items():
+            if not value.is_floating_point():  # e.g. 0x40404040: beyond the float range the delegate computes in
+                return PatternReference(None, f"{name} ({str(value.dtype).removeprefix('torch.')}) reads the pattern "
+                                              f"0x{pattern:02x} as {value.flatten()[0].item():.4g}, beyond what the "
+                                              f"delegate computes exactly")
+            traced = stored.get("b_" + name.replace(".", "_"))
+            if traced is not None and traced != value.numel() * value.element_size():
+                return PatternReference(None, f"the delegate stores {name} in {traced} bytes, not as "
+                                              f"{value.numel()} x {value.dtype}: its encoding is unknown")
+        decoded = ", ".join(f"{name} = {value.flatten()[0].item():.4g} as {str(value.dtype).removeprefix('torch.')}"
+                            for name, value in initial.items())
+        reference = eager.run_steps(self.case.card, self.steps, initial=initial)
+        inconclusive = "" if self.case.dtype == FLOAT_DTYPE or not buffers else (
+            f"the {self.case.dtype} delegate reads the buffer through a quantization encoding (scale, offset) "
+            f"the suite does not know, which can clip the pattern's value")
+        return PatternReference(numerics.compare(self.device_outputs(), reference, self.case.dtype),
+                                f"0x{pattern:02x} ({decoded or 'no delegated buffer'})", inconclusive)
 
     @cached_property
     def initial_value_dependence(self) -> numerics.Outputs:
@@ -153,7 +217,8 @@ class CaseStore:
                 with self._pool.acquire(case.soc, holder=f"{self._worker}:{case.id}") as (device, workspace):
                     outcome.device_serial, outcome.device_kind = device.serial, self._pool.spec(device.serial).kind
                     outcome.run = run_case(device, workspace, case.id, outcome.artifact.pte, outcome.steps, local,
-                                           output_count=len(outcome.reference[0]), timeout_s=self._runner_timeout_s)
+                                           output_count=len(outcome.reference[0]), timeout_s=self._runner_timeout_s,
+                                           method_index=outcome.artifact.facts.method_index)
                     outcome.timings_s.update(outcome.run.timings_s)
                 break
             except DeviceLost as lost:

@@ -17,6 +17,10 @@ from harness.device.payload import RUNNER_NAME, PayloadFile
 
 RUNNER_TIMEOUT_S = 300
 RUNNER_EXECUTION = re.compile(r"^runner: .* in ([0-9.]+) ms$", re.MULTILINE)
+# The emulated runner measures what its fresh heap allocations hold; Qualcomm's runner says nothing. Not
+# anchored: stderr is merged write by write, and QNN's logger writes its "[INFO] [Qnn ExecuTorch]: "
+# prefix apart from its message, so the line can follow one (measured).
+HEAP_PATTERN = re.compile(r"runner: heap pattern 0x([0-9a-f]{2})\b")
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,7 @@ class DeviceRun:
     log: str
     timings_s: dict[str, float] = field(default_factory=dict)
     pushed_bytes: int = 0
+    heap_pattern: int | None = None  # the byte the runner's fresh allocations held, when it measured one
 
 
 def prepare_workspace(device: Device, folder: str, payload: list[PayloadFile]) -> int:
@@ -87,7 +92,7 @@ def reset_case_dir(device: Device, remote: str) -> None:
 
 
 def run_case(device: Device, workspace: Workspace, case_dir_name: str, pte: Path, steps: list[tuple],
-             local_dir: Path, output_count: int, timeout_s: float = RUNNER_TIMEOUT_S) -> DeviceRun:
+             local_dir: Path, output_count: int, timeout_s: float = RUNNER_TIMEOUT_S, method_index: int = 0) -> DeviceRun:
     timings: dict[str, float] = {}
     started = time.perf_counter()
     remote = f"{workspace.cases}/{case_dir_name}"
@@ -102,8 +107,9 @@ def run_case(device: Device, workspace: Workspace, case_dir_name: str, pte: Path
 
     started = time.perf_counter()
     result = device.run([f"{workspace.payload}/{RUNNER_NAME}", "--model_path", "model.pte", "--input_list_path",
-                         "input_list.txt", "--output_folder_path", "outputs"], cwd=remote, timeout_s=timeout_s,
-                        env={"ADSP_LIBRARY_PATH": workspace.payload}, prepend={"LD_LIBRARY_PATH": workspace.payload})
+                         "input_list.txt", "--output_folder_path", "outputs", "--method_index", str(int(method_index))],
+                        cwd=remote, timeout_s=timeout_s, env={"ADSP_LIBRARY_PATH": workspace.payload},
+                        prepend={"LD_LIBRARY_PATH": workspace.payload})
     timings["run"] = time.perf_counter() - started
     executed = RUNNER_EXECUTION.search(result.output)
     if executed:  # the emulated runner reports its own execution time, imports excluded
@@ -130,4 +136,5 @@ def run_case(device: Device, workspace: Workspace, case_dir_name: str, pte: Path
         outputs.append([np.fromfile(path, dtype=np.uint8) for path in row])
     trace = local_dir / "outputs" / "trace.jsonl" if "trace.jsonl" in present else None
     timings["pull"] = time.perf_counter() - started
-    return DeviceRun(outputs, files, trace, result.output, timings, pushed)
+    pattern = HEAP_PATTERN.search(result.output)
+    return DeviceRun(outputs, files, trace, result.output, timings, pushed, int(pattern.group(1), 16) if pattern else None)

@@ -6,12 +6,17 @@
 One process per invocation, like the device runner: the program is loaded once and every line of
 the input list runs on that one loaded method, so state carries from line to line. Line i's outputs
 are written as out/output_{i}_{k}.raw. The interposer's execute trace goes to out/trace.jsonl.
+It prints the byte its fresh heap allocations hold (`runner: heap pattern 0x40`, or `none` when they
+vary), measured in this process: what a delegated buffer that is never initialised reads.
 Fault switches for tests come from $EMULATED_FAULTS_FILE (runner_hang, runner_crash, runner_exit,
-runner_fewer_outputs, runner_reload_each_line: a broken runner that loses state between steps).
+runner_fewer_outputs, runner_reload_each_line: a broken runner that loses state between steps;
+runner_lose_delegate_state: one that refills the delegate's buffers with the heap pattern after each
+step, so only state held inside the delegate is lost).
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import signal
@@ -60,8 +65,51 @@ def apply_start_faults(faults: dict) -> None:
         sys.exit(int(faults["runner_exit"]))
 
 
+HEAP_PROBE_BYTES = (64, 4096, 1 << 20)  # small, medium and large (mmap-sized) allocations
+
+
+def heap_pattern() -> int | None:
+    """The byte glibc's MALLOC_PERTURB_ asks fresh allocations to hold, if every probe allocation of this
+    process holds only it (a zero heap without the switch is luck, not a pattern)."""
+    requested = os.environ.get("MALLOC_PERTURB_", "")
+    if not requested.isdigit() or not 0 < int(requested) < 256:
+        return None
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    seen = set()
+    for size in HEAP_PROBE_BYTES:
+        address = libc.malloc(size)
+        seen |= set(ctypes.string_at(address, size))
+        libc.free(address)
+    return seen.pop() if seen == {int(requested) ^ 0xFF} else None
+
+
+def lose_delegate_state(trace: Path, fill: int) -> None:
+    """The fault: overwrite every delegated buffer the last execute bound (mutbuf inputs) with fill."""
+    lines = trace.read_text().splitlines() if trace.exists() else []
+    if not lines:
+        return
+    for tensor in json.loads(lines[-1])["inputs"]:
+        if "_mutbuf_" in tensor["name"] and tensor.get("mem") == "raw":
+            ctypes.memset(int(tensor["addr"], 16), fill, int(tensor["bytes"]))
+
+
+def method_name(model_path: Path, names: list[str], index: int) -> str:
+    """--method_index counts methods in the program's order, as upstream's runner does; the pybinding
+    lists them in no particular order (measured with the Meta llama flow's metadata methods)."""
+    if len(names) == 1:
+        return names[index]
+    from executorch.exir._serialize._program import deserialize_pte_binary
+
+    return deserialize_pte_binary(model_path.read_bytes()).program.execution_plan[index].name
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    # First, before any library logs: a line of its own that nothing else writes into.
+    pattern = heap_pattern()
+    print(f"runner: heap pattern {'none' if pattern is None else f'0x{pattern:02x}'}", flush=True)
     faults = read_faults()
     apply_start_faults(faults)
     output_dir = Path(args.output_folder_path)
@@ -79,7 +127,7 @@ def main(argv: list[str]) -> int:
         return 2
     try:  # loading is lazy: a corrupt program shows when its methods are first read
         module = _load_for_executorch(str(model_path))
-        method = module.method_names()[args.method_index]
+        method = method_name(model_path, module.method_names(), args.method_index)
         meta = module.method_meta(method)
     except Exception as error:
         print(f"runner: cannot load {model_path}: {error}", file=sys.stderr)
@@ -96,6 +144,8 @@ def main(argv: list[str]) -> int:
             if faults.get("runner_reload_each_line") and line_index:
                 module = _load_for_executorch(str(model_path))
             outputs = module.run_method(method, tuple(inputs))
+            if faults.get("runner_lose_delegate_state"):
+                lose_delegate_state(output_dir / "trace.jsonl", pattern or 0)
             if iteration != args.iteration - 1:
                 continue
             count = len(outputs) - (1 if faults.get("runner_fewer_outputs") else 0)

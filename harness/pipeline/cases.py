@@ -2,17 +2,23 @@
 from __future__ import annotations
 
 from harness.pipeline.card import ModelCard
-from harness.vocabulary import FLOAT_DTYPE, MATRIX_MODES, Case, Mode
+from harness.vocabulary import MATRIX_MODES, Case, Mode
+
+META_LLAMA_TAG = "meta_llama"  # cards built by executorch's Meta llama flow (harness/pipeline/meta_llama.py)
 
 
 def matrix(cards: list[ModelCard], dtypes: tuple[str, ...], socs: list[str]) -> list[Case]:
-    """Every card in every dtype it supports, in both buffer modes."""
-    return [Case(card, dtype, mode, soc) for soc in socs for card in cards
+    """Every card in every dtype it supports, in both buffer modes (Meta llama flow cards aside)."""
+    return [Case(card, dtype, mode, soc) for soc in socs for card in cards if META_LLAMA_TAG not in card.tags
             for dtype in dtypes if dtype in card.dtypes for mode in MATRIX_MODES]
 
 
 def meta_llama_matrix(cards: list[ModelCard], dtypes: tuple[str, ...], socs: list[str]) -> list[Case]:
-    """Llama cards lowered the way executorch's Meta llama export does (fp16; buffers kept outside)."""
-    if FLOAT_DTYPE not in dtypes:
-        return []
-    return [Case(card, FLOAT_DTYPE, Mode.META_LLAMA, soc) for soc in socs for card in cards if "llama" in card.tags]
+    """Cards of executorch's Meta llama flow, lowered by it in every dtype (its buffers are kept outside)."""
+    return [Case(card, dtype, Mode.META_LLAMA, soc) for soc in socs for card in cards if META_LLAMA_TAG in card.tags
+            for dtype in dtypes if dtype in card.dtypes]
+
+
+def with_meta_llama(cards: list[ModelCard], dtypes: tuple[str, ...], socs: list[str]) -> list[Case]:
+    """The standard matrix plus the Meta llama flow's cases: device checks compare both with eager."""
+    return matrix(cards, dtypes, socs) + meta_llama_matrix(cards, dtypes, socs)

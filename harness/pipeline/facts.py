@@ -105,6 +105,8 @@ class LoweringFacts:
     partitions: PartitionFacts | None = None
     partitions_without_convert_bmm: PartitionFacts | None = None  # meta llama only: the pass switched off
     program: ProgramFacts | None = None
+    without_convert_bmm_error: str | None = None  # meta llama only: why the flow did not lower with the pass off
+    method_index: int = 0  # the runner's --method_index of forward (the Meta llama flow adds metadata methods)
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -127,6 +129,8 @@ class LoweringFacts:
                 partitions=PartitionFacts.of(data["partitions"]) if data["partitions"] else None,
                 partitions_without_convert_bmm=(PartitionFacts.of(data["partitions_without_convert_bmm"])
                                                 if data["partitions_without_convert_bmm"] else None),
+                without_convert_bmm_error=data.get("without_convert_bmm_error"),
+                method_index=int(data.get("method_index", 0)),
                 program=ProgramFacts(**data["program"]) if data["program"] else None)
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as error:
             raise FactsError(f"{path}: unreadable facts ({type(error).__name__}: {error})") from error

@@ -118,28 +118,6 @@ def lower(model: torch.nn.Module, example: tuple, soc_name: str, dtype: str, ski
     return to_edge_transform_and_lower_to_qnn(model, example, specs, skip_mutable_buffer=skip_mutable_buffer)
 
 
-def lower_meta_llama(model: torch.nn.Module, example: tuple, soc_name: str, convert_bmm_to_matmul: bool):
-    """The way executorch's Meta llama export lowers for QNN (export_llama_lib, qnn=True): to_edge,
-    the QNN capture-program passes with AnnotateStack and ConvertBmmToMatmul switched on, then
-    to_backend with its QnnPartitioner, which hard-wires skip_mutable_buffer=True. The pass can be
-    switched off to record what it is worth."""
-    from executorch.backends.qualcomm._passes import AnnotateStack, ConvertBmmToMatmul
-    from executorch.backends.qualcomm._passes.qnn_pass_manager import get_qnn_pass_manager_cls
-    from executorch.backends.qualcomm.utils.constants import QCOM_PASS_ACTIVATE_KEY
-    from executorch.exir import EdgeCompileConfig, to_edge
-    from executorch.extension.llm.export.partitioner_lib import get_qnn_partitioner
-
-    edge = to_edge(torch.export.export(model, example), compile_config=EdgeCompileConfig(_check_ir_validity=False))
-    manager_class = get_qnn_pass_manager_cls()
-    passes = manager_class.get_capture_program_passes()
-    passes[AnnotateStack][QCOM_PASS_ACTIVATE_KEY] = True
-    passes[ConvertBmmToMatmul][QCOM_PASS_ACTIVATE_KEY] = convert_bmm_to_matmul
-    manager_class().transform_for_to_edge_pipeline(edge.exported_program(),
-                                                   dep_table=manager_class.get_passes_dependency_for_capture_program(),
-                                                   passes_job=passes)
-    return edge.to_backend(get_qnn_partitioner(True, None, 0, soc_name))
-
-
 def partition_facts(edge_manager, buffers: tuple[str, ...]) -> dict[str, Any]:
     """Delegates in the lowered top-level graph, and which mutated buffers stayed outside them."""
     program = edge_manager.exported_program()
