@@ -118,7 +118,11 @@ class BundleWriter:
             "lowering": {"ok": artifact.ok, "error": artifact.failure if not artifact.ok else "",
                          "traceback": error.traceback if error else "", "delegates": artifact.delegate_count,
                          "cached": artifact.cached, "qnn_errors": artifact.qnn_errors[:10]},
-            "run_error": outcome.run_error or "", "numbers": _numbers(outcome), "pte": pte, "checks": {}}
+            "run_error": outcome.run_error or "", "numbers": _numbers(outcome), "pte": pte, "checks": {},
+            # The byte the device's fresh heap allocations held (None: unknown, e.g. a phone): repro.py starts its
+            # simulator run the same way, so an uninitialised buffer reads the same bytes.
+            "heap_pattern": outcome.run.heap_pattern if outcome.run is not None else None,
+            "method_index": artifact.facts.method_index}
 
 
 def _numbers(outcome: CaseOutcome) -> list[dict]:

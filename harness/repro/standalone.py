@@ -32,7 +32,8 @@ BUNDLE = Path(__file__).resolve().parent
 # The suite modules a bundle carries, by the name the copied code imports them with. The bundle's
 # file is suite/<name>.py; the order is the order they are loaded in (each imports only earlier ones).
 SUITE_MODULES = ("harness.vocabulary", "harness.files", "harness.pipeline.facts", "harness.pipeline.eager", "harness.numerics",
-                 "harness.pipeline.stages", "harness.pipeline.mutbuf", "harness.pipeline.lower_job",
+                 "harness.pipeline.stages", "harness.pipeline.mutbuf", "harness.pipeline.meta_llama",
+                 "harness.pipeline.lower_job",
                  "harness.emulator.host_runner")
 SHIM = "harness.pipeline.card"  # what card modules import ModelCard and register from
 HOST_LIBRARY = "libQnnHtp.so"
@@ -165,11 +166,21 @@ def write_inputs(steps: list[tuple], directory: Path) -> Path:
     return directory / "input_list.txt"
 
 
-def run_on_simulator(pte: Path, inputs: Path, outputs: Path, env: dict[str, str]) -> tuple[int, str]:
+def heap_environment(env: dict[str, str], pattern: int | None) -> dict[str, str]:
+    """env plus glibc's settings that make fresh heap allocations hold `pattern`, as on the suite's device
+    (MALLOC_PERTURB_ fills with its value ^ 0xff; the per-thread cache would hand out unfilled chunks)."""
+    if pattern is None:
+        return env
+    return {**env, "MALLOC_PERTURB_": str(pattern ^ 0xFF), "GLIBC_TUNABLES": "glibc.malloc.tcache_count=0"}
+
+
+def run_on_simulator(pte: Path, inputs: Path, outputs: Path, env: dict[str, str], heap_pattern: int | None = None,
+                     method_index: int = 0) -> tuple[int, str]:
     """The suite's emulated qnn_executor_runner: every step on one loaded method, on the HTP simulator."""
     completed = subprocess.run([sys.executable, str(BUNDLE / "suite" / "harness.emulator.host_runner.py"),
                                 "--model_path", str(pte), "--input_list_path", "input_list.txt",
-                                "--output_folder_path", str(outputs)], cwd=inputs, env=env,
+                                "--output_folder_path", str(outputs), "--method_index", str(method_index)],
+                               cwd=inputs, env=heap_environment(env, heap_pattern),
                                stdin=subprocess.DEVNULL, capture_output=True, text=True)
     return completed.returncode, completed.stdout + completed.stderr
 
@@ -405,7 +416,7 @@ def reproduce(args: argparse.Namespace) -> int:
         write_inputs(steps, inputs)
         outputs = out / "outputs"
         status, log = run_on_phone(args, case["case_id"], pte, inputs, outputs) if args.serial else \
-            run_on_simulator(pte, inputs, outputs, env)
+            run_on_simulator(pte, inputs, outputs, env, case.get("heap_pattern"), case.get("method_index", 0))
         (out / "runner.log").write_text(log)
         if status != 0:
             tail = [line for line in log.strip().splitlines() if line.strip()][-1:] or ["nothing"]
