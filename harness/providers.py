@@ -74,10 +74,10 @@ class EmulatedFleet:
         device_env["QNNSUITE_PYTHON"] = sys.executable
         self._fleet = fleet = EmulatorFleet(self._socs, self._work_dir / "emulator", device_env=device_env)
         fleet.start()
+        faults_by_soc = json.loads(os.environ.get(FAULTS_ENV, "{}"))
         for info in fleet.devices:
-            faults = json.loads(os.environ.get(FAULTS_ENV, "{}")).get(info.soc)
-            if faults:
-                fleet.set_faults(info.serial, **faults)
+            if faults_by_soc.get(info.soc):
+                fleet.set_faults(info.serial, **faults_by_soc[info.soc])
         specs = tuple(DeviceSpec(info.serial, info.soc, soc_table.lookup(info.soc).htp_arch, kinds.HOST_ABI,
                                  f"Emulated {info.soc}", kinds.EmulatedKind.name) for info in fleet.devices)
         return ProvidedDevices(fleet.adb_port, specs, {i.serial: i.pid for i in fleet.devices}, tuple(fleet.started_pids))
