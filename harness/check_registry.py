@@ -33,6 +33,16 @@ class NotApplicable(Exception):
     """The check has nothing to check for this case (it is skipped with this reason)."""
 
 
+class NotMeasured(Exception):
+    """The check applies, but this device cannot measure it (e.g. no execute trace on a phone without the
+    interposer): its own verdict, `not_measured`, counted and shown as such, never a plain skip."""
+
+
+class InfrastructureError(Exception):
+    """The device or the lab failed, not executorch (a device quarantined by its health check, a device
+    lost): the verdict `infra_error`, shown apart from conformance failures and listed apart by the gate."""
+
+
 @dataclass(frozen=True)
 class CheckSpec:
     name: str

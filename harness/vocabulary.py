@@ -16,7 +16,8 @@ if TYPE_CHECKING:  # only for the card contract's annotations: importing this mo
 
 DTYPES = ("fp16", "16a8w", "8a8w", "16a4w")
 FLOAT_DTYPE = "fp16"
-VERDICTS = ("passed", "failed", "xpassed", "xfailed", "skipped")
+# not_measured: the device cannot measure the check; infra_error: the device or the lab failed, not executorch.
+VERDICTS = ("passed", "failed", "xpassed", "xfailed", "skipped", "not_measured", "infra_error")
 
 
 class Mode(StrEnum):
