@@ -13,7 +13,7 @@ from dataclasses import asdict
 import numpy as np
 
 from harness import numerics
-from harness.check_registry import CheckFailure, NotApplicable, check
+from harness.check_registry import CheckFailure, InfrastructureError, NotApplicable, NotMeasured, check
 from harness.device import kinds
 from harness.pipeline import cases, mutbuf
 from harness.results import CaseOutcome, PatternReference
@@ -36,6 +36,8 @@ def _require_lowered(outcome: CaseOutcome) -> None:
 
 def _require_run(outcome: CaseOutcome) -> None:
     _require_lowered(outcome)
+    if outcome.run is None and outcome.run_error_is_infrastructure:
+        raise InfrastructureError(outcome.run_error)
     if outcome.run is None:
         raise CheckFailure(outcome.run_error or "the case was not run on a device", signature="not_run")
 
@@ -117,7 +119,8 @@ def check_address_sharing(outcome: CaseOutcome) -> dict:
     if outcome.run.trace is None:
         kind = kinds.of(outcome.device_kind)
         if not kind.has_execute_trace:
-            raise NotApplicable(f"no execute trace on a {kind.name} device (the interposer wraps the host QNN library only)")
+            raise NotMeasured(f"no execute trace on a {kind.name} device: its QNN library is not wrapped by the "
+                              f"interposer (pass --android-ndk PATH to build and push one)")
         raise NotApplicable("no execute trace from this device (no QNN graph was executed)")
     records = mutbuf.read_trace(outcome.run.trace)
     executes = [r for r in records if r.get("event") == "execute"]

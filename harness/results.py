@@ -17,7 +17,7 @@ from filelock import FileLock
 
 from harness.device import kinds
 from harness.device.device import DeviceError, DeviceLost
-from harness.device.execute import DeviceRun, run_case
+from harness.device.execute import DeviceRun, RunnerFailed, run_case
 from harness.device.pool import DevicePool
 from harness import numerics
 from harness.pipeline import cache, eager, mutbuf
@@ -65,6 +65,9 @@ class CaseOutcome:
     device_kind: str | None = None  # harness.device.kinds name of the device that ran it
     run: DeviceRun | None = None
     run_error: str | None = None
+    # The run failed because of the device or the lab (lost, no space, push refused), not the program: its
+    # checks are infrastructure errors. A runner that crashes, hangs or writes nothing is the program's failure.
+    run_error_is_infrastructure: bool = False
     retries: int = 0  # device runs repeated after a dropped connection
     run_dir: Path | None = None  # where the device run's inputs, outputs and log were put (in the run's work dir)
     timings_s: dict[str, float] = field(default_factory=dict)
@@ -228,10 +231,13 @@ class CaseStore:
                     continue
                 if serial:
                     self._pool.mark_lost(serial, str(lost))
-                outcome.run_error = str(lost)
+                outcome.run_error, outcome.run_error_is_infrastructure = str(lost), True
+                break
+            except RunnerFailed as failed:
+                outcome.run_error = str(failed)
                 break
             except DeviceError as error:
-                outcome.run_error = str(error)
+                outcome.run_error, outcome.run_error_is_infrastructure = str(error), True
                 break
             except Exception as error:  # any other surprise still fails this case alone, in one line
                 outcome.run_error = f"device run failed unexpectedly: {type(error).__name__}: {error}"

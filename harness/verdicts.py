@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from harness import known_failures
-from harness.check_registry import CheckFailure, CheckSpec
+from harness.check_registry import CheckFailure, CheckSpec, InfrastructureError, NotMeasured
 from harness.device.device import DeviceError
 from harness.known_failures import KnownFailure
 from harness.record import REPORT_ATTRIBUTE, CheckRecord
@@ -53,7 +53,15 @@ def settle(item: pytest.Item, call: pytest.CallInfo, report: pytest.TestReport) 
     verdict, known = report.outcome, ""
     expected = item.stash.get(EXPECTED, []) if call.when == "call" else []
     explaining = next((entry for entry in expected if failure is not None and entry.explains(failure)), None)
-    if report.failed and explaining is not None:
+    if isinstance(failure, NotMeasured):
+        # Its own verdict, never a plain skip: pytest counts it with the skips, the reports apart.
+        report.outcome, report.longrepr = "skipped", (str(item.path), item.location[1] or 0, f"not measured: {failure}")
+        verdict, explaining = "not_measured", None
+    elif isinstance(failure, InfrastructureError):
+        # The device or the lab failed: no known failure can explain it, and it is no conformance verdict.
+        report.longrepr = f"{item.nodeid}: infrastructure error: {failure}"
+        verdict, explaining = "infra_error", None
+    elif report.failed and explaining is not None:
         report.outcome, report.wasxfail = "skipped", explaining.describe()
         verdict, known = "xfailed", explaining.describe()
     elif report.passed and expected and not all(entry.flaky for entry in expected):

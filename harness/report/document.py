@@ -92,6 +92,11 @@ def problems(document: dict) -> list[tuple[dict, str, dict]]:
     return [(case, name, check) for case, name, check in checks_of(document) if check["verdict"] in ("failed", "xpassed")]
 
 
+def with_verdict(document: dict, verdict: str) -> list[tuple[dict, str, dict]]:
+    """Checks of one verdict, e.g. infra_error (the device or the lab failed: shown apart from failures)."""
+    return [(case, name, check) for case, name, check in checks_of(document) if check["verdict"] == verdict]
+
+
 def known_failures(document: dict) -> dict[str, list[tuple[dict, str, dict]]]:
     """Checks a known-failures entry covers, grouped by that entry's reason."""
     groups: dict[str, list[tuple[dict, str, dict]]] = {}

@@ -6,7 +6,11 @@ Checks are matched by (soc, case_id, check). The gate fails on
 - a fixed known failure: a known failure that passes now (xpassed), or a check the baseline expected to
   fail that now passes: the known-failures manifest must change;
 - a missing check: in the baseline, absent from this run (renamed, not collected, a collection error),
-  unless missing checks are allowed (a deliberately narrowed run).
+  or measured in the baseline and not measured now, unless missing checks are allowed (a narrowed run);
+- an infrastructure error (listed apart: the device or the lab failed, so the check was not verified;
+  a gate that passed on unverified checks could be fooled by a rack whose devices all fail).
+A new failure is also a check that fails now where the baseline had it skipped, not measured, an
+infrastructure error or a known failure (a different failure than the one expected).
 A run compared with itself is ok, unless a known failure passes in it (that alone fails the gate).
 """
 from __future__ import annotations
@@ -24,6 +28,7 @@ Key = tuple[str, str, str]  # soc, case_id, check
 FAILING = ("failed", "xpassed", "xfailed")
 PASSING = ("passed", "xpassed")
 ABSENT = "absent"
+MEASURED = ("passed", "failed", "xpassed", "xfailed")
 MESSAGE_CHARS = 160
 
 
@@ -62,23 +67,25 @@ class GateResult:
     new_failures: tuple[Change, ...] = ()
     missing: tuple[Change, ...] = ()
     allow_missing: bool = False
+    infrastructure: tuple[Change, ...] = ()
 
     @property
     def ok(self) -> bool:
-        return not (self.regressions or self.fixed_known_failures or self.new_failures
+        return not (self.regressions or self.fixed_known_failures or self.new_failures or self.infrastructure
                     or (self.missing and not self.allow_missing))
 
     def for_soc(self, soc: str) -> GateResult:
         def mine(changes: tuple[Change, ...]) -> tuple[Change, ...]:
             return tuple(c for c in changes if c.key[0] == soc)
         return GateResult(mine(self.regressions), mine(self.fixed_known_failures), mine(self.new_failures),
-                          mine(self.missing), self.allow_missing)
+                          mine(self.missing), self.allow_missing, mine(self.infrastructure))
 
     def entries(self) -> list[dict[str, str]]:
         """Every check the gate names: {"kind", "soc", "case_id", "check", "before", "after", "why"}."""
         kinds = (("regression", self.regressions), ("new failure", self.new_failures),
                  ("known failure now passes", self.fixed_known_failures),
-                 ("missing" + (" (allowed)" if self.allow_missing else ""), self.missing))
+                 ("missing" + (" (allowed)" if self.allow_missing else ""), self.missing),
+                 ("infrastructure error", self.infrastructure))
         entries = []
         for kind, changes in kinds:
             for change in changes:
@@ -86,6 +93,8 @@ class GateResult:
                 if kind == "known failure now passes":
                     why = (change.after.known_failure if change.after and change.after.known_failure
                            else change.before.known_failure if change.before else "")
+                elif kind.startswith("missing") and change.after is not None:
+                    why = f"measured in the baseline, not measured now: {change.after.message}"
                 elif kind.startswith("missing"):
                     why = "in the baseline, not in this run (renamed, not collected or a collection error?)"
                 else:
@@ -157,9 +166,12 @@ def compare(before: dict[Key, Outcome], after: dict[Key, Outcome], allow_missing
     regressions = tuple(c for c in common if c.before.verdict == "passed" and c.after.verdict in FAILING)
     fixed = tuple(c for c in common + added if c.after.verdict == "xpassed"
                   or (c.before is not None and c.before.expected_to_fail and c.after.verdict in PASSING))
-    new = tuple(c for c in added if c.after.verdict == "failed")
-    missing = tuple(Change(key, before[key], None) for key in sorted(before.keys() - after.keys()))
-    return GateResult(regressions, fixed, new, missing, allow_missing)
+    new = tuple(c for c in added + common if c.after.verdict == "failed"
+                and (c.before is None or c.before.verdict not in ("passed", "failed")))
+    unmeasured = tuple(c for c in common if c.after.verdict == "not_measured" and c.before.verdict in MEASURED)
+    missing = tuple(Change(key, before[key], None) for key in sorted(before.keys() - after.keys())) + unmeasured
+    infrastructure = tuple(c for c in common + added if c.after.verdict == "infra_error")
+    return GateResult(regressions, fixed, new, missing, allow_missing, infrastructure)
 
 
 def gate(records: list[CheckRecord], baseline: Path | dict[Key, Outcome], allow_missing: bool = False) -> GateResult:

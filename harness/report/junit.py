@@ -1,7 +1,8 @@
 """junit.xml of one SoC's report, for CI systems that only read JUnit.
 
 One testcase per check (classname = check, name = case id). Failures and known failures that now pass
-are <failure>; skips and expected (known) failures are <skipped>, carrying their message.
+are <failure>; infrastructure errors (the device or the lab failed) are <error>; skips, checks a device could
+not measure and expected (known) failures are <skipped>, carrying their message.
 """
 from __future__ import annotations
 
@@ -39,6 +40,10 @@ def _testcase(suite: ET.Element, case: dict, name: str, check: dict) -> None:
         ET.SubElement(element, "skipped", type="xfailed", message=f"known failure: {reason}{detail}")
     elif verdict == "skipped":
         ET.SubElement(element, "skipped", type="skipped", message=message)
+    elif verdict == "not_measured":
+        ET.SubElement(element, "skipped", type="not_measured", message=f"not measured: {message}")
+    elif verdict == "infra_error":  # the device or the lab failed: an error, not a conformance failure
+        ET.SubElement(element, "error", type="infra_error", message=message)
 
 
 def render(document: dict) -> str:
@@ -47,7 +52,8 @@ def render(document: dict) -> str:
     checks = checks_of(document)
     total_time = _seconds(sum(c["duration_s"] for _, _, c in checks if isinstance(c["duration_s"], (int, float))))
     counts = {"tests": str(summary["total"]), "failures": str(summary["failed"] + summary["xpassed"]),
-              "errors": "0", "skipped": str(summary["skipped"] + summary["xfailed"]), "time": total_time}
+              "errors": str(summary.get("infra_error", 0)),
+              "skipped": str(summary["skipped"] + summary["xfailed"] + summary.get("not_measured", 0)), "time": total_time}
     root = ET.Element("testsuites", name=_text(f"qnn-mutbuf {document['run_id']}"), **counts)
     suite = ET.SubElement(root, "testsuite", name=_text(f"qnn-mutbuf.{document['soc']}"), **counts,
                           timestamp=_text(environment.get("started", "")), hostname=_text(environment.get("host", "")))

@@ -1,7 +1,7 @@
 """summary.md of one SoC's report: the few lines a person or a CI comment needs, nothing more."""
 from __future__ import annotations
 
-from harness.report.document import checks_of, known_failures, problems, stage_times
+from harness.report.document import checks_of, known_failures, problems, stage_times, with_verdict
 from harness.report.gate import GateResult
 from harness.repro.layout import ARCHIVE_SUFFIX, BundleSize
 from harness.vocabulary import VERDICTS
@@ -68,6 +68,15 @@ def render(document: dict, gate: GateResult | None = None, bundles: list[BundleS
                   for case, name, check in failing]
     else:
         lines.append("None.")
+    infrastructure = with_verdict(document, "infra_error")
+    if infrastructure:  # the device or the lab failed: no conformance verdict, rerun on a healthy device
+        lines += ["", f"## Infrastructure errors ({len(infrastructure)}): not verified, rerun on a healthy device", ""]
+        lines += ["| case | check | message |", "| --- | --- | --- |"]
+        lines += [f"| {case['case_id']} | {name} | {_cell(check['message'])} |" for case, name, check in infrastructure]
+    unmeasured = with_verdict(document, "not_measured")
+    if unmeasured:
+        reasons = sorted({check["message"] for _, _, check in unmeasured})
+        lines += ["", f"## Not measured ({len(unmeasured)})", ""] + [f"- {_cell(reason)}" for reason in reasons]
     groups = known_failures(document)
     lines += ["", f"## Known failures ({sum(len(g) for g in groups.values())})", ""]
     for reason, members in groups.items():

@@ -14,12 +14,13 @@ import jinja2
 from markupsafe import Markup
 
 from harness.report.chart import error_chart
-from harness.report.document import check_order, known_failures, problems, rank, stage_times
+from harness.report.document import check_order, known_failures, problems, rank, stage_times, with_verdict
 from harness.repro.layout import LINK
 from harness.vocabulary import DTYPES, MODE_ORDER, VERDICTS
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
-LABELS = {"passed": "pass", "failed": "FAIL", "xpassed": "XPASS", "xfailed": "xfail", "skipped": "skip"}
+LABELS = {"passed": "pass", "failed": "FAIL", "xpassed": "XPASS", "xfailed": "xfail", "skipped": "skip",
+          "not_measured": "n/m", "infra_error": "INFRA"}
 MODE_LABELS = {"delegate_mutbuf": "delegated", "skip_mutbuf": "skip_mutbuf", "meta_llama": "meta llama"}
 ENVIRONMENT_FIRST = ("executorch", "torch", "torchao", "qnn_build_id", "bridge", "soc", "htp_arch", "device_model",
                      "device_serial", "host", "python", "started", "finished")
@@ -106,6 +107,7 @@ def _matrix(document: dict) -> dict:
         tags = next(c["tags"] for c in cases if c["card"] == card)
         rows.append({"card": card, "tags": tags, "cells": cells,
                      "failures": sum(v in ("failed", "xpassed") for v in verdicts),
+                     "infrastructure": verdicts.count("infra_error"),
                      "xfails": verdicts.count("xfailed")})
     return {"dtypes": dtypes, "modes": modes, "checks": checks, "rows": rows, "group_size": len(checks)}
 
@@ -135,6 +137,7 @@ def render(document: dict) -> str:
         short_checks={column["name"]: column["short"] for column in document.get("checks") or ()}, mode_labels=MODE_LABELS, matrix=_matrix(document),
         environment_rows=_environment_rows(document["environment"]),
         problems=[_cell(case, name, check, False) for case, name, check in problems(document)],
+        infrastructure=[_cell(case, name, check, False) for case, name, check in with_verdict(document, "infra_error")],
         known=[(reason, [_cell(case, name, check, False) for case, name, check in members])
                for reason, members in known_failures(document).items()],
         stage_times=times, slowest_total=max((t.total_s for t in times), default=0.0))

@@ -47,11 +47,14 @@ def write_run(records: list[CheckRecord], environments: dict[str, dict], report_
     return folders
 
 
+SPOKEN = {"infra_error": "infrastructure errors", "not_measured": "not measured"}  # the summary line's words
+
+
 def summary_line(records: list[CheckRecord], soc: str, html: Path | None = None) -> str:
     """e.g. `SM8650: 120 passed, 3 failed, 10 xfailed, 5 skipped -> reports/<run>/SM8650/report.html`
     (zero counts other than passed and failed are left out)."""
     counts = tally([record for record in records if record.soc == soc])
-    shown = ", ".join(f"{n} {verdict}" for verdict, n in counts.items()
+    shown = ", ".join(f"{n} {SPOKEN.get(verdict, verdict)}" for verdict, n in counts.items()
                       if verdict != "total" and (n or verdict in ("passed", "failed")))
     return f"{soc}: {shown}" + (f" -> {_relative(html)}" if html else "")
 

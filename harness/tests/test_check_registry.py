@@ -38,19 +38,45 @@ reason = "made up by the registry test"
 '''
 
 
-@pytest.mark.qnn
-def test_a_new_check_needs_one_decorated_function_and_one_suite_line(tmp_path: Path):
-    suite = tmp_path / "suite" / "test_delegate_named.py"
+UNVERIFIED_SUITE = '''
+from harness.check_registry import InfrastructureError, NotMeasured, check, suite_test
+
+
+@check("made_up_unverified", short="unv")
+def check_made_up_unverified(outcome):
+    """Made up by the registry test: not measured when delegated, an infrastructure error otherwise."""
+    if outcome.case.skip_mutable_buffer:
+        raise InfrastructureError("made-up device trouble on " + outcome.case.id)
+    raise NotMeasured("made-up missing measurement on " + outcome.case.id)
+
+
+test_made_up_unverified = suite_test("made_up_unverified")
+'''
+
+
+@pytest.fixture(scope="module")
+def shared_cache(tmp_path_factory) -> Path:
+    """One lowering cache for this module's compile-only runs (same card, same dtype)."""
+    return tmp_path_factory.mktemp("registry-cache")
+
+
+def _compile_only(tmp_path: Path, cache: Path, suite_text: str, manifest_text: str = "") -> subprocess.CompletedProcess:
+    suite = tmp_path / "suite" / "test_made_up.py"
     suite.parent.mkdir()
-    suite.write_text(NEW_SUITE)
+    suite.write_text(suite_text)
     manifest = tmp_path / "known_failures.toml"
-    manifest.write_text(NEW_MANIFEST)
+    manifest.write_text(manifest_text)
     command = [sys.executable, "-m", "pytest", "-c", str(REPO_ROOT / "pytest.ini"), "--rootdir", str(REPO_ROOT),
-               "-p", "harness.plugin", str(suite), "-q", "--emulate", "SM8650", "--dtype", "fp16",
+               "-p", "harness.plugin", str(suite), "-q", "-rs", "--emulate", "SM8650", "--dtype", "fp16",
                "-k", "kv_index_copy_dim1", "--known-failures", str(manifest), "--compile-only",
-               "--report-dir", str(tmp_path / "reports"), "--cache-dir", str(tmp_path / "cache")]
-    completed = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900,
-                               env={**os.environ, "COLUMNS": "300"})
+               "--report-dir", str(tmp_path / "reports"), "--cache-dir", str(cache)]
+    return subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "COLUMNS": "300"})
+
+
+@pytest.mark.qnn
+def test_a_new_check_needs_one_decorated_function_and_one_suite_line(tmp_path: Path, shared_cache: Path):
+    completed = _compile_only(tmp_path, shared_cache, NEW_SUITE, NEW_MANIFEST)
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-2000:]
     assert "1 passed" in completed.stdout and "1 xfailed" in completed.stdout, completed.stdout[-2000:]
     folder = tmp_path / "reports" / "latest" / "SM8650"
@@ -62,6 +88,29 @@ def test_a_new_check_needs_one_decorated_function_and_one_suite_line(tmp_path: P
     assert "made up by the registry test" in verdicts["skip_mutbuf"]["known_failure"]
     html = (folder / "report.html").read_text()
     assert 'title="delegate_named">dlg</th>' in html
+
+
+@pytest.mark.qnn
+def test_not_measured_and_infrastructure_errors_are_verdicts_of_their_own(tmp_path: Path, shared_cache: Path):
+    """NotMeasured is counted apart (pytest shows it with the skips, never as a pass); InfrastructureError
+    fails the run, and no known-failure entry can turn it into an expected failure."""
+    manifest = '''
+[[known_failure]]
+pattern = "test_made_up_unverified[*]"
+signature = "not_run"
+reason = "must not explain an infrastructure error"
+'''
+    completed = _compile_only(tmp_path, shared_cache, UNVERIFIED_SUITE, manifest)
+    assert completed.returncode == pytest.ExitCode.TESTS_FAILED, completed.stdout[-3000:] + completed.stderr[-2000:]
+    assert "not measured: made-up missing measurement" in completed.stdout, completed.stdout[-3000:]
+    assert "infrastructure error: made-up device trouble" in completed.stdout, completed.stdout[-3000:]
+    document = json.loads((tmp_path / "reports" / "latest" / "SM8650" / "report.json").read_text())
+    verdicts = {case["mode"]: case["checks"]["made_up_unverified"] for case in document["cases"]}
+    assert verdicts["delegate_mutbuf"]["verdict"] == "not_measured"
+    assert verdicts["delegate_mutbuf"]["message"].startswith("not measured: made-up missing measurement")
+    assert verdicts["skip_mutbuf"]["verdict"] == "infra_error" and not verdicts["skip_mutbuf"]["known_failure"]
+    assert document["summary"]["not_measured"] == 1 and document["summary"]["infra_error"] == 1
+    assert "SM8650: 0 passed, 0 failed, 1 not measured, 1 infrastructure errors" in completed.stdout
 
 
 def test_two_checks_of_one_name_are_refused():

@@ -389,3 +389,61 @@ def test_html_renders_in_headless_chromium(chromium: str, tmp_path: Path):
     shot = _chromium(chromium, tmp_path / "profile", f"--screenshot={screenshot}", "--window-size=1920,1200",
                      "--hide-scrollbars", page)
     assert shot.returncode == 0 and screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", shot.stderr[-2000:]
+
+
+def _with_infrastructure_and_unmeasured(records: list[dict]) -> tuple[list[dict], dict, dict]:
+    now = [dict(r) for r in records]
+    lost = _find(now, "ring_buffer", "fp16", "delegate_mutbuf", "state", "SM8650")
+    lost.update(verdict="infra_error", message="device emulator-sm8650 stopped answering: `run` got nothing in 10 s")
+    unmeasured = _find(now, "ring_buffer", "fp16", "delegate_mutbuf", "address_sharing", "SM8650")
+    unmeasured.update(verdict="not_measured", message="no execute trace on a phone device: pass --android-ndk PATH")
+    return now, lost, unmeasured
+
+
+def test_infrastructure_errors_and_unmeasured_checks_are_shown_apart_in_every_report(clean_run, tmp_path: Path):
+    records, _, _ = clean_run
+    now, lost, unmeasured = _with_infrastructure_and_unmeasured(records)
+    folder = write_run(typed(now), environments(), tmp_path / "reports", "run2", COLUMNS)["SM8650"]
+    document = json.loads((folder / "report.json").read_text())
+    jsonschema.validate(document, SCHEMA)
+    assert document["summary"]["infra_error"] == 1 and document["summary"]["not_measured"] == 1
+    suite = ET.parse(folder / "junit.xml").getroot().find("testsuite")
+    assert suite.get("errors") == "1"
+    errors = [case for case in suite.iter("testcase") if case.find("error") is not None]
+    assert [(c.get("classname"), c.get("name")) for c in errors] == [("state", lost["case_id"])]
+    skipped = {c.get("classname"): c.find("skipped") for c in suite.iter("testcase") if c.get("name") == lost["case_id"]}
+    assert skipped["address_sharing"].get("type") == "not_measured"
+    summary = (folder / "summary.md").read_text()
+    failures = summary.split("## Failures")[1].split("##")[0]
+    assert lost["case_id"] not in failures, "an infrastructure error is no conformance failure"
+    assert "## Infrastructure errors (1)" in summary and "stopped answering" in summary
+    assert "## Not measured (1)" in summary and "--android-ndk" in summary
+    html = (folder / "report.html").read_text()
+    assert 'id="infrastructure"' in html and "stopped answering" in html and ">n/m<" in html
+    line = summary_line(typed(now), "SM8650")
+    assert "1 infrastructure errors" in line and "1 not measured" in line, line
+
+
+def test_gate_lists_infrastructure_errors_apart_and_fails_on_them(clean_run):
+    records, root, _ = clean_run
+    now, lost, unmeasured = _with_infrastructure_and_unmeasured(records)
+    result = gate(typed(now), root / "run1")
+    assert result.regressions == () and result.new_failures == ()
+    assert [c.key for c in result.infrastructure] == [("SM8650", lost["case_id"], "state")]
+    assert [c.key for c in result.missing] == [("SM8650", unmeasured["case_id"], "address_sharing")]
+    assert not result.ok, "a check that was not verified cannot pass the gate"
+    kinds = [entry["kind"] for entry in result.entries()]
+    assert kinds == ["missing", "infrastructure error"]
+    assert gate(typed(now), root / "run1", allow_missing=True).ok is False  # unverified is not allowed away
+
+
+def test_a_known_failure_that_fails_differently_is_a_new_failure(clean_run):
+    records, root, _ = clean_run
+    now = [dict(r) for r in records]
+    different = _find(now, "counter_nonzero_init", "8a8w", "delegate_mutbuf", "state", "SM8750")
+    assert different["verdict"] == "xfailed"
+    different.update(verdict="failed", known_failure="", message="state differs from eager at step 2")
+    result = gate(typed(now), root / "run1")
+    assert [c.key for c in result.new_failures] == [("SM8750", different["case_id"], "state")]
+    assert result.lines() == [f"new failure: SM8750 {different['case_id']} state xfailed -> failed: "
+                              "state differs from eager at step 2"]
