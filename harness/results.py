@@ -16,7 +16,7 @@ import numpy as np
 from filelock import FileLock
 
 from harness.device import kinds
-from harness.device.device import DeviceError, DeviceLost
+from harness.device.device import DeviceError, DeviceFrozen, DeviceLost
 from harness.device.execute import DeviceRun, RunnerFailed, run_case
 from harness.device.pool import DevicePool
 from harness import numerics
@@ -226,7 +226,8 @@ class CaseStore:
                 break
             except DeviceLost as lost:
                 serial = outcome.device_serial
-                if serial and attempt < MAX_RETRIES and self._pool.back_online(serial, RECONNECT_WAIT_S):
+                retry = serial and attempt < MAX_RETRIES and not isinstance(lost, DeviceFrozen)
+                if retry and self._pool.back_online(serial, RECONNECT_WAIT_S):
                     outcome.retries += 1
                     continue
                 if serial:

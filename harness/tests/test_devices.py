@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -268,6 +269,26 @@ def test_a_frozen_device_is_lost_at_its_first_timeout(fleet):
     finally:
         os.kill(info.pid, signal.SIGCONT)
     assert time.monotonic() - started < 3 + PROBE_TIMEOUT_S + 5
+    fleet.stop_device(info.serial)
+
+
+def test_a_device_frozen_during_a_long_command_is_lost_within_30_s(fleet):
+    """The runner's command has a timeout of minutes; a device frozen while it runs is found by the watchdog's
+    probes and lost within 30 s. A healthy command that runs past the first probes is not disturbed."""
+    info = fleet.add_device("SM8650")
+    device = Device(info.serial, AdbClient(host="127.0.0.1", port=fleet.adb_port))
+    healthy = device.run(["sh", "-c", "sleep 12; echo finished"], cwd="/data/local/tmp", timeout_s=120)
+    assert healthy.exit_code == 0 and "finished" in healthy.output
+    freeze = threading.Timer(2.0, os.kill, (info.pid, signal.SIGSTOP))
+    freeze.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(DeviceLost, match=rf"device {re.escape(info.serial)} stopped answering while `cd "):
+            device.run(["sleep", "200"], cwd="/data/local/tmp", timeout_s=200)
+    finally:
+        freeze.join()
+        os.kill(info.pid, signal.SIGCONT)
+    assert time.monotonic() - started < 30
     fleet.stop_device(info.serial)
 
 
