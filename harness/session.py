@@ -71,8 +71,20 @@ class RunSession:
             shutil.rmtree(work_dir, ignore_errors=True)
             raise RunStartError(str(error)) from error
         self._publish(self.context)
-        run_records.record(run_id, work_dir, self.context.started_pids)
+        attached = tuple(spec.serial for spec in self.context.devices if spec.serial not in self.context.emulated_pids)
+        run_records.record(run_id, work_dir, self.context.started_pids, devices=attached)
+        self._remove_killed_runs_folders(set(attached))
         return self.context
+
+    def _remove_killed_runs_folders(self, serials: set[str]) -> None:
+        """The folders killed earlier runs of this user left on these devices (harness/run_records.py)."""
+        context = self.context
+        for run_id, serial in run_records.leftover_folders(serials):
+            spec = next(spec for spec in context.devices if spec.serial == serial)
+            lines = pool.remove_run_folders([spec], context.adb_port, run_id)
+            if not lines:
+                run_records.leftover_removed(run_id, serial)
+                print(f"qnnsuite: removed {serial}:{pool.WORKSPACE_ROOT}/{run_id}, left by a killed run", file=sys.stderr)
 
     def _with_lowering_server(self, context: RunContext, socket_path: Path) -> RunContext:
         """The context with its lowering server, once that accepts cases; without it (slower, same results)

@@ -20,7 +20,7 @@ import pytest
 from harness.context import RunContext
 from harness.device import discovery, kinds
 from harness.device.adb import AdbClient
-from harness.device.device import PROBE_TIMEOUT_S, Device, DeviceError, DeviceLost
+from harness.device.device import PROBE_TIMEOUT_S, WORKSPACE_ROOT, Device, DeviceError, DeviceLost
 from harness.device.execute import RunnerFailed, Workspace, run_case
 from harness.device.payload import EMULATED_RUNNER, RUNNER_NAME
 from harness.device.pool import DevicePool, DeviceSpec, remove_run_folders
@@ -240,6 +240,38 @@ def test_two_pytest_runs_on_one_device_take_turns(tmp_path, fleet):
     (uses,) = _uses(tmp_path).values()
     assert len(uses) == 6 and len({use["pid"] for use in uses}) == 2
     assert _overlaps(uses) == 0
+
+
+def test_the_folder_a_killed_run_left_on_a_phone_is_removed_by_the_next_run(tmp_path, fleet):
+    """A killed run cannot remove /data/local/tmp/qnnsuite/<run id> from the phones it used; its record names
+    them, and the next run of the same user on such a phone removes the folder (and only that one)."""
+    info = fleet.devices[0]
+    device = Device(info.serial, adbutils.AdbClient(host="127.0.0.1", port=fleet.adb_port))
+    killed, other = "20261201-010101-999", "20261201-010101-998"
+    for run_id in (killed, other):
+        device.shell(f"mkdir -p {WORKSPACE_ROOT}/{run_id}/payload && echo x > {WORKSPACE_ROOT}/{run_id}/payload/f")
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    runs = state / "qnnsuite" / "runs"
+    runs.mkdir(parents=True, mode=0o700)
+    (state / "qnnsuite").chmod(0o700)
+    (runs / f"{killed}.json").write_text(json.dumps({"run_id": killed, "controller": [_dead_pid(), 1], "work_dir": "",
+                                                      "processes": [], "devices": [info.serial]}))
+    env = {"ANDROID_ADB_SERVER_PORT": str(fleet.adb_port), "SCENARIO_SOCS": info.soc, "SCENARIO_CASES": "1",
+           "XDG_RUNTIME_DIR": str(state)}
+    completed = _scenario(tmp_path, "--device", info.serial, "-s", env=env)
+    assert completed.returncode == 0, completed.stdout[-3000:]
+    assert f"removed {info.serial}:{WORKSPACE_ROOT}/{killed}, left by a killed run" in completed.stdout + completed.stderr
+    listed = device.shell(f"ls {WORKSPACE_ROOT}").output.split()
+    assert killed not in listed and other in listed, listed
+    assert list((state / "qnnsuite" / "leftovers").iterdir()) == []
+    device.shell(f"rm -rf {WORKSPACE_ROOT}/{other}")
+
+
+def _dead_pid() -> int:
+    finished = subprocess.Popen(["true"])
+    finished.wait()
+    return finished.pid
 
 
 def test_device_lost_mid_run_fails_only_its_cases(tmp_path):
