@@ -13,7 +13,7 @@ from dataclasses import asdict
 import numpy as np
 
 from harness import numerics
-from harness.check_registry import CheckFailure, NotApplicable, check
+from harness.check_registry import CheckFailure, InfrastructureError, NotApplicable, check
 from harness.device import kinds
 from harness.pipeline import cases, mutbuf
 from harness.results import CaseOutcome, PatternReference
@@ -36,8 +36,11 @@ def _require_lowered(outcome: CaseOutcome) -> None:
 
 def _require_run(outcome: CaseOutcome) -> None:
     _require_lowered(outcome)
+    if outcome.run is None and outcome.run_infrastructure:
+        raise InfrastructureError(outcome.run_error)
     if outcome.run is None:
-        raise CheckFailure(outcome.run_error or "the case was not run on a device", signature="not_run")
+        raise CheckFailure(outcome.run_error or "the case was not run on a device",
+                           {"device_log": outcome.device_log} if outcome.device_log else {}, "not_run")
 
 
 # 1 ------------------------------------------------------------------------------------------------

@@ -17,8 +17,8 @@ from filelock import FileLock
 
 from harness.device import kinds
 from harness.device.device import DeviceError, DeviceLost
-from harness.device.execute import DeviceRun, run_case
-from harness.device.pool import DevicePool
+from harness.device.execute import DeviceRun, RunnerFailed, run_case
+from harness.device.pool import DevicePool, DeviceQuarantined
 from harness import numerics
 from harness.pipeline import cache, eager, mutbuf
 from harness.pipeline.facts import FactsError, LoweringFacts
@@ -65,6 +65,10 @@ class CaseOutcome:
     device_kind: str | None = None  # harness.device.kinds name of the device that ran it
     run: DeviceRun | None = None
     run_error: str | None = None
+    # The run failed for the device's sake, not the program's (quarantined by its health check, or lost):
+    # the checks raise InfrastructureError with run_error instead of failing.
+    run_infrastructure: bool = False
+    device_log: str = ""  # a failed run's device log tail (ExecuTorch and QNN lines; whole in run_dir/device.log)
     retries: int = 0  # device runs repeated after a dropped connection
     run_dir: Path | None = None  # where the device run's inputs, outputs and log were put (in the run's work dir)
     timings_s: dict[str, float] = field(default_factory=dict)
@@ -228,7 +232,13 @@ class CaseStore:
                     continue
                 if serial:
                     self._pool.mark_lost(serial, str(lost))
-                outcome.run_error = str(lost)
+                outcome.run_error, outcome.run_infrastructure = str(lost), True
+                break
+            except DeviceQuarantined as quarantined:
+                outcome.run_error, outcome.run_infrastructure = str(quarantined), True
+                break
+            except RunnerFailed as failed:
+                outcome.run_error, outcome.device_log = str(failed), failed.device_log
                 break
             except DeviceError as error:
                 outcome.run_error = str(error)
