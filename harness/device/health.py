@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.device import kinds, provenance
-from harness.device.device import WORKSPACE_ROOT, DeviceError
+from harness.device.device import WORKSPACE_ROOT
 from harness.device.pool import DevicePool, DeviceSpec
 from harness.pipeline.health_card import HEALTH_CARD, STEPS
 from harness.qnn.toolchain import Toolchain
@@ -92,12 +92,13 @@ class HealthCheck:
         pool = DevicePool([spec], self._adb_port, self._run_id, worker, self._toolchain.sdk, self._runner)
         store = CaseStore(self._toolchain, pool, self._work_dir, worker, lambda tags: STEPS, self._timeout_s,
                           self._cache_dir, self._lowering_server)
+        cause, status = None, "passed"
         try:
             outcome = store.executed(health_case(spec.soc))
             if not outcome.artifact.ok:  # not the device's fault: say so, and let it take cases
-                self._say(f"qnnsuite: the health check's program could not be lowered for {spec.soc} "
-                          f"({outcome.artifact.failure.splitlines()[0]}): device {spec.serial} is not checked")
-                cause = None
+                status = f"not checked: its program could not be lowered ({outcome.artifact.failure.splitlines()[0]})"
+                self._say(f"qnnsuite: device {spec.serial} ({spec.soc}) is not health-checked: the one-op program "
+                          f"could not be lowered ({outcome.artifact.failure.splitlines()[0]})")
             else:
                 cause = verdict(outcome)
             found = self._provenance(pool, spec)
@@ -107,7 +108,7 @@ class HealthCheck:
             pool.close(keep=False)
         with self._lock:
             self._results.provenance[spec.serial] = {"serial": spec.serial, "soc": spec.soc, **found,
-                                                    "health": cause or "passed"}
+                                                    "health": cause or status}
             if cause is not None:
                 line = quarantine_line(spec, cause)
                 self._results.quarantined[spec.serial] = line
@@ -119,8 +120,8 @@ class HealthCheck:
             device = pool.device(spec.serial)
             return provenance.measure(device, spec.kind, payload, f"{WORKSPACE_ROOT}/{self._run_id}/payload",
                                       self._toolchain.sdk)
-        except DeviceError as error:
-            return {"kind": spec.kind, "problem": str(error).splitlines()[0]}
+        except Exception as error:  # provenance not measured is said in the report, never a quarantine
+            return {"kind": spec.kind, "problem": f"provenance not measured: {str(error).splitlines()[0] if str(error) else type(error).__name__}"}
 
     def _say(self, line: str) -> None:
         with self._lock:

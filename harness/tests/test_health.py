@@ -28,6 +28,7 @@ from harness.emulator import device_log, logcat
 from harness.emulator.device_fs import active_faults
 from harness.environment import provenance_per_soc
 from harness.paths import REPO_ROOT
+from harness.qnn.sdk import WHEEL_ORIGIN, QnnSdk
 from harness.report import page, write_run
 from harness.results import CaseOutcome
 from harness.tests.test_report import COLUMNS, environments, make_records, typed
@@ -239,3 +240,33 @@ def test_provenance_goes_into_report_json_valid_against_the_schema_and_the_html(
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(broken, SCHEMA)
     assert page._provenance({"cases": []}) is None, "older reports have no provenance block"
+
+
+def test_health_check_quarantines_only_devices_at_fault(monkeypatch, tmp_path):
+    """Stubbed runs: a lowering failure is not the device's (not checked, takes cases); a failed run and
+    a surprise each quarantine their device alone, with one line naming it."""
+    specs = tuple(DeviceSpec(f"S{i}", soc, 75, "x86_64", "m", "emulated") for i, soc in enumerate(("SM8650",) * 4))
+    fates = {"S0": "ok", "S1": "no program", "S2": "runner failed", "S3": "surprise"}
+
+    def executed(store, case):
+        fate = fates[store._pool.specs[0].serial]
+        if fate == "surprise":
+            raise RuntimeError("adb went strange\nsecond line")
+        outcome = _outcome(None, "runner on S2 exited 1 (last words: no); its log:\nno" if fate == "runner failed" else "")
+        if fate == "ok":
+            outcome.run = DeviceRun([[(s[0] * 2).numpy().view(np.uint8).ravel()] for s in outcome.steps], [], None, "")
+        outcome.artifact = SimpleNamespace(ok=fate != "no program", failure="lowering failed: QnnError: boom")
+        return outcome
+
+    monkeypatch.setattr(health.CaseStore, "executed", executed)
+    toolchain = SimpleNamespace(sdk=QnnSdk(root=tmp_path / "no-sdk", origin=WHEEL_ORIGIN))
+    results = health.HealthCheck(specs, 1, "run1", toolchain, tmp_path, None, 300, None, None).run()
+    assert set(results.quarantined) == {"S2", "S3"}, results.quarantined
+    assert results.quarantined["S2"].endswith("quarantined: it failed the health check (a one-op program): "
+                                              "runner on S2 exited 1 (last words: no)")
+    assert results.quarantined["S3"].endswith("RuntimeError: adb went strange")
+    assert results.provenance["S0"]["health"] == "passed"
+    assert results.provenance["S1"]["health"].startswith("not checked: its program could not be lowered")
+    assert all("\n" not in line for line in results.lines) and len(results.lines) == 3, results.lines
+    unreachable = results.provenance["S0"]  # no adb server on port 1: its hashes cannot be taken, and it says so
+    assert unreachable["problem"] and unreachable["runner"]["device_sha256"] is None and unreachable["runner"]["sha256"]
