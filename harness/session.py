@@ -48,7 +48,8 @@ class RunSession:
         self._lowering_server: subprocess.Popen[bytes] | None = None
         self.context: RunContext | None = None
 
-    def start(self) -> RunContext:
+    def start(self, health_check: bool = True) -> RunContext:
+        """health_check=False (e.g. --collect-only, which runs nothing): no device runs the health program."""
         if threading.current_thread() is threading.main_thread():
             self._previous_sigterm = signal.signal(signal.SIGTERM, _interrupt)
         try:
@@ -73,7 +74,7 @@ class RunSession:
             raise RunStartError(str(error)) from error
         self._publish(self.context)
         run_records.record(run_id, work_dir, self.context.started_pids)
-        if not self._options.compile_only:
+        if health_check and not self._options.compile_only:
             self.context = self._checked(self.context, toolchain)
             self._publish(self.context)
         return self.context

@@ -106,6 +106,8 @@ def test_device_unplugged_during_run(tmp_path, shared_cache):
     run = _suite(tmp_path, shared_cache, {"vanish_on": "run", "vanish_permanently": True})
     _assert_faulty_device_failed(run, "lost during")
     assert "check the cable/connection and `adb devices`" in run.checks(FAULTY)["state"]["message"]
+    failed_lines = [line for line in run.output.splitlines() if line.startswith("FAILED")]
+    assert all("InfrastructureError" in line for line in failed_lines), "a lost device is the lab's failure"
     run.assert_nothing_left()
 
 
