@@ -29,6 +29,7 @@ from harness.emulator.device_fs import active_faults
 from harness.environment import provenance_per_soc
 from harness.paths import REPO_ROOT
 from harness.qnn.sdk import WHEEL_ORIGIN, QnnSdk
+from harness.record import REPORT_ATTRIBUTE
 from harness.report import page, write_run
 from harness.results import CaseOutcome
 from harness.tests.test_report import COLUMNS, environments, make_records, typed
@@ -270,3 +271,23 @@ def test_health_check_quarantines_only_devices_at_fault(monkeypatch, tmp_path):
     assert all("\n" not in line for line in results.lines) and len(results.lines) == 3, results.lines
     unreachable = results.provenance["S0"]  # no adb server on port 1: its hashes cannot be taken, and it says so
     assert unreachable["problem"] and unreachable["runner"]["device_sha256"] is None and unreachable["runner"]["sha256"]
+
+
+@pytest.mark.parametrize("device_build, warned", [(HOST_BUILD, 0), ("v2.50.0.260801000000", 1)])
+def test_the_terminal_summary_warns_once_where_device_and_host_qnn_builds_differ(tmp_path, monkeypatch, device_build,
+                                                                                 warned):
+    from harness import reporter as reporter_module
+
+    toolchain = SimpleNamespace(probe=SimpleNamespace(build_id=HOST_BUILD, bridge_device_config=False),
+                                sdk=SimpleNamespace(root=tmp_path, origin="QNN_SDK_ROOT"))
+    monkeypatch.setattr(reporter_module, "prepare", lambda sdk: toolchain)
+    spec = DeviceSpec("S1", "SM8650", 75, "arm64-v8a", "Pixel", "phone")
+    context = RunContext("run1", 5037, (spec,), {}, (), tmp_path / "work",
+                         provenance={"S1": _found(tmp_path, device_build)})
+    options = SimpleNamespace(qnn_sdk=None, report_dir=tmp_path / "reports", baseline=None, allow_missing=False)
+    reporter = reporter_module.ConformanceReporter(options, context, None)
+    for record in make_records(cards={"counter_add": ("counter",)}, socs=("SM8650",)):
+        reporter.pytest_runtest_logreport(SimpleNamespace(nodeid=record["nodeid"], **{REPORT_ATTRIBUTE: record}))
+    reporter.pytest_sessionfinish(SimpleNamespace(exitstatus=0))
+    warnings = [line for line in reporter._lines if line.startswith("warning: ")]
+    assert len(warnings) == warned and all("device S1 runs QNN v2.50.0.260801000000" in line for line in warnings)
