@@ -39,7 +39,8 @@ def _require_run(outcome: CaseOutcome) -> None:
     if outcome.run is None and outcome.run_error_is_infrastructure:
         raise InfrastructureError(outcome.run_error)
     if outcome.run is None:
-        raise CheckFailure(outcome.run_error or "the case was not run on a device", signature="not_run")
+        raise CheckFailure(outcome.run_error or "the case was not run on a device",
+                           {"device_log": outcome.device_log} if outcome.device_log else {}, "not_run")
 
 
 # 1 ------------------------------------------------------------------------------------------------

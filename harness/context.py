@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from harness.device.pool import DeviceSpec
@@ -24,6 +24,10 @@ class RunContext:
     started_pids: tuple[int, ...]  # every process the run started (emulators, adb server)
     work_dir: Path  # host-side scratch of this run (artifacts, pulled outputs)
     lowering_server: Path | None = None  # socket of the run's lowering server (None: each case in a fresh Python)
+    # From the health checks at the start (harness/device/health.py): serial -> the line that quarantined it
+    # (its cases are infrastructure errors), and serial -> what it runs programs with (harness/device/provenance.py).
+    quarantined: dict[str, str] = field(default_factory=dict)
+    provenance: dict[str, dict] = field(default_factory=dict)
 
     def socs(self, soc_filter: tuple[str, ...]) -> list[str]:
         socs = sorted({spec.soc for spec in self.devices})
@@ -40,7 +44,8 @@ class RunContext:
         data = json.loads(text)
         return cls(data["run_id"], data["adb_port"], tuple(DeviceSpec(**spec) for spec in data["devices"]),
                    data["emulated_pids"], tuple(data["started_pids"]), Path(data["work_dir"]),
-                   Path(data["lowering_server"]) if data.get("lowering_server") else None)
+                   Path(data["lowering_server"]) if data.get("lowering_server") else None,
+                   data.get("quarantined") or {}, data.get("provenance") or {})
 
 
 def new_run_id() -> str:

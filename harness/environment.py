@@ -6,6 +6,7 @@ import socket
 import sys
 
 from harness.context import RunContext
+from harness.device import provenance
 from harness.device.kinds import EmulatedKind
 from harness.qnn.toolchain import Toolchain
 from harness.versions import package_version
@@ -28,3 +29,17 @@ def per_soc(context: RunContext, toolchain: Toolchain | None, started: str, fini
         if spec.serial not in entry["device_serial"].split(", "):
             entry["device_serial"] += f", {spec.serial}"
     return environments
+
+
+def provenance_per_soc(context: RunContext, toolchain: Toolchain | None) -> dict[str, dict]:
+    """Per SoC: what made the programs on the host, what each device ran them with (measured at the start of
+    the run, harness/device/provenance.py), and a line per difference between the two."""
+    host_build_id = toolchain.probe.build_id if toolchain else ""
+    host = {"executorch": package_version("executorch"), "torch": package_version("torch"), "qnn_build_id": host_build_id}
+    per_soc: dict[str, dict] = {}
+    for spec in context.devices:
+        found = context.provenance.get(spec.serial, {"serial": spec.serial, "soc": spec.soc, "health": "not checked"})
+        entry = per_soc.setdefault(spec.soc, {"host": host, "devices": [], "warnings": []})
+        entry["devices"].append(found)
+        entry["warnings"] += provenance.warnings({spec.serial: found}, host_build_id)
+    return per_soc

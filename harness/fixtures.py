@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from harness.check_registry import CheckFailure, CheckSpec, NotApplicable
+from harness.check_registry import CheckFailure, CheckSpec, InfrastructureError, NotApplicable
 from harness.context import RunContext
 from harness.device.pool import DevicePool
 from harness.options import RunOptions
@@ -52,7 +52,7 @@ def worker_id_name() -> str:
 @pytest.fixture(scope="session")
 def device_pool(run_context, qnnsuite_options, toolchain, worker_id_name):
     pool = DevicePool(list(run_context.devices), run_context.adb_port, run_context.run_id, worker_id_name,
-                      sdk=toolchain.sdk, runner=qnnsuite_options.runner)
+                      sdk=toolchain.sdk, runner=qnnsuite_options.runner, quarantined=dict(run_context.quarantined))
     yield pool
     for line in pool.close(keep=qnnsuite_options.keep_workspace):
         print(line, file=sys.stderr)
@@ -86,6 +86,9 @@ def run_check(request, case_store, qnnsuite_options, repro_bundles):
             draft.evidence = spec.function(outcome)
         except NotApplicable as reason:
             pytest.skip(str(reason))
+        except InfrastructureError as error:  # the device's line (quarantined, lost) is the record's message
+            draft.failure_line = str(error)
+            raise
         except AssertionError as failure:
             line, _, detail = str(failure).partition("\n")
             draft.evidence = {**getattr(failure, "evidence", {}), **({"detail": detail} if detail else {})}

@@ -70,7 +70,7 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"--baseline: {error}") from error
     session = config.stash[SESSION] = RunSession(options)
     try:
-        context = config.stash[CONTEXT] = session.start()
+        context = config.stash[CONTEXT] = session.start(health_check=not config.option.collectonly)
     except RunStartError as error:
         raise pytest.UsageError(str(error)) from error
     reporter = config.stash[REPORTER] = ConformanceReporter(options, context, baseline)

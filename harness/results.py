@@ -18,7 +18,7 @@ from filelock import FileLock
 from harness.device import kinds
 from harness.device.device import DeviceError, DeviceFrozen, DeviceLost
 from harness.device.execute import DeviceRun, RunnerFailed, run_case
-from harness.device.pool import DevicePool
+from harness.device.pool import DevicePool, DeviceQuarantined
 from harness import numerics
 from harness.pipeline import cache, eager, mutbuf
 from harness.pipeline.facts import FactsError, LoweringFacts
@@ -79,6 +79,7 @@ class CaseOutcome:
     # The run failed because of the device or the lab (lost, no space, push refused), not the program: its
     # checks are infrastructure errors. A runner that crashes, hangs or writes nothing is the program's failure.
     run_error_is_infrastructure: bool = False
+    device_log: str = ""  # a failed run's device log tail (ExecuTorch and QNN lines; whole in run_dir/device.log)
     retries: int = 0  # device runs repeated after a dropped connection
     run_dir: Path | None = None  # where the device run's inputs, outputs and log were put (in the run's work dir)
     timings_s: dict[str, float] = field(default_factory=dict)
@@ -259,8 +260,11 @@ class CaseStore:
                     self._pool.mark_lost(serial, str(lost))
                 outcome.run_error, outcome.run_error_is_infrastructure = str(lost), True
                 break
+            except DeviceQuarantined as quarantined:
+                outcome.run_error, outcome.run_error_is_infrastructure = str(quarantined), True
+                break
             except RunnerFailed as failed:
-                outcome.run_error = str(failed)
+                outcome.run_error, outcome.device_log = str(failed), failed.device_log
                 break
             except DeviceError as error:
                 outcome.run_error, outcome.run_error_is_infrastructure = str(error), True

@@ -1,5 +1,6 @@
 """One run's controller-side resources, started once and stopped once: the QNN toolchain, the run's
-lowering server, its devices (through a provider) and its host work folder.
+lowering server, its devices (through a provider) and its host work folder; and, once, each device's
+health check and provenance (harness/device/health.py), so no worker repeats them.
 
 The plugin calls start() at configure and stop() at unconfigure; workers only ever see the RunContext
 that start() returns. Stopping removes the run's folder from every device while the devices still answer,
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from harness import run_records
 from harness.context import RunContext, new_run_id
-from harness.device import pool
+from harness.device import health, pool
 from harness.device.device import DeviceError
 from harness.emulator.launcher import FleetError
 from harness.options import RunOptions
@@ -26,7 +27,7 @@ from harness.process import fork_server
 from harness.process.services import LOWERING
 from harness.providers import DeviceProvider, provider_for
 from harness.qnn.sdk import SdkError
-from harness.qnn.toolchain import ToolchainError, prepare
+from harness.qnn.toolchain import Toolchain, ToolchainError, prepare
 from harness.user_state import UnsafeStateDir
 
 
@@ -47,7 +48,8 @@ class RunSession:
         self._lowering_server: subprocess.Popen[bytes] | None = None
         self.context: RunContext | None = None
 
-    def start(self) -> RunContext:
+    def start(self, health_check: bool = True) -> RunContext:
+        """health_check=False (e.g. --collect-only, which runs nothing): no device runs the health program."""
         if threading.current_thread() is threading.main_thread():
             self._previous_sigterm = signal.signal(signal.SIGTERM, _interrupt)
         try:
@@ -74,6 +76,9 @@ class RunSession:
         attached = tuple(spec.serial for spec in self.context.devices if spec.serial not in self.context.emulated_pids)
         run_records.record(run_id, work_dir, self.context.started_pids, devices=attached)
         self._remove_killed_runs_folders(set(attached))
+        if health_check and not self._options.compile_only:
+            self.context = self._checked(self.context, toolchain)
+            self._publish(self.context)
         return self.context
 
     def _remove_killed_runs_folders(self, serials: set[str]) -> None:
@@ -85,6 +90,16 @@ class RunSession:
             if not lines:
                 run_records.leftover_removed(run_id, serial)
                 print(f"qnnsuite: removed {serial}:{pool.WORKSPACE_ROOT}/{run_id}, left by a killed run", file=sys.stderr)
+
+    def _checked(self, context: RunContext, toolchain: Toolchain) -> RunContext:
+        """The context with the devices that failed their health check quarantined, and every device's provenance."""
+        options = self._options
+        results = health.HealthCheck(context.devices, context.adb_port, context.run_id, toolchain, context.work_dir,
+                                     options.runner, options.runner_timeout_s, options.cache_dir,
+                                     context.lowering_server).run()
+        for line in health.report_lines(results, len(context.devices)):
+            print(line, file=sys.stderr, flush=True)
+        return dataclasses.replace(context, quarantined=results.quarantined, provenance=results.provenance)
 
     def _with_lowering_server(self, context: RunContext, socket_path: Path) -> RunContext:
         """The context with its lowering server, once that accepts cases; without it (slower, same results)

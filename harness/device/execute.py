@@ -32,7 +32,12 @@ class Workspace:
 
 
 class RunnerFailed(DeviceError):
-    """The runner ran but did not produce a full result; its log is in the message."""
+    """The runner ran but did not produce a full result; its log is in the message, the tail of the device
+    log (logcat's ExecuTorch and QNN lines since the run started) in device_log."""
+
+    def __init__(self, message: str, device_log: str = "") -> None:
+        super().__init__(message)
+        self.device_log = device_log
 
 
 @dataclass
@@ -86,9 +91,44 @@ def _tail(text: str, lines: int = 15) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
-def reset_case_dir(device: Device, remote: str) -> None:
-    """An empty case folder with its outputs/ on the device (each path one quoted word)."""
-    device.shell(f"{shell_line(['rm', '-rf', remote])} && {shell_line(['mkdir', '-p', f'{remote}/outputs'])}")
+# The device's own clock, as `logcat -T` reads a time (seconds: toybox date has no portable %N).
+DEVICE_TIME_FORMAT = "+%m-%d %H:%M:%S"
+DEVICE_TIME = re.compile(r"^\d\d-\d\d \d\d:\d\d:\d\d$", re.MULTILINE)
+# What executorch and its QNN backend log under on Android (upstream runtime/platform and
+# backends/qualcomm/runtime/Logging.cpp: "[Qnn ExecuTorch]", "[Qnn Executorch]" in older releases).
+LOG_TAGS = ("ExecuTorch", "[Qnn ExecuTorch]", "[Qnn Executorch]")
+DEVICE_LOG = "device.log"  # beside runner.log in the case's run folder
+DEVICE_LOG_TAIL = 20
+
+
+def reset_case_dir(device: Device, remote: str) -> str | None:
+    """An empty case folder with its outputs/ on the device (each path one quoted word); returns the device's
+    time then, for `logcat -T` (None when it printed none)."""
+    result = device.shell(f"{shell_line(['rm', '-rf', remote])} && {shell_line(['mkdir', '-p', f'{remote}/outputs'])}"
+                          f" && {shell_line(['date', DEVICE_TIME_FORMAT])}")
+    found = DEVICE_TIME.search(result.output)
+    return found.group(0) + ".000" if found else None
+
+
+def pull_device_log(device: Device, since: str | None, local_dir: Path) -> str:
+    """The ExecuTorch and QNN lines of the device log since `since`, saved as DEVICE_LOG; returns its tail
+    (a note instead when the device keeps no such log: a failed run must still report its own failure)."""
+    if since is None:
+        return "(no device log: the device did not tell its time)"
+    filters = [f"{tag}:V" for tag in LOG_TAGS] + ["*:S"]
+    try:
+        result = device.shell(shell_line(["logcat", "-d", "-v", "threadtime", "-T", since, *filters]), timeout_s=30)
+    except DeviceError as error:
+        return f"(no device log: {str(error).splitlines()[0]})"
+    if result.exit_code != 0:
+        return f"(no device log: logcat exited {result.exit_code}: {_last_line(result.output)})"
+    (local_dir / DEVICE_LOG).write_text(result.output)
+    return _tail(result.output, DEVICE_LOG_TAIL) or "(the device logged nothing under ExecuTorch or QNN tags)"
+
+
+def _failed(device: Device, since: str | None, local_dir: Path, line: str) -> RunnerFailed:
+    """The failure, with the device log's tail for the record's evidence."""
+    return RunnerFailed(line, device_log=pull_device_log(device, since, local_dir))
 
 
 def run_case(device: Device, workspace: Workspace, case_dir_name: str, pte: Path, steps: list[tuple],
@@ -96,7 +136,7 @@ def run_case(device: Device, workspace: Workspace, case_dir_name: str, pte: Path
     timings: dict[str, float] = {}
     started = time.perf_counter()
     remote = f"{workspace.cases}/{case_dir_name}"
-    reset_case_dir(device, remote)
+    since = reset_case_dir(device, remote)
     input_files = write_inputs(steps, local_dir / "inputs")
     input_list = local_dir / "input_list.txt"
     input_list.write_text("".join(" ".join(path.name for path in row) + "\n" for row in input_files))
@@ -116,10 +156,10 @@ def run_case(device: Device, workspace: Workspace, case_dir_name: str, pte: Path
         timings["runner_exec"] = float(executed.group(1)) / 1000
     (local_dir / "runner.log").write_text(result.output)
     if result.timed_out:
-        raise RunnerFailed(f"runner on {device.serial} hung and was killed after {timeout_s:.0f} s "
+        raise _failed(device, since, local_dir, f"runner on {device.serial} hung and was killed after {timeout_s:.0f} s "
                            f"(last words: {_last_line(result.output)}); its log:\n{_tail(result.output)}")
     if result.exit_code != 0:
-        raise RunnerFailed(f"runner on {device.serial} {_exit_description(result)} (last words: "
+        raise _failed(device, since, local_dir, f"runner on {device.serial} {_exit_description(result)} (last words: "
                            f"{_last_line(result.output)}); its log:\n{_tail(result.output)}")
 
     started = time.perf_counter()
@@ -129,7 +169,7 @@ def run_case(device: Device, workspace: Workspace, case_dir_name: str, pte: Path
         names = [f"output_{step}_{index}.raw" for index in range(output_count)]
         missing = [name for name in names if name not in present]
         if missing:
-            raise RunnerFailed(f"runner on {device.serial} wrote no {', '.join(missing[:3])} "
+            raise _failed(device, since, local_dir, f"runner on {device.serial} wrote no {', '.join(missing[:3])} "
                                f"(expected {output_count} output(s) x {len(steps)} step(s)); its log:\n{_tail(result.output)}")
         row = [local_dir / "outputs" / name for name in names]
         files.append(row)

@@ -6,6 +6,7 @@ An attached device is emulated when it runs host (x86_64) binaries: real phones 
 """
 from __future__ import annotations
 
+from importlib import metadata
 from pathlib import Path
 
 from harness.device.payload import PayloadFile, emulated_payload, phone_payload
@@ -32,6 +33,13 @@ class EmulatedKind:
         return emulated_payload(abi, runner)
 
     @staticmethod
+    def host_libraries(sdk: QnnSdk) -> dict[str, Path]:
+        """What the device's runner uses without its being pushed (its provenance): the host executorch's QNN
+        backend library and the host SDK's libQnnHtp.so, by role ("backend") or file name."""
+        backend = Path(str(metadata.distribution("executorch").locate_file("executorch/lib/libexecutorch_backend_qnn.so")))
+        return {"backend": backend, "libQnnHtp.so": sdk.htp_library}
+
+    @staticmethod
     def heap_environment(env: dict[str, str]) -> dict[str, str]:
         """env plus what makes every heap allocation start as heap_pattern (for the runner server's start)."""
         tunables = [t for t in env.get("GLIBC_TUNABLES", "").split(":") if t and not t.startswith("glibc.malloc.tcache_count=")]
@@ -43,6 +51,10 @@ class PhoneKind:
     name = "phone"
     has_execute_trace = False  # a phone's libQnnHtp.so is Qualcomm's own
     heap_pattern: int | None = None  # Android's allocator has no fill switch a runner could be started with
+
+    @staticmethod
+    def host_libraries(sdk: QnnSdk) -> dict[str, Path]:
+        return {}  # a phone uses only what was pushed to it
 
     def payload(self, abi: str, htp_arch: int, runner: Path | None, sdk: QnnSdk) -> list[PayloadFile]:
         # The wheel's SDK tree has host libraries only; a phone needs a full SDK's Android and Hexagon ones.

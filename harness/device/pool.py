@@ -4,7 +4,8 @@ On each device a run has one folder, WORKSPACE_ROOT/<run id>: the payload (runne
 `payload/`, pushed once per device per run (the first worker to hold the device pushes it, the others
 find the same bytes there and skip them), and one folder of case files per worker. Workers remove their
 own folders; the controller removes the run's folder at the end (remove_run_folders).
-A device that is lost fails its own cases with the line that said so; the rest go on.
+A device that is lost, or that failed its health check at the start of the run (harness/device/health.py),
+fails its own cases with the line that said so; the rest go on.
 """
 from __future__ import annotations
 
@@ -23,6 +24,10 @@ from harness.device.execute import Workspace, prepare_workspace
 from harness.qnn.sdk import QnnSdk
 
 LOCK_POLL_S = 0.2
+
+
+class DeviceQuarantined(DeviceError):
+    """Every device of the SoC failed the health check at the start of the run; the message is its line."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,7 @@ class DevicePool:
     _devices: dict[str, Device] = field(default_factory=dict)
     _prepared: dict[str, Workspace] = field(default_factory=dict)  # serial -> this worker's workspace
     _lost: dict[str, str] = field(default_factory=dict)  # serial -> the line that said so
+    quarantined: dict[str, str] = field(default_factory=dict)  # serial -> its health check's line (no cases)
 
     def socs(self) -> list[str]:
         return sorted({spec.soc for spec in self.specs})
@@ -55,7 +61,7 @@ class DevicePool:
     def spec(self, serial: str) -> DeviceSpec:
         return next(spec for spec in self.specs if spec.serial == serial)
 
-    def _device(self, serial: str) -> Device:
+    def device(self, serial: str) -> Device:
         if serial not in self._devices:
             self._devices[serial] = Device(serial, AdbClient(host="127.0.0.1", port=self.adb_port))
         return self._devices[serial]
@@ -69,12 +75,15 @@ class DevicePool:
         candidates = [spec for spec in self.specs if spec.soc == soc]
         if not candidates:
             raise DeviceError(f"no device for SoC {soc} in this run: attach one or drop it with --soc")
+        if all(spec.serial in self.quarantined for spec in candidates):
+            raise DeviceQuarantined(self.quarantined[candidates[0].serial])
+        candidates = [spec for spec in candidates if spec.serial not in self.quarantined]
         while True:
             alive = [spec for spec in candidates if spec.serial not in self._lost]
             if not alive:
                 raise DeviceLost(self._lost[candidates[0].serial])
             for spec in alive:
-                device = self._device(spec.serial)
+                device = self.device(spec.serial)
                 with contextlib.ExitStack() as hold:
                     try:
                         hold.enter_context(device.exclusive(holder, wait=len(alive) == 1))
@@ -93,7 +102,7 @@ class DevicePool:
         deadline = time.monotonic() + within_s
         while time.monotonic() < deadline:
             try:
-                if self._device(serial).shell("echo ok", timeout_s=5).output.strip() == "ok":
+                if self.device(serial).shell("echo ok", timeout_s=5).output.strip() == "ok":
                     return True
             except DeviceError:
                 pass

@@ -15,6 +15,7 @@ import json
 import os
 import posixpath
 import queue
+import shlex
 import signal
 import socket
 import struct
@@ -25,8 +26,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from harness.emulator import jail, shell_paths
+from harness.emulator import device_log, jail, shell_paths
 from harness.emulator.adb_auth import TOKEN_SIZE, PublicKey, load_keys
+from harness.emulator.device_fs import AFTER_PROGRAMS, active_faults
 from harness.emulator.shell_paths import rewrite_device_paths
 from harness.files import write_atomically
 
@@ -88,6 +90,7 @@ class Device:
         self.streams: set[Stream] = set()
         self.lock = threading.Lock()
         self.drop_budget: int | None = None
+        self.programs = 0  # .pte files pushed to this device since it started
         for directory in ("data/local/tmp", "system/bin", "sdcard"):
             (self.root / directory).mkdir(parents=True, exist_ok=True)
         getprop = self.root / "system/bin/getprop"
@@ -96,17 +99,35 @@ class Device:
         df = self.root / "system/bin/df"
         df.write_text(DF_SCRIPT)
         df.chmod(0o755)
+        logcat = self.root / "system/bin/logcat"
+        logcat.write_text(LOGCAT_SCRIPT.format(python=shlex.quote(sys.executable),
+                                               repo=shlex.quote(str(Path(__file__).resolve().parents[2]))))
+        logcat.chmod(0o755)
+        (self.root / device_log.LOG_PATH.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
         self.jail_problem = "switched off" if os.environ.get(JAIL_ENV) == "off" else jail.unavailable_reason()
         if self.jail_problem:
             print(f"adbd: device shells are not jailed ({self.jail_problem}); paths are rewritten and host paths "
                   f"refused instead", file=sys.stderr, flush=True)
 
-    def load_faults(self) -> dict[str, Any]:
-        """The faults file as it is now; missing or half-edited means no faults."""
+    def raw_faults(self) -> dict[str, Any]:
+        """The faults file as it is now, dormant switches included; missing or half-edited means no faults."""
         try:
             return json.loads(self.faults_file.read_text()) or {}
         except (FileNotFoundError, json.JSONDecodeError):
             return {}
+
+    def load_faults(self) -> dict[str, Any]:
+        """The fault switches in force now (none while `after_programs` holds them back)."""
+        return active_faults(self.raw_faults())
+
+    def count_program(self) -> None:
+        """A program is being pushed: past the first `after_programs` ones, held-back faults arm (device_fs)."""
+        with self.lock:
+            self.programs += 1
+            faults = self.raw_faults()
+            exempt = faults.get(AFTER_PROGRAMS)
+            if isinstance(exempt, int) and 0 < exempt < self.programs:
+                write_atomically(self.faults_file, json.dumps({**faults, AFTER_PROGRAMS: 0}))
 
     def read_faults(self) -> dict[str, Any]:
         """Re-read the fault switches (a test flips them from another process); arms a pending drop."""
@@ -127,7 +148,7 @@ class Device:
             if self.drop_budget > 0:
                 return allowed, False
             self.drop_budget = None
-            write_atomically(self.faults_file, json.dumps({**self.load_faults(), "drop_after_bytes": None}))
+            write_atomically(self.faults_file, json.dumps({**self.raw_faults(), "drop_after_bytes": None}))
             return allowed, True
 
     def banner(self) -> bytes:
@@ -144,6 +165,7 @@ class Device:
         env = dict(os.environ, ANDROID_ROOT_SANDBOX=str(self.root), EMULATED_FAULTS_FILE=str(self.faults_file))
         if self.read_faults().get("storage_full"):
             env["EMULATED_STORAGE_FULL"] = "1"
+        env[device_log.LOG_ENV] = device_log.LOG_PATH if not self.jail_problem else str(device_to_host(device_log.LOG_PATH, self.root))
         if not self.jail_problem:
             env.update(PATH=f"/system/bin:{os.environ.get('PATH', '/usr/bin:/bin')}", TMPDIR="/data/local/tmp")
             argv = jail.jail_argv(self.root, ["/bin/sh", "-c", command], "/data/local/tmp", env)
@@ -202,6 +224,12 @@ if [ -n "$EMULATED_STORAGE_FULL" ]; then
 else
   exec /bin/df "$@"
 fi
+"""
+
+
+# The device's logcat reads the device log buffer (harness/emulator/device_log.py, logcat.py).
+LOGCAT_SCRIPT = """#!/bin/sh
+PYTHONPATH={repo}"${{PYTHONPATH:+:$PYTHONPATH}}" exec {python} -S -m harness.emulator.logcat "$@"
 """
 
 
@@ -515,6 +543,8 @@ def serve_sync(stream: Stream) -> None:
             stream.write(sync_fail(f"sync request of {length} bytes: longer than {MAX_SYNC_PATH}"))
             return
         argument = stream.read_exact(length).decode(errors="surrogateescape")
+        if request_id == b"SEND" and argument.split(",")[0].endswith(".pte"):
+            device.count_program()
         faults = device.read_faults()
         if request_id == b"QUIT":
             return

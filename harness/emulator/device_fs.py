@@ -20,3 +20,14 @@ def host_path(path: str, root: str) -> str:
     if not is_device_path(path) or path == root or path.startswith(root.rstrip("/") + "/"):
         return path
     return root.rstrip("/") + posixpath.normpath(path)
+
+
+# A fault switch that holds the others back: they take effect from the device's (N+1)th program (.pte push;
+# adbd sets it to 0 then), so a test can break a device after its health check (one program), not from the start.
+AFTER_PROGRAMS = "after_programs"
+
+
+def active_faults(faults: dict) -> dict:
+    """The fault switches in force: none while the device still has programs to take before they arm."""
+    pending = faults.get(AFTER_PROGRAMS)
+    return {} if isinstance(pending, int) and pending > 0 else faults

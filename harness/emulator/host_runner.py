@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from harness.emulator.device_fs import active_faults
+
 # executorch ScalarType codes -> numpy dtype names (the raw files are plain little-endian arrays)
 SCALAR_TYPES = {0: "uint8", 1: "int8", 2: "int16", 3: "int32", 4: "int64", 5: "float16", 6: "float32",
                 7: "float64", 11: "bool"}
@@ -46,7 +48,7 @@ def read_faults() -> dict:
     path = os.environ.get("EMULATED_FAULTS_FILE")
     if path and Path(path).is_file():
         try:
-            return json.loads(Path(path).read_text() or "{}")
+            return active_faults(json.loads(Path(path).read_text() or "{}"))
         except json.JSONDecodeError:
             return {}
     return {}

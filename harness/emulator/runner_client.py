@@ -12,20 +12,29 @@ Without $QNNSUITE_RUNNER_SOCKET, or when the server is not there or turns the ru
 In a jailed device shell (harness.emulator.jail) the device's paths (/data/...) exist only inside the jail,
 while the server runs on the host: the cwd, path arguments and library paths sent are the sandbox's host
 paths of what the device command named (the server refuses anything outside its device's sandbox).
-Start-up cost is what counts here, so only os, sys, socket and json are imported.
+Its stderr also goes, line by line, into the device log that the device's logcat reads (device_log.tee),
+as a phone's runner logs through liblog; the copy is made here, outside the runner's child, so a runner
+that crashes loses none of its last words.
+Start-up cost is what counts here, so only os, sys, socket, json, re, time and threading are imported.
 """
 from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING
 
+from harness.emulator import device_log
 from harness.emulator.device_fs import host_path
 from harness.process.fork_client import STD_FDS, ServerGone, run
+
+if TYPE_CHECKING:
+    from threading import Thread
 
 SOCKET_ENV = "QNNSUITE_RUNNER_SOCKET"
 HOST_RUNNER = "harness.emulator.host_runner"  # the runner service's entry (harness/process/services.py RUNNER)
 SANDBOX_ENV = "ANDROID_ROOT_SANDBOX"
 PATH_LIST_VARIABLES = ("LD_LIBRARY_PATH", "ADSP_LIBRARY_PATH")
+TEE_DRAIN_S = 5.0  # the runner has ended: what it wrote is in the pipe already
 
 
 def for_host(argv: list[str], cwd: str, env: dict[str, str]) -> tuple[list[str], str, dict[str, str]]:
@@ -57,14 +66,36 @@ def open_std_fds() -> list[int]:
     return present
 
 
+def logged_stderr(fds: dict[int, int]) -> tuple[dict[int, int], Thread | None, int | None]:
+    """fds with the runner's stderr through a pipe that device_log.tee copies to our stderr and the device
+    log; returns (fds, the tee's thread, our end of the pipe to close). Unchanged fds and no thread without
+    a device log, or when it cannot be opened: the run itself must not depend on its log."""
+    from threading import Thread
+
+    log_path = os.environ.get(device_log.LOG_ENV)
+    if not log_path or 2 not in fds:
+        return fds, None, None
+    try:
+        log = open(log_path, "a", encoding="utf-8", errors="backslashreplace")
+    except OSError:
+        return fds, None, None
+    read_end, write_end = os.pipe()
+    thread = Thread(target=device_log.tee, args=(read_end, fds[2], log, os.getpid()), daemon=True)
+    thread.start()
+    return {**fds, 2: write_end}, thread, write_end
+
+
 def main(argv: list[str]) -> None:
+    fds, tee, write_end = logged_stderr({fd: fd for fd in open_std_fds()})
     try:
         status = run(os.environ.get(SOCKET_ENV), HOST_RUNNER, argv, os.getcwd(), dict(os.environ),
-                     {fd: fd for fd in open_std_fds()}, python=os.environ.get("QNNSUITE_PYTHON"), replace=True,
-                     for_server=for_host)
+                     fds, python=os.environ.get("QNNSUITE_PYTHON"), replace=True, for_server=for_host)
     except ServerGone as gone:
         print(f"runner_client: {gone}", file=sys.stderr, flush=True)
         status = 1
+    if tee is not None:  # the child has ended: its copy of the pipe is closed, so the tee reaches EOF
+        os.close(write_end)
+        tee.join(TEE_DRAIN_S)
     sys.exit(status)
 
 

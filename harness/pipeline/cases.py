@@ -5,11 +5,13 @@ from harness.pipeline.card import ModelCard
 from harness.vocabulary import MATRIX_MODES, Case, Mode
 
 META_LLAMA_TAG = "meta_llama"  # cards built by executorch's Meta llama flow (harness/pipeline/meta_llama.py)
+HEALTH_CHECK_TAG = "health_check"  # the devices' health check program (harness/pipeline/health_card.py), never a case
 
 
 def matrix(cards: list[ModelCard], dtypes: tuple[str, ...], socs: list[str]) -> list[Case]:
-    """Every card in every dtype it supports, in both buffer modes (Meta llama flow cards aside)."""
-    return [Case(card, dtype, mode, soc) for soc in socs for card in cards if META_LLAMA_TAG not in card.tags
+    """Every card in every dtype it supports, in both buffer modes (Meta llama flow and health check cards aside)."""
+    return [Case(card, dtype, mode, soc) for soc in socs for card in cards
+            if not card.tags & {META_LLAMA_TAG, HEALTH_CHECK_TAG}
             for dtype in dtypes if dtype in card.dtypes for mode in MATRIX_MODES]
 
 

@@ -61,9 +61,11 @@ def check_order(document: dict) -> tuple[str, ...]:
     return tuple(column["name"] for column in document.get("checks") or ())
 
 
-def build(records: list[CheckRecord], environment: dict, run_id: str, soc: str, columns: list[Column]) -> dict:
+def build(records: list[CheckRecord], environment: dict, run_id: str, soc: str, columns: list[Column],
+          provenance: dict | None = None) -> dict:
     """The report document of one SoC; records of other SoCs are ignored. columns: every check's column,
-    in report order (those with no record here are left out)."""
+    in report order (those with no record here are left out). provenance: what made the programs and what
+    each device ran them with (harness/environment.py provenance_per_soc; None: not measured)."""
     mine = [r for r in records if r.soc == soc]
     order = tuple(column["name"] for column in columns)
     cases: dict[str, dict] = {}
@@ -78,8 +80,11 @@ def build(records: list[CheckRecord], environment: dict, run_id: str, soc: str, 
     present = {record.check for record in mine}
     shown = [column for column in columns if column["name"] in present]
     shown += [{"name": name, "short": name} for name in sorted(present - set(order))]
-    return json_safe({"schema_version": SCHEMA_VERSION, "run_id": run_id, "soc": soc, "environment": environment,
-                      "checks": shown, "summary": tally(mine), "cases": ordered})
+    document = {"schema_version": SCHEMA_VERSION, "run_id": run_id, "soc": soc, "environment": environment,
+                "checks": shown, "summary": tally(mine), "cases": ordered}
+    if provenance is not None:
+        document["provenance"] = provenance
+    return json_safe(document)
 
 
 def checks_of(document: dict) -> list[tuple[dict, str, dict]]:

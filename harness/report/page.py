@@ -118,6 +118,37 @@ def _environment_rows(environment: dict) -> list[list[tuple[str, str]]]:
     return [pairs[i:i + ENV_PAIRS_PER_ROW] for i in range(0, len(pairs), ENV_PAIRS_PER_ROW)]
 
 
+@dataclass(frozen=True)
+class DeviceProvenanceRow:
+    """One device's line in the page's provenance block: what ran the programs there."""
+
+    serial: str
+    kind: str
+    health: str
+    runner: str  # "<name> <sha256>", or what is missing
+    backend: str
+    qnn_build_id: str
+
+
+def _file_line(entry: object) -> str:
+    if not isinstance(entry, dict):
+        return "not measured"
+    where = "pushed" if entry.get("pushed") else "host file, not pushed"
+    return f"{entry.get('name')} sha256 {entry.get('sha256') or 'unreadable'} ({where})"
+
+
+def _provenance(document: dict) -> dict | None:
+    """The header's provenance block (None for reports without one): host versions, a row per device, warnings."""
+    provenance = document.get("provenance")
+    if not isinstance(provenance, dict):
+        return None
+    rows = [DeviceProvenanceRow(str(d.get("serial")), str(d.get("kind", "")), str(d.get("health", "")),
+                                _file_line(d.get("runner")), _file_line(d.get("backend")),
+                                str(d.get("qnn_build_id") or "none readable"))
+            for d in provenance.get("devices", []) if isinstance(d, dict)]
+    return {"host": provenance.get("host", {}), "devices": rows, "warnings": provenance.get("warnings", [])}
+
+
 def visible(value: object) -> object:
     """Every value the template prints, before HTML escaping: unprintable characters become their escapes.
     Markup is the page's own (the charts), built from numbers."""
@@ -135,7 +166,7 @@ def render(document: dict) -> str:
     return environment.get_template("report.html.j2").render(
         document=document, summary=document["summary"], verdicts=VERDICTS, labels=LABELS,
         short_checks={column["name"]: column["short"] for column in document.get("checks") or ()}, mode_labels=MODE_LABELS, matrix=_matrix(document),
-        environment_rows=_environment_rows(document["environment"]),
+        environment_rows=_environment_rows(document["environment"]), provenance=_provenance(document),
         problems=[_cell(case, name, check, False) for case, name, check in problems(document)],
         infrastructure=[_cell(case, name, check, False) for case, name, check in with_verdict(document, "infra_error")],
         known=[(reason, [_cell(case, name, check, False) for case, name, check in members])

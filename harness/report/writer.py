@@ -24,13 +24,15 @@ def _point_latest(report_root: Path, run_id: str) -> None:
 
 
 def write_run(records: list[CheckRecord], environments: dict[str, dict], report_root: Path, run_id: str,
-              columns: list[Column], gate: GateResult | None = None) -> dict[str, Path]:
+              columns: list[Column], gate: GateResult | None = None,
+              provenance: dict[str, dict] | None = None) -> dict[str, Path]:
     """report.json, junit.xml, summary.md and report.html (and gate.json when gated) under
     report_root/run_id/SOC/ for each SoC in the records, each file written whole or not at all; returns
-    {soc: folder}. A run without records writes nothing and keeps `latest`."""
+    {soc: folder}. A run without records writes nothing and keeps `latest`. provenance: per SoC."""
     folders = {}
     for soc in sorted({record.soc for record in records}):
-        document = build(records, environments.get(soc, {"soc": soc}), run_id, soc, columns)
+        document = build(records, environments.get(soc, {"soc": soc}), run_id, soc, columns,
+                         (provenance or {}).get(soc))
         folder = report_root / run_id / soc
         folder.mkdir(parents=True, exist_ok=True)
         mine = gate.for_soc(soc) if gate is not None else None

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.device.execute import write_inputs
+from harness.device.execute import DEVICE_LOG, write_inputs
 from harness.known_failures import KnownFailure
 from harness.paths import REPO_ROOT
 from harness.qnn.toolchain import Toolchain
@@ -95,8 +95,10 @@ class BundleWriter:
                 if path is not None and path.is_file():
                     shutil.copyfile(path, folder / "device" / path.name)
             (folder / "device" / "runner.log").write_text(outcome.run.log)
-        elif outcome.run_dir is not None and (outcome.run_dir / "runner.log").is_file():
-            shutil.copyfile(outcome.run_dir / "runner.log", folder / "device" / "runner.log")
+        elif outcome.run_dir is not None:
+            for name in ("runner.log", DEVICE_LOG):  # device.log: the failed run's logcat lines
+                if (outcome.run_dir / name).is_file():
+                    shutil.copyfile(outcome.run_dir / name, folder / "device" / name)
         pte = _pte(artifact.pte, folder)
         (folder / layout.CASE_FILE).write_text(json.dumps(self._case(outcome, card_file, pte), indent=1, default=str) + "\n")
 

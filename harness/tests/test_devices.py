@@ -198,9 +198,14 @@ def _scenario(tmp_path: Path, *args: str, env: dict[str, str] | None = None, bac
 
 
 def _uses(tmp_path: Path) -> dict[str, list[dict]]:
+    """The cases' holds per device; each run's health check holds every device once before its cases do."""
     by_device = defaultdict(list)
     for path in (tmp_path / "locks").glob("*.uses.jsonl"):
-        by_device[path.name] = [json.loads(line) for line in path.read_text().splitlines()]
+        uses = [json.loads(line) for line in path.read_text().splitlines()]
+        checks = [use for use in uses if use["holder"].startswith("health-")]
+        cases = [use for use in uses if use not in checks]
+        assert checks and min(use["start"] for use in cases) >= min(use["end"] for use in checks), uses
+        by_device[path.name] = cases
     return by_device
 
 

@@ -3,7 +3,8 @@ the fix, the other device's cases still pass, the report is written, nothing is 
 
 Each scenario is a child `pytest suites` run on two emulated devices (SM8650 healthy, SM8750 with the
 fault) over one small card; lowered artifacts are shared through one cache so only the first
-scenario lowers.
+scenario lowers. The faults arm after the device's first program, its health check (`after_programs`),
+so these scenarios break a case's run; a device broken from the start is quarantined (test_health.py).
 """
 from __future__ import annotations
 
@@ -67,7 +68,8 @@ def _suite(tmp_path: Path, cache: Path, faults: dict | None = None, *extra: str,
     command = [sys.executable, "-m", "pytest", "suites", "-p", "no:cacheprovider", "-q", "-W", "ignore", "-rfE",
                "--emulate", f"{HEALTHY},{FAULTY}", "--dtype", "fp16", "-k", CARD, "-n", "2",
                "--cache-dir", str(cache), "--report-dir", str(reports), *extra]
-    full_env = {**os.environ, "COLUMNS": "400", "QNNSUITE_EMULATOR_FAULTS": json.dumps({FAULTY: faults or {}}), **(env or {})}
+    armed = {"after_programs": 1, **faults} if faults else {}
+    full_env = {**os.environ, "COLUMNS": "400", "QNNSUITE_EMULATOR_FAULTS": json.dumps({FAULTY: armed}), **(env or {})}
     completed = subprocess.run(command, cwd=REPO_ROOT, env=full_env, capture_output=True, text=True, timeout=900)
     return SuiteRun(completed, reports)
 
@@ -105,6 +107,8 @@ def test_device_unplugged_during_run(tmp_path, shared_cache):
     run = _suite(tmp_path, shared_cache, {"vanish_on": "run", "vanish_permanently": True})
     _assert_faulty_device_failed(run, "lost during", "infra_error")
     assert "check the cable/connection and `adb devices`" in run.checks(FAULTY)["state"]["message"]
+    failed_lines = [line for line in run.output.splitlines() if line.startswith("FAILED")]
+    assert all("InfrastructureError" in line for line in failed_lines), "a lost device is the lab's failure"
     run.assert_nothing_left()
 
 
@@ -165,7 +169,8 @@ def test_ctrl_c_or_sigterm_in_a_parallel_run(tmp_path, shared_cache, stop):
                "--emulate", f"{HEALTHY},{FAULTY}", "--dtype", "fp16", "-k", "kv_gather_written or kv_index_put",
                "-n", "2", "--cache-dir", str(shared_cache), "--report-dir", str(reports)]
     child = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             env={**os.environ, "QNNSUITE_EMULATOR_FAULTS": json.dumps({FAULTY: {"runner_hang": True}})})
+                             env={**os.environ, "QNNSUITE_EMULATOR_FAULTS": json.dumps({FAULTY: {"after_programs": 1,
+                                                                                                  "runner_hang": True}})})
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and not list(reports.glob("*/run-context.json")):
         time.sleep(0.5)
