@@ -108,7 +108,7 @@ def test_device_unplugged_during_run(tmp_path, shared_cache):
     _assert_faulty_device_failed(run, "lost during", "infra_error")
     assert "check the cable/connection and `adb devices`" in run.checks(FAULTY)["state"]["message"]
     failed_lines = [line for line in run.output.splitlines() if line.startswith("FAILED")]
-    assert all("InfrastructureError" in line for line in failed_lines), "a lost device is the lab's failure"
+    assert all("infrastructure error: " in line for line in failed_lines), "a lost device is the lab's failure"
     run.assert_nothing_left()
 
 
@@ -225,7 +225,7 @@ def test_private_adb_server_killed_mid_run_starts_nothing_on_5037(tmp_path, shar
                "--cache-dir", str(shared_cache), "--report-dir", str(reports)]
     child = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              env={**os.environ, "COLUMNS": "400",
-                                  "QNNSUITE_EMULATOR_FAULTS": json.dumps({FAULTY: {"runner_hang": True}})})
+                                  "QNNSUITE_EMULATOR_FAULTS": json.dumps({FAULTY: {"after_programs": 1, "runner_hang": True}})})
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and not list(reports.glob("*/run-context.json")):
         time.sleep(0.2)
