@@ -13,7 +13,7 @@ from dataclasses import asdict
 import numpy as np
 
 from harness import numerics
-from harness.check_registry import CheckFailure, NotApplicable, check
+from harness.check_registry import CheckFailure, NotApplicable, NotMeasured, check
 from harness.device import kinds
 from harness.pipeline import cases, mutbuf
 from harness.results import CaseOutcome, PatternReference
@@ -117,7 +117,8 @@ def check_address_sharing(outcome: CaseOutcome) -> dict:
     if outcome.run.trace is None:
         kind = kinds.of(outcome.device_kind)
         if not kind.has_execute_trace:
-            raise NotApplicable(f"no execute trace on a {kind.name} device (the interposer wraps the host QNN library only)")
+            raise NotMeasured(f"no execute trace from a {kind.name}: its libQnnHtp.so is Qualcomm's own; pass "
+                              f"--android-ndk PATH (or set ANDROID_NDK_ROOT) to push the interposer in front of it")
         raise NotApplicable("no execute trace from this device (no QNN graph was executed)")
     records = mutbuf.read_trace(outcome.run.trace)
     executes = [r for r in records if r.get("event") == "execute"]

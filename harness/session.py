@@ -18,13 +18,14 @@ from pathlib import Path
 
 from harness import run_records
 from harness.context import RunContext, new_run_id
-from harness.device import pool
+from harness.device import kinds, pool
 from harness.device.device import DeviceError
 from harness.emulator.launcher import FleetError
 from harness.options import RunOptions
 from harness.process import fork_server
 from harness.process.services import LOWERING
 from harness.providers import DeviceProvider, provider_for
+from harness.qnn.interposer import InterposerBuildError
 from harness.qnn.sdk import SdkError
 from harness.qnn.toolchain import ToolchainError, prepare
 from harness.user_state import UnsafeStateDir
@@ -63,10 +64,13 @@ class RunSession:
             self._lowering_server = fork_server.spawn_server(LOWERING, socket_path, toolchain.child_env())
             self._provider = provider_for(self._options, toolchain, work_dir)
             provided = self._provider.start()
+            options = self._options
+            kinds.check_payloads([(d.kind, d.abi, d.htp_arch) for d in provided.devices],
+                                 kinds.payload_inputs(toolchain.sdk, options.runner, options.backend_lib, options.android_ndk))
             context = RunContext(run_id, provided.adb_port, provided.devices, provided.emulated_pids,
                                  provided.started_pids, work_dir)
             self.context = self._with_lowering_server(context, socket_path)
-        except (DeviceError, SdkError, ToolchainError, FleetError) as error:
+        except (DeviceError, SdkError, ToolchainError, FleetError, InterposerBuildError) as error:
             self._stop_processes()
             shutil.rmtree(work_dir, ignore_errors=True)
             raise RunStartError(str(error)) from error

@@ -9,6 +9,7 @@ are written as out/output_{i}_{k}.raw. The interposer's execute trace goes to ou
 It prints the byte its fresh heap allocations hold (`runner: heap pattern 0x40`, or `none` when they
 vary), measured in this process: what a delegated buffer that is never initialised reads.
 Fault switches for tests come from $EMULATED_FAULTS_FILE (runner_hang, runner_crash, runner_exit,
+runner_killed: SIGKILLed at once, as Android's low-memory killer ends a process,
 runner_fewer_outputs, runner_reload_each_line: a broken runner that loses state between steps;
 runner_lose_delegate_state: one that refills the delegate's buffers with the heap pattern after each
 step, so only state held inside the delegate is lost).
@@ -60,6 +61,9 @@ def apply_start_faults(faults: dict) -> None:
     if faults.get("runner_crash"):
         print("runner: crashing (fault switch)", flush=True)
         os.kill(os.getpid(), signal.SIGSEGV)
+    if faults.get("runner_killed"):
+        print("runner: killed (fault switch)", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
     if faults.get("runner_exit") is not None:
         print(f"runner: exiting {faults['runner_exit']} (fault switch)", flush=True)
         sys.exit(int(faults["runner_exit"]))
