@@ -118,7 +118,7 @@ def parse(config: pytest.Config) -> RunOptions:
         emulate=_socs([emulate], "--emulate") if emulate else DEFAULT_EMULATED,
         dtypes=tuple(config.getoption("--dtype")) or DTYPES,
         steps=steps,
-        runner=Path(runner).resolve() if runner else None,
+        runner=Path(runner).absolute() if runner else None,  # not resolved: a linked runner keeps its build folder
         qnn_sdk=config.getoption("--qnn-sdk"),
         models=tuple(config.getoption("--models")),
         report_dir=Path(config.getoption("--report-dir")),

@@ -5,7 +5,8 @@
 
 One process per invocation, like the device runner: the program is loaded once and every line of
 the input list runs on that one loaded method, so state carries from line to line. Line i's outputs
-are written as out/output_{i}_{k}.raw. The interposer's execute trace goes to out/trace.jsonl.
+are written as out/output_{i}_{k}.raw. The interposer's execute trace goes to out/trace.jsonl (on an
+emulated phone only where the harness asked for one, by QNNSUITE_TRACE, as on a phone).
 It prints the byte its fresh heap allocations hold (`runner: heap pattern 0x40`, or `none` when they
 vary), measured in this process: what a delegated buffer that is never initialised reads.
 Fault switches for tests come from $EMULATED_FAULTS_FILE (runner_hang, runner_crash, runner_exit,
@@ -24,6 +25,8 @@ import signal
 import sys
 import time
 from pathlib import Path
+
+from harness.emulator.phone_runtime import PHONE_ENV
 
 # executorch ScalarType codes -> numpy dtype names (the raw files are plain little-endian arrays)
 SCALAR_TYPES = {0: "uint8", 1: "int8", 2: "int16", 3: "int32", 4: "int64", 5: "float16", 6: "float32",
@@ -118,8 +121,9 @@ def main(argv: list[str]) -> int:
     apply_start_faults(faults)
     output_dir = Path(args.output_folder_path)
     output_dir.mkdir(parents=True, exist_ok=True)
-    os.environ["QNNSUITE_TRACE"] = str(output_dir / "trace.jsonl")
-    (output_dir / "trace.jsonl").unlink(missing_ok=True)
+    if PHONE_ENV not in os.environ:  # a phone has a trace only where the harness pushed its interposer
+        os.environ["QNNSUITE_TRACE"] = str(output_dir / "trace.jsonl")
+        (output_dir / "trace.jsonl").unlink(missing_ok=True)
 
     import numpy as np
     import torch

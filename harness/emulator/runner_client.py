@@ -12,6 +12,8 @@ Without $QNNSUITE_RUNNER_SOCKET, or when the server is not there or turns the ru
 In a jailed device shell (harness.emulator.jail) the device's paths (/data/...) exist only inside the jail,
 while the server runs on the host: the cwd, path arguments and library paths sent are the sandbox's host
 paths of what the device command named (the server refuses anything outside its device's sandbox).
+On an emulated phone ($QNNSUITE_EMULATED_PHONE) the run is always a fresh process whose loader finds the
+pushed QNN libraries (harness/emulator/phone_runtime.py).
 Start-up cost is what counts here, so only os, sys, socket and json are imported.
 """
 from __future__ import annotations
@@ -20,6 +22,7 @@ import os
 import sys
 
 from harness.emulator.device_fs import host_path
+from harness.emulator.phone_runtime import PHONE_ENV, NoQnnLibrary, runner_environment
 from harness.process.fork_client import STD_FDS, ServerGone, run
 
 SOCKET_ENV = "QNNSUITE_RUNNER_SOCKET"
@@ -58,8 +61,15 @@ def open_std_fds() -> list[int]:
 
 
 def main(argv: list[str]) -> None:
+    env, socket_path = dict(os.environ), os.environ.get(SOCKET_ENV)
+    if PHONE_ENV in env:  # an emulated phone: a fresh runner that loads the pushed libraries (phone_runtime)
+        try:
+            env, socket_path = runner_environment(env), None
+        except NoQnnLibrary as missing:
+            print(f"qnn_executor_runner: {missing}", file=sys.stderr, flush=True)
+            sys.exit(1)
     try:
-        status = run(os.environ.get(SOCKET_ENV), HOST_RUNNER, argv, os.getcwd(), dict(os.environ),
+        status = run(socket_path, HOST_RUNNER, argv, os.getcwd(), env,
                      {fd: fd for fd in open_std_fds()}, python=os.environ.get("QNNSUITE_PYTHON"), replace=True,
                      for_server=for_host)
     except ServerGone as gone:
