@@ -27,6 +27,7 @@ from harness.emulator.serve import READY_LINE
 from harness.paths import REPO_ROOT
 from harness.qnn import interposer
 from harness.tests.test_phone_payload import upstream_files
+from harness.tests.test_security import foreign_server_attempt
 
 SOCS = {"SM8650": 75, "SM8750": 79}
 SELECTION = "kv_index_copy_dim1 or kv_gather_written"
@@ -146,3 +147,19 @@ def test_a_stand_in_ndk_makes_address_sharing_measured(served, tmp_path, cache):
         pushed = _payload(served, context, soc)
         assert set(pushed) == upstream_files(arch) | {interposer.REAL_LIBRARY_NAME}
         assert pushed["libQnnHtp.so"] == built, "the interposer the stand-in compiler built is the pushed libQnnHtp.so"
+
+
+def test_a_missing_backend_library_is_one_usage_error_at_start(served, tmp_path, cache):
+    completed, _ = _suite(served, tmp_path, cache, "--backend-lib", str(tmp_path / "nowhere.so"), "-k", SELECTION)
+    errors = [line for line in completed.stderr.splitlines() if line.startswith("ERROR:")]
+    assert completed.returncode == pytest.ExitCode.USAGE_ERROR and len(errors) == 1, completed.stderr[-2000:]
+    assert f"{tmp_path / 'nowhere.so'} (--backend-lib)" in errors[0] and "pass --backend-lib PATH" in errors[0]
+
+
+def test_served_phones_trust_the_users_server_only(served, tmp_path):
+    """emulate serves the user's adb server: its devices let in that server's key and no other server's."""
+    serial = served.serials["SM8650"]
+    state, shell_exit = foreign_server_attempt(serial, tmp_path)
+    assert state != "device" and shell_exit != 0
+    device = Device(serial, AdbClient(host="127.0.0.1", port=served.port))
+    assert device.shell("ls /data/local/tmp/foreign 2>/dev/null; echo done").output.strip() == "done"

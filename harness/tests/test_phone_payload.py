@@ -1,15 +1,22 @@
 """The phone's side of a run without a phone: what is pushed from a standard executorch build folder and a
-QNN SDK (upstream's list), one start-up error naming every missing file, and SoC detection over the
-properties real phones report (a fake device object: no adb)."""
+QNN SDK (upstream's list), one start-up error naming every missing file, SoC detection over the
+properties real phones report (a fake device object: no adb), and the pieces of an emulated phone
+(its properties, its loader, the NDK build, the keys it trusts on the user's server)."""
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
+import adbutils
 import pytest
 
 from harness.device import kinds
 from harness.device.device import SOC_MACHINE_FILE, DeviceError, detect_soc
 from harness.device.payload import BACKEND_LIBRARY, RUNNER_NAME
+from harness.emulator import adb_auth
+from harness.emulator.launcher import device_properties
+from harness.emulator.phone_runtime import PHONE_ENV, REAL_LIBRARY_ENV, NoQnnLibrary, runner_environment
+from harness.qnn import interposer
 from harness.qnn.sdk import QnnSdk
 
 # Upstream's push list for HTP (SimpleADB.push in executorch's backends/qualcomm/export_utils.py), less the .pte.
@@ -132,3 +139,55 @@ def test_soc_detection_says_what_it_read_when_nothing_matches():
     for read in ("ro.soc.model='Tensor G3'", "ro.hardware.chipname=''", "ro.board.platform='taro'", "ro.hardware='qcom'",
                  f"{SOC_MACHINE_FILE}=''"):
         assert read in message
+
+
+def test_emulated_phones_show_their_soc_only_as_phones_do():
+    """At least one of three emulated phones has no ro.soc.model; detection finds every one's SoC."""
+    shown = [device_properties(soc, soc.lower(), as_phone=True, index=i) for i, soc in enumerate(("SM8650", "SM8750", "SM8550"))]
+    assert [p["ro.product.cpu.abi"] for p in shown] == ["arm64-v8a"] * 3
+    assert sum("ro.soc.model" not in p for p in shown) >= 2
+    for soc, props in zip(("SM8650", "SM8750", "SM8550"), shown):
+        assert detect_soc(FakeDevice(**{k.replace(".", "_"): v for k, v in props.items()})) == soc
+    assert device_properties("SM8650", "x")["ro.product.cpu.abi"] == "x86_64"
+
+
+def test_the_emulated_phone_loads_the_first_pushed_libqnnhtp(tmp_path):
+    pushed = _touch(tmp_path / "payload" / "libQnnHtp.so").parent
+    env = runner_environment({PHONE_ENV: "/bridge", "LD_LIBRARY_PATH": f"{tmp_path / 'empty'}:{pushed}:/system/lib64"})
+    assert env["LD_LIBRARY_PATH"] == f"/bridge:{tmp_path / 'empty'}:{pushed}:/system/lib64"
+    assert env[REAL_LIBRARY_ENV] == str(pushed / "libQnnHtp.so")
+    with pytest.raises(NoQnnLibrary, match="cannot load libQnnHtp.so: it is in none of LD_LIBRARY_PATH="):
+        runner_environment({PHONE_ENV: "/bridge", "LD_LIBRARY_PATH": str(tmp_path / "empty")})
+
+
+def test_an_ndk_without_a_usable_clang_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("QNNSUITE_HOME", str(tmp_path / "home"))
+    with pytest.raises(interposer.InterposerBuildError, match=r"has no .*aarch64-linux-android<API>-clang .*\(none is there\)"):
+        interposer.build_for_android(tmp_path / "empty-ndk")
+    old = _touch(tmp_path / "ndk" / interposer.NDK_CLANG_DIR / "aarch64-linux-android21-clang")
+    with pytest.raises(interposer.InterposerBuildError, match=r"it has API levels 21\): pass the root of an Android NDK"):
+        interposer.build_for_android(tmp_path / "ndk")
+    broken = old.with_name(f"aarch64-linux-android{interposer.MIN_ANDROID_API}-clang")
+    broken.write_text("#!/bin/sh\necho 'error: no target' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    with pytest.raises(interposer.InterposerBuildError) as error:
+        interposer.build_for_android(tmp_path / "ndk")
+    assert "\n" not in str(error.value) and str(error.value).endswith("failed: error: no target")
+    assert interposer.android_clang(tmp_path / "ndk") == broken
+
+
+def test_the_users_server_keys_are_the_ones_trusted(tmp_path):
+    adb = adbutils.adb_path()
+    home = tmp_path / "home"
+    (home / ".android").mkdir(parents=True)
+    subprocess.run([adb, "keygen", str(home / ".android" / "adbkey")], capture_output=True, check=True)
+    subprocess.run([adb, "keygen", str(tmp_path / "vendor.adb_key")], capture_output=True, check=True)
+    (tmp_path / "vendor.adb_key.pub").unlink()  # derived with `adb pubkey` then
+    keys = adb_auth.user_server_keys(adb, {"HOME": str(home), "ADB_VENDOR_KEYS": str(tmp_path)})
+    assert keys[0] == (home / ".android" / "adbkey.pub").read_text().strip() and len(keys) == 2
+    assert [adb_auth.parse_public_key(key).size for key in keys] == [256, 256]
+    with pytest.raises(adb_auth.AdbKeyError, match="the adb server has no key to trust: none of .*adbkey exists"):
+        adb_auth.user_server_keys(adb, {"HOME": str(tmp_path / "nobody")})
+    (home / ".android" / "adbkey.pub").write_text("garbage\n")
+    with pytest.raises(adb_auth.AdbKeyError, match="adbkey.pub: not base64"):
+        adb_auth.user_server_keys(adb, {"HOME": str(home)})
