@@ -20,10 +20,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from harness.device import discovery
+from harness.device import discovery, kinds
 from harness.emulator import phone
 from harness.emulator.launcher import EmulatorFleet, FleetError
 from harness.qnn import soc as soc_table
+from harness.qnn.interposer import InterposerBuildError
 from harness.qnn.sdk import SdkError
 from harness.qnn.toolchain import ToolchainError, prepare
 
@@ -59,9 +60,16 @@ def main(args: argparse.Namespace) -> int:
     if not socs:
         return 0
     port = args.adb_port or discovery.default_server_port()
-    device_env = {**(phone.device_environment(toolchain, dict(os.environ)) if args.as_phone else toolchain.child_env()),
-                  "QNNSUITE_PYTHON": sys.executable}
+    try:  # as the run's own emulated devices get it (harness/providers.py), or a phone's
+        device_env = (phone.device_environment(toolchain, dict(os.environ)) if args.as_phone
+                      else kinds.EmulatedKind.heap_environment(toolchain.child_env()))
+    except InterposerBuildError as error:
+        print(f"emulate: {error}", file=sys.stderr)
+        return 1
+    device_env["QNNSUITE_PYTHON"] = sys.executable
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    # Ctrl-C stops it even when started in the background of a script, where SIGINT arrives ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     with tempfile.TemporaryDirectory(prefix="qnnsuite-emulate-") as workdir:  # 0700, removed at the end
         try:
             with EmulatorFleet(socs, Path(workdir), device_env, as_phone=args.as_phone, user_server_port=port) as fleet:
