@@ -26,7 +26,9 @@ import sys
 import time
 from pathlib import Path
 
-from harness.emulator.phone_runtime import PHONE_ENV
+# Set on an emulated phone's commands (harness/emulator/phone_runtime.py PHONE_ENV). Spelled here, not
+# imported: repro bundles run this file alone, without the harness (harness/repro/standalone.py).
+PHONE_ENV = "QNNSUITE_EMULATED_PHONE"
 
 # executorch ScalarType codes -> numpy dtype names (the raw files are plain little-endian arrays)
 SCALAR_TYPES = {0: "uint8", 1: "int8", 2: "int16", 3: "int32", 4: "int64", 5: "float16", 6: "float32",

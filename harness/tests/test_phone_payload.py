@@ -191,3 +191,10 @@ def test_the_users_server_keys_are_the_ones_trusted(tmp_path):
     (home / ".android" / "adbkey.pub").write_text("garbage\n")
     with pytest.raises(adb_auth.AdbKeyError, match="adbkey.pub: not base64"):
         adb_auth.user_server_keys(adb, {"HOME": str(home)})
+
+
+def test_the_host_runner_and_the_phone_loader_agree_on_the_phone_variable():
+    """host_runner spells it itself (repro bundles run it without the harness): the two must not drift."""
+    from harness.emulator import host_runner
+
+    assert host_runner.PHONE_ENV == PHONE_ENV
