@@ -1,10 +1,11 @@
-"""`python -m harness setup|doctor|matrix|repro`: prepare the host toolchain, report on it, compare versions,
-or rerun one case.
+"""`python -m harness setup|doctor|matrix|repro|emulate`: prepare the host toolchain, report on it, compare
+versions, rerun one case, or serve emulated devices.
 
 setup  lays out the QNN tree, builds the interposer and probes the bridge (all cached; fast when done).
 doctor prints versions, SDK, bridge, adb and devices; exits non-zero with one line per missing piece.
 matrix runs one suite selection per executorch x onnxruntime-qnn release (harness/matrix/cli.py).
 repro  runs one case of an earlier run again through the suite (harness/repro/rerun.py).
+emulate serves emulated devices (or phones) on an adb server until Ctrl-C (harness/emulator/serve.py).
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import subprocess
 import sys
 
 from harness.device import discovery
+from harness.emulator import serve
 from harness.qnn.sdk import SdkError
 from harness.qnn.toolchain import ToolchainError, prepare
 from harness.repro import rerun
@@ -86,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     repro = commands.add_parser("repro", help="run one case of an earlier run again, writing its reproduction bundle")
     rerun.add_arguments(repro)
     repro.set_defaults(function=rerun.main)
+    emulate = commands.add_parser("emulate", help="serve emulated devices on an adb server until Ctrl-C")
+    serve.add_arguments(emulate)
+    emulate.set_defaults(function=serve.main)
     argv = sys.argv[1:] if argv is None else list(argv)
     # What follows `--` goes to pytest (repro only); argparse's subcommands cannot hold it themselves.
     passthrough = argv[argv.index("--") + 1:] if "--" in argv else []

@@ -120,8 +120,8 @@ def check_address_sharing(outcome: CaseOutcome) -> dict:
     if outcome.run.trace is None:
         kind = kinds.of(outcome.device_kind)
         if not kind.has_execute_trace:
-            raise NotMeasured(f"no execute trace on a {kind.name} device: its QNN library is not wrapped by the "
-                              f"interposer (pass --android-ndk PATH to build and push one)")
+            raise NotMeasured(f"no execute trace from a {kind.name}: its libQnnHtp.so is Qualcomm's own; pass "
+                              f"--android-ndk PATH (or set ANDROID_NDK_ROOT) to push the interposer in front of it")
         raise NotApplicable("no execute trace from this device (no QNN graph was executed)")
     records = mutbuf.read_trace(outcome.run.trace)
     executes = [r for r in records if r.get("event") == "execute"]

@@ -13,6 +13,7 @@ import pytest
 
 from harness.check_registry import CheckFailure, CheckSpec, InfrastructureError, NotApplicable
 from harness.context import RunContext
+from harness.device import kinds
 from harness.device.pool import DevicePool
 from harness.options import RunOptions
 from harness.qnn.toolchain import Toolchain, ToolchainError, prepare
@@ -51,8 +52,11 @@ def worker_id_name() -> str:
 
 @pytest.fixture(scope="session")
 def device_pool(run_context, qnnsuite_options, toolchain, worker_id_name):
+    given = kinds.payload_inputs(toolchain.sdk, qnnsuite_options.runner, qnnsuite_options.backend_lib,
+                                 qnnsuite_options.android_ndk)  # built and checked by the controller already
     pool = DevicePool(list(run_context.devices), run_context.adb_port, run_context.run_id, worker_id_name,
-                      sdk=toolchain.sdk, runner=qnnsuite_options.runner, quarantined=dict(run_context.quarantined))
+                      sdk=toolchain.sdk, runner=given.runner, backend_lib=given.backend_lib,
+                      trace_interposer=given.trace_interposer, quarantined=dict(run_context.quarantined))
     yield pool
     for line in pool.close(keep=qnnsuite_options.keep_workspace):
         print(line, file=sys.stderr)

@@ -5,6 +5,7 @@ declares options and turns them into a RunOptions value, with one clear line for
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +34,12 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption("--steps", type=int, default=None, metavar="N",
                     help=f"steps per case (default {DEFAULT_STEPS}; llama cards {DEFAULT_LLAMA_STEPS})")
     group.addoption("--runner", default=None, metavar="PATH", help="Android qnn_executor_runner to push to phones")
+    group.addoption("--backend-lib", default=None, metavar="PATH",
+                    help="libqnn_executorch_backend.so to push to phones (default: beside the runner, else "
+                         "BUILD/backends/qualcomm/ of the runner's build folder BUILD)")
+    group.addoption("--android-ndk", default=None, metavar="PATH",
+                    help="Android NDK (else ANDROID_NDK_ROOT): build the interposer for phones and push it, so "
+                         "address sharing is measured there too")
     group.addoption("--qnn-sdk", default=None, metavar="PATH",
                     help="QNN SDK root (else QNN_SDK_ROOT, else the onnxruntime-qnn wheel's libraries)")
     group.addoption("--models", action="append", default=[], metavar="MODULE",
@@ -73,6 +80,8 @@ class RunOptions:
     runner_timeout_s: float
     cache_dir: Path | None  # None with --no-cache
     repro_all: bool = False  # reproduction bundles for passes too
+    backend_lib: Path | None = None  # --backend-lib
+    android_ndk: Path | None = None  # --android-ndk or ANDROID_NDK_ROOT
 
     def steps_for(self, tags: frozenset[str]) -> int:
         if self.steps is not None:
@@ -102,13 +111,14 @@ def parse(config: pytest.Config) -> RunOptions:
     if baseline and not Path(baseline).exists():
         raise pytest.UsageError(f"--baseline {baseline} does not exist: pass a previous report.json or a folder of them")
     emulate = config.getoption("--emulate")
+    backend_lib = config.getoption("--backend-lib")
     return RunOptions(
         device_options=tuple(config.getoption("--device")),
         soc_filter=_socs(config.getoption("--soc"), "--soc"),
         emulate=_socs([emulate], "--emulate") if emulate else DEFAULT_EMULATED,
         dtypes=tuple(config.getoption("--dtype")) or DTYPES,
         steps=steps,
-        runner=Path(runner).resolve() if runner else None,
+        runner=Path(runner).absolute() if runner else None,  # not resolved: a linked runner keeps its build folder
         qnn_sdk=config.getoption("--qnn-sdk"),
         models=tuple(config.getoption("--models")),
         report_dir=Path(config.getoption("--report-dir")),
@@ -120,4 +130,17 @@ def parse(config: pytest.Config) -> RunOptions:
         runner_timeout_s=config.getoption("--runner-timeout"),
         cache_dir=None if config.getoption("--no-cache") else Path(config.getoption("--cache-dir")).resolve(),
         repro_all=config.getoption("--repro-all"),
+        backend_lib=Path(backend_lib).resolve() if backend_lib else None,
+        android_ndk=_android_ndk(config.getoption("--android-ndk")),
     )
+
+
+def _android_ndk(option: str | None) -> Path | None:
+    """--android-ndk, else ANDROID_NDK_ROOT; a folder that is not there is a usage error now, not at the first case."""
+    value, origin = (option, "--android-ndk") if option else (os.environ.get("ANDROID_NDK_ROOT"), "ANDROID_NDK_ROOT")
+    if not value:
+        return None
+    if not Path(value).is_dir():
+        raise pytest.UsageError(f"{origin} {value} is not a folder: pass the root of an Android NDK, or leave it "
+                                f"unset (address sharing is then not measured on phones)")
+    return Path(value).resolve()

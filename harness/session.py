@@ -19,13 +19,14 @@ from pathlib import Path
 
 from harness import run_records
 from harness.context import RunContext, new_run_id
-from harness.device import health, pool
+from harness.device import health, kinds, pool
 from harness.device.device import DeviceError
 from harness.emulator.launcher import FleetError
 from harness.options import RunOptions
 from harness.process import fork_server
 from harness.process.services import LOWERING
 from harness.providers import DeviceProvider, provider_for
+from harness.qnn.interposer import InterposerBuildError
 from harness.qnn.sdk import SdkError
 from harness.qnn.toolchain import Toolchain, ToolchainError, prepare
 from harness.user_state import UnsafeStateDir
@@ -65,10 +66,13 @@ class RunSession:
             self._lowering_server = fork_server.spawn_server(LOWERING, socket_path, toolchain.child_env())
             self._provider = provider_for(self._options, toolchain, work_dir)
             provided = self._provider.start()
+            options = self._options
+            given = kinds.payload_inputs(toolchain.sdk, options.runner, options.backend_lib, options.android_ndk)
+            kinds.check_payloads([(d.kind, d.abi, d.htp_arch) for d in provided.devices], given)
             context = RunContext(run_id, provided.adb_port, provided.devices, provided.emulated_pids,
                                  provided.started_pids, work_dir)
             self.context = self._with_lowering_server(context, socket_path)
-        except (DeviceError, SdkError, ToolchainError, FleetError) as error:
+        except (DeviceError, SdkError, ToolchainError, FleetError, InterposerBuildError) as error:
             self._stop_processes()
             shutil.rmtree(work_dir, ignore_errors=True)
             raise RunStartError(str(error)) from error
@@ -77,7 +81,7 @@ class RunSession:
         run_records.record(run_id, work_dir, self.context.started_pids, devices=attached)
         self._remove_killed_runs_folders(set(attached))
         if health_check and not self._options.compile_only:
-            self.context = self._checked(self.context, toolchain)
+            self.context = self._checked(self.context, toolchain, given)
             self._publish(self.context)
         return self.context
 
@@ -91,11 +95,11 @@ class RunSession:
                 run_records.leftover_removed(run_id, serial)
                 print(f"qnnsuite: removed {serial}:{pool.WORKSPACE_ROOT}/{run_id}, left by a killed run", file=sys.stderr)
 
-    def _checked(self, context: RunContext, toolchain: Toolchain) -> RunContext:
+    def _checked(self, context: RunContext, toolchain: Toolchain, given: kinds.PayloadInputs) -> RunContext:
         """The context with the devices that failed their health check quarantined, and every device's provenance."""
         options = self._options
         results = health.HealthCheck(context.devices, context.adb_port, context.run_id, toolchain, context.work_dir,
-                                     options.runner, options.runner_timeout_s, options.cache_dir,
+                                     given, options.runner_timeout_s, options.cache_dir,
                                      context.lowering_server).run()
         for line in health.report_lines(results, len(context.devices)):
             print(line, file=sys.stderr, flush=True)

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Protocol
 
 import adbutils
 from filelock import FileLock
@@ -29,10 +29,15 @@ from harness.qnn import soc as soc_table
 from harness.user_state import UnsafeStateDir, open_append, state_dir
 
 WORKSPACE_ROOT = "/data/local/tmp/qnnsuite"
-# Android 12+ reports the SoC directly; older builds only name the platform.
-PLATFORM_TO_SOC = {"lahaina": "SM8350", "taro": "SM8450", "cape": "SM8475", "kalama": "SM8550",
-                   "pineapple": "SM8650", "sun": "SM8750", "canoe": "SM8850"}
+# Where phones say which SoC they have, most direct first: Android 12+ sets ro.soc.model; some vendors only
+# ro.hardware.chipname; older builds only name the platform (codename, harness/qnn/soc.py); a few
+# ro.hardware; the kernel's soc0 driver names the part (or the codename).
+SOC_PROPERTIES = ("ro.soc.model", "ro.hardware.chipname", "ro.board.platform", "ro.hardware")
+SOC_MACHINE_FILE = "/sys/devices/soc0/machine"
 KILLED_BY_TIMEOUT = (124, 137)  # toybox/coreutils `timeout`: TERM -> 124, -s KILL -> 137
+# A run that ends this far into its timeout (or later) was ended by it; the shell's start and adb's round trip
+# make the measured duration a little shorter than the device-side one.
+TIMEOUT_REACHED_FRACTION = 0.9
 ADB_GRACE_S = 30  # host-side adb timeout beyond the device-side one, in case the device hangs
 PROBE_TIMEOUT_S = 10.0  # after a command times out: does the device answer at all?
 TRANSFER_TIMEOUT_S = 120  # no answer for this long in a push or pull: the device is gone
@@ -64,9 +69,10 @@ class RunResult:
     output: str
     duration_s: float
 
-    @property
-    def timed_out(self) -> bool:
-        return self.exit_code in KILLED_BY_TIMEOUT
+    def timed_out(self, timeout_s: float) -> bool:
+        """Killed by the device-side timeout: its exit code, and not well before the timeout was up (an exit
+        137 after a fraction of it is a SIGKILL from elsewhere, e.g. Android's low-memory killer)."""
+        return self.exit_code in KILLED_BY_TIMEOUT and self.duration_s >= timeout_s * TIMEOUT_REACHED_FRACTION
 
 
 def lock_dir() -> Path:
@@ -84,6 +90,29 @@ def safe_pull_name(name: str) -> bool:
     return name not in ("", ".", "..") and not any(char in name for char in "/\\\0")
 
 
+class ReportsIdentity(Protocol):
+    serial: str
+
+    def getprop(self, name: str) -> str: ...
+
+    def read_text(self, path: str) -> str: ...
+
+
+def detect_soc(device: ReportsIdentity) -> str:
+    """The SoC from the first source that names exactly one SoC of the table; otherwise one line listing
+    everything that was read."""
+    seen = []
+    for source, read in [*((name, device.getprop) for name in SOC_PROPERTIES), (SOC_MACHINE_FILE, device.read_text)]:
+        value = read(source)
+        seen.append(f"{source}={value!r}")
+        named = soc_table.named_by(value) if value else ()
+        if len(named) == 1:
+            return named[0]
+    raise DeviceError(f"device {device.serial}: cannot tell its SoC; it reports {', '.join(seen)}, and none of these "
+                      f"names exactly one SoC the ExecuTorch under test knows: report these values (the codenames "
+                      f"are in harness/qnn/soc.py)")
+
+
 class Device:
     def __init__(self, serial: str, client: adbutils.AdbClient) -> None:
         self.serial = serial
@@ -98,19 +127,14 @@ class Device:
     def getprop(self, name: str) -> str:
         return self.shell(shell_line(["getprop", name]), timeout_s=30).output.strip()
 
+    def read_text(self, path: str) -> str:
+        """A small device file's text ("" when it cannot be read)."""
+        result = self.shell(f"cat {shlex.quote(path)} 2>/dev/null", timeout_s=30)
+        return result.output.strip() if result.exit_code == 0 else ""
+
     @cached_property
     def soc(self) -> str:
-        model = self.getprop("ro.soc.model") or self.getprop("ro.hardware.chipname")
-        if not model:
-            platform = self.getprop("ro.board.platform")
-            model = PLATFORM_TO_SOC.get(platform, "")
-            if not model:
-                raise DeviceError(f"device {self.serial}: cannot tell its SoC (no ro.soc.model, platform {platform!r} "
-                                  f"unknown): pass --soc to filter, or report the platform name")
-        try:
-            return soc_table.lookup(model).name
-        except soc_table.UnknownSocError as error:
-            raise DeviceError(f"device {self.serial}: {error}") from error
+        return detect_soc(self)
 
     @cached_property
     def htp_arch(self) -> int:

@@ -16,6 +16,9 @@ from harness.device.device import Device, DeviceError, shell_line
 from harness.device.payload import RUNNER_NAME, PayloadFile
 
 RUNNER_TIMEOUT_S = 300
+TRACE_VARIABLE = "QNNSUITE_TRACE"  # read by the interposer (harness/qnn/interposer.c)
+TRACE_NAME = "trace.jsonl"
+SIGKILL_EXIT = 128 + 9  # how a shell reports a child ended by SIGKILL
 RUNNER_EXECUTION = re.compile(r"^runner: .* in ([0-9.]+) ms$", re.MULTILINE)
 # The emulated runner measures what its fresh heap allocations hold; Qualcomm's runner says nothing. Not
 # anchored: stderr is merged write by write, and QNN's logger writes its "[INFO] [Qnn ExecuTorch]: "
@@ -29,6 +32,7 @@ class Workspace:
 
     cases: str  # this worker's folder
     payload: str  # shared by the run's workers
+    traced: bool = False  # the payload has the trace interposer in front of a phone's libQnnHtp.so
 
 
 class RunnerFailed(DeviceError):
@@ -146,18 +150,25 @@ def run_case(device: Device, workspace: Workspace, case_dir_name: str, pte: Path
     timings["push"] = time.perf_counter() - started
 
     started = time.perf_counter()
+    env = {"ADSP_LIBRARY_PATH": workspace.payload}
+    if workspace.traced:  # the interposer appends a line per graph execute; pulled with the outputs
+        env[TRACE_VARIABLE] = f"{remote}/outputs/{TRACE_NAME}"
     result = device.run([f"{workspace.payload}/{RUNNER_NAME}", "--model_path", "model.pte", "--input_list_path",
                          "input_list.txt", "--output_folder_path", "outputs", "--method_index", str(int(method_index))],
-                        cwd=remote, timeout_s=timeout_s, env={"ADSP_LIBRARY_PATH": workspace.payload},
-                        prepend={"LD_LIBRARY_PATH": workspace.payload})
+                        cwd=remote, timeout_s=timeout_s, env=env, prepend={"LD_LIBRARY_PATH": workspace.payload})
     timings["run"] = time.perf_counter() - started
     executed = RUNNER_EXECUTION.search(result.output)
     if executed:  # the emulated runner reports its own execution time, imports excluded
         timings["runner_exec"] = float(executed.group(1)) / 1000
     (local_dir / "runner.log").write_text(result.output)
-    if result.timed_out:
+    if result.timed_out(timeout_s):
         raise _failed(device, since, local_dir, f"runner on {device.serial} hung and was killed after {timeout_s:.0f} s "
                            f"(last words: {_last_line(result.output)}); its log:\n{_tail(result.output)}")
+    if result.exit_code == SIGKILL_EXIT:
+        raise _failed(device, since, local_dir, f"runner on {device.serial} was killed (SIGKILL, exit 137) after {result.duration_s:.1f} s, "
+                           f"well before its {timeout_s:.0f} s timeout: something else killed it, e.g. Android's "
+                           f"low-memory killer; check `adb -s {device.serial} logcat -d` and free memory (last words: "
+                           f"{_last_line(result.output)}); its log:\n{_tail(result.output)}")
     if result.exit_code != 0:
         raise _failed(device, since, local_dir, f"runner on {device.serial} {_exit_description(result)} (last words: "
                            f"{_last_line(result.output)}); its log:\n{_tail(result.output)}")
@@ -174,7 +185,7 @@ def run_case(device: Device, workspace: Workspace, case_dir_name: str, pte: Path
         row = [local_dir / "outputs" / name for name in names]
         files.append(row)
         outputs.append([np.fromfile(path, dtype=np.uint8) for path in row])
-    trace = local_dir / "outputs" / "trace.jsonl" if "trace.jsonl" in present else None
+    trace = local_dir / "outputs" / TRACE_NAME if TRACE_NAME in present else None
     timings["pull"] = time.perf_counter() - started
     pattern = HEAP_PATTERN.search(result.output)
     return DeviceRun(outputs, files, trace, result.output, timings, pushed, int(pattern.group(1), 16) if pattern else None)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.device import kinds, provenance
+from harness.device.kinds import PayloadInputs
 from harness.device.device import WORKSPACE_ROOT
 from harness.device.pool import DevicePool, DeviceSpec
 from harness.pipeline.health_card import HEALTH_CARD, STEPS
@@ -67,10 +68,10 @@ class HealthCheck:
     """One run's health checks; `run()` visits every device in parallel and returns what it found."""
 
     def __init__(self, specs: tuple[DeviceSpec, ...], adb_port: int, run_id: str, toolchain: Toolchain,
-                 work_dir: Path, runner: Path | None, runner_timeout_s: float, cache_dir: Path | None,
+                 work_dir: Path, given: PayloadInputs, runner_timeout_s: float, cache_dir: Path | None,
                  lowering_server: Path | None) -> None:
         self._specs, self._adb_port, self._run_id = specs, adb_port, run_id
-        self._toolchain, self._work_dir, self._runner = toolchain, work_dir, runner
+        self._toolchain, self._work_dir, self._given = toolchain, work_dir, given
         self._timeout_s = min(runner_timeout_s, HEALTH_TIMEOUT_S)
         self._cache_dir, self._lowering_server = cache_dir, lowering_server
         self._results = HealthResults()
@@ -89,7 +90,9 @@ class HealthCheck:
 
     def _visit(self, index: int, spec: DeviceSpec) -> None:
         worker = f"health-{index}"  # its own host and device folders, even for two devices of one SoC
-        pool = DevicePool([spec], self._adb_port, self._run_id, worker, self._toolchain.sdk, self._runner)
+        given = self._given
+        pool = DevicePool([spec], self._adb_port, self._run_id, worker, self._toolchain.sdk, given.runner,
+                          given.backend_lib, given.trace_interposer)
         store = CaseStore(self._toolchain, pool, self._work_dir, worker, lambda tags: STEPS, self._timeout_s,
                           self._cache_dir, self._lowering_server)
         cause, status = None, "passed"
@@ -116,7 +119,7 @@ class HealthCheck:
 
     def _provenance(self, pool: DevicePool, spec: DeviceSpec) -> dict:
         try:
-            payload = kinds.of(spec.kind).payload(spec.abi, spec.htp_arch, self._runner, self._toolchain.sdk)
+            payload = kinds.of(spec.kind).payload(spec.abi, spec.htp_arch, self._given)
             device = pool.device(spec.serial)
             return provenance.measure(device, spec.kind, payload, f"{WORKSPACE_ROOT}/{self._run_id}/payload",
                                       self._toolchain.sdk)

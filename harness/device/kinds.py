@@ -6,10 +6,14 @@ An attached device is emulated when it runs host (x86_64) binaries: real phones 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from harness.device.payload import PayloadFile, emulated_payload, phone_payload
+from harness.device.device import DeviceError
+from harness.device.payload import (PayloadFile, PhoneFiles, emulated_payload, missing_files_line, phone_files_missing,
+                                    phone_payload)
+from harness.qnn import interposer
 from harness.qnn.sdk import WHEEL_ORIGIN, QnnSdk
 
 HOST_ABI = "x86_64"
@@ -23,14 +27,29 @@ EMULATED_HEAP_PATTERN = 0x40
 _NO_THREAD_CACHE = "glibc.malloc.tcache_count=0"
 
 
+@dataclass(frozen=True)
+class PayloadInputs:
+    """Everything a kind's payload is made from: the run's options and SDK (the same for every device)."""
+
+    sdk: QnnSdk
+    runner: Path | None = None
+    backend_lib: Path | None = None
+    trace_interposer: Path | None = None  # built for aarch64-android with --android-ndk
+
+    def phone_files(self) -> PhoneFiles:
+        # The wheel's SDK tree has host libraries only; a phone needs a full SDK's Android and Hexagon ones.
+        return PhoneFiles(self.runner, None if self.sdk.origin == WHEEL_ORIGIN else self.sdk.root, self.backend_lib,
+                          self.trace_interposer)
+
+
 class EmulatedKind:
     name = "emulated"
     # The interposer wraps the host QNN library, so every graph execute is traced with its tensors' addresses.
     has_execute_trace = True
     heap_pattern: int | None = EMULATED_HEAP_PATTERN
 
-    def payload(self, abi: str, htp_arch: int, runner: Path | None, sdk: QnnSdk) -> list[PayloadFile]:
-        return emulated_payload(abi, runner)
+    def payload(self, abi: str, htp_arch: int, given: PayloadInputs) -> list[PayloadFile]:
+        return emulated_payload(abi, given.runner)
 
     @staticmethod
     def host_libraries(sdk: QnnSdk) -> dict[str, Path]:
@@ -49,16 +68,17 @@ class EmulatedKind:
 
 class PhoneKind:
     name = "phone"
-    has_execute_trace = False  # a phone's libQnnHtp.so is Qualcomm's own
+    # A phone's libQnnHtp.so is Qualcomm's own: traced only when the interposer built with --android-ndk is
+    # pushed in front of it (then the run's outputs hold trace.jsonl).
+    has_execute_trace = False
     heap_pattern: int | None = None  # Android's allocator has no fill switch a runner could be started with
 
     @staticmethod
     def host_libraries(sdk: QnnSdk) -> dict[str, Path]:
         return {}  # a phone uses only what was pushed to it
 
-    def payload(self, abi: str, htp_arch: int, runner: Path | None, sdk: QnnSdk) -> list[PayloadFile]:
-        # The wheel's SDK tree has host libraries only; a phone needs a full SDK's Android and Hexagon ones.
-        return phone_payload(abi, htp_arch, runner, None if sdk.origin == WHEEL_ORIGIN else sdk.root)
+    def payload(self, abi: str, htp_arch: int, given: PayloadInputs) -> list[PayloadFile]:
+        return phone_payload(abi, htp_arch, given.phone_files())
 
 
 DeviceKind = EmulatedKind | PhoneKind
@@ -71,3 +91,23 @@ def kind_for_abi(abi: str) -> str:
 
 def of(name: str) -> DeviceKind:
     return KINDS[name]
+
+
+def payload_inputs(sdk: QnnSdk, runner: Path | None, backend_lib: Path | None, android_ndk: Path | None) -> PayloadInputs:
+    """The run's payload inputs; with an NDK, the interposer is built for phones (once: it is cached)."""
+    return PayloadInputs(sdk, runner, backend_lib, interposer.build_for_android(android_ndk) if android_ndk else None)
+
+
+def check_payloads(devices: list[tuple[str, str, int]], given: PayloadInputs) -> None:
+    """Once at the start of a run, for (kind, abi, htp arch) of every device: one DeviceError naming every
+    file missing for any of them, not one error per case later; then each phone's payload is checked whole
+    (runner given, for its ABI, a full SDK)."""
+    phones = sorted({(abi, htp_arch) for kind, abi, htp_arch in devices if kind == PhoneKind.name})
+    files = given.phone_files()
+    missing: list[str] = []
+    for _abi, htp_arch in phones:
+        missing += [path for path in phone_files_missing(htp_arch, files) if path not in missing]
+    if missing and files.runner is not None and files.sdk_root is not None:
+        raise DeviceError(missing_files_line(missing))
+    for abi, htp_arch in phones:
+        phone_payload(abi, htp_arch, files)

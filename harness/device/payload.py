@@ -1,8 +1,11 @@
 """What must be on a device before a .pte can run there, per device kind.
 
-A phone gets the user's Android runner and the QNN libraries for its HTP arch (as upstream's
-scripts push them); an emulated device gets the emulated runner, since its QNN libraries are the
-host's. Which one a device is, is decided in harness/device/kinds.py.
+A phone gets the user's Android runner, executorch's QNN backend library and the QNN libraries for its
+HTP arch, the same seven files upstream's scripts push (SimpleADB in executorch's
+backends/qualcomm/export_utils.py); with a trace interposer built for Android (--android-ndk), that
+interposer is pushed as libQnnHtp.so and Qualcomm's library beside it as libQnnHtp.real.so, as the host
+overlay does (harness/qnn/interposer.py). An emulated device gets the emulated runner, since its QNN
+libraries are the host's. Which one a device is, is decided in harness/device/kinds.py.
 """
 from __future__ import annotations
 
@@ -10,9 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.device.device import DeviceError
+from harness.qnn.interposer import REAL_LIBRARY_NAME
 
 EMULATED_RUNNER = Path(__file__).resolve().parent.parent / "emulator" / "qnn_executor_runner"
 RUNNER_NAME = "qnn_executor_runner"
+BACKEND_LIBRARY = "libqnn_executorch_backend.so"
+# Where a standard executorch Android build (BUILD/) puts the runner and the backend library.
+RUNNER_BUILD_DIR = ("examples", "qualcomm", "executor_runner")
+BACKEND_BUILD_DIR = Path("backends") / "qualcomm"
 ELF_MACHINES = {183: "arm64-v8a", 62: "x86_64", 40: "armeabi-v7a", 3: "x86"}
 
 
@@ -21,6 +29,16 @@ class PayloadFile:
     local: Path
     remote_name: str
     mode: int = 0o644
+
+
+@dataclass(frozen=True)
+class PhoneFiles:
+    """What the user gave for phones: --runner, --backend-lib, a full QNN SDK, the interposer built for Android."""
+
+    runner: Path | None
+    sdk_root: Path | None  # None: only the host libraries are at hand, which a phone cannot use
+    backend_lib: Path | None = None  # --backend-lib; else found from the runner's place
+    trace_interposer: Path | None = None  # harness.qnn.interposer.build_for_android (--android-ndk)
 
 
 def elf_abi(path: Path) -> str | None:
@@ -41,31 +59,62 @@ def _checked_runner(runner: Path, abi: str) -> PayloadFile:
     return PayloadFile(runner, RUNNER_NAME, 0o755)
 
 
+def backend_library_candidates(runner: Path) -> list[Path]:
+    """Beside the runner, then BUILD/backends/qualcomm/ when the runner is in BUILD/examples/qualcomm/executor_runner/."""
+    candidates = [runner.parent / BACKEND_LIBRARY]
+    if runner.parent.parts[-len(RUNNER_BUILD_DIR):] == RUNNER_BUILD_DIR:
+        candidates.append(runner.parents[len(RUNNER_BUILD_DIR)] / BACKEND_BUILD_DIR / BACKEND_LIBRARY)
+    return candidates
+
+
 def emulated_payload(abi: str, runner: Path | None) -> list[PayloadFile]:
     """An emulated device runs host binaries: the emulated runner, or the user's host-built one."""
     return [_checked_runner(runner, abi)] if runner is not None else [PayloadFile(EMULATED_RUNNER, RUNNER_NAME, 0o755)]
 
 
-def phone_payload(abi: str, htp_arch: int, runner: Path | None, sdk_root: Path | None) -> list[PayloadFile]:
-    """A phone gets the user's Android runner and the QNN libraries of its HTP arch, as upstream pushes them.
+def _sdk_libraries(sdk_root: Path, htp_arch: int) -> list[Path]:
+    android = sdk_root / "lib" / "aarch64-android"
+    return [android / "libQnnHtp.so", android / f"libQnnHtpV{htp_arch}Stub.so", android / "libQnnHtpPrepare.so",
+            android / "libQnnSystem.so", sdk_root / "lib" / f"hexagon-v{htp_arch}" / "unsigned" / f"libQnnHtpV{htp_arch}Skel.so"]
 
-    sdk_root: a full QNN SDK (None: only the host libraries are at hand, which a phone cannot use)."""
-    if runner is None:
+
+def phone_files_missing(htp_arch: int, given: PhoneFiles) -> list[str]:
+    """Every file a phone of this HTP arch needs that is not there, each with where it was looked for."""
+    missing = []
+    if given.sdk_root is not None:
+        missing += [str(path) for path in _sdk_libraries(given.sdk_root, htp_arch) if not path.is_file()]
+    if given.backend_lib is not None:
+        if not given.backend_lib.is_file():
+            missing.append(f"{given.backend_lib} (--backend-lib)")
+    elif given.runner is not None and not any(path.is_file() for path in backend_library_candidates(given.runner)):
+        missing.append(" or ".join(str(path) for path in backend_library_candidates(given.runner)))
+    if given.trace_interposer is not None and not given.trace_interposer.is_file():
+        missing.append(f"{given.trace_interposer} (the interposer built with --android-ndk)")
+    return missing
+
+
+def missing_files_line(missing: list[str]) -> str:
+    """The one line that names every missing file and the fix."""
+    return (f"files to push to the phones are missing: {'; '.join(missing)}: use a QNN SDK with Android and "
+            f"Hexagon libraries (--qnn-sdk), and pass --backend-lib PATH unless {BACKEND_LIBRARY} is beside the "
+            f"runner or in BUILD/{BACKEND_BUILD_DIR}/ of the runner's build folder")
+
+
+def phone_payload(abi: str, htp_arch: int, given: PhoneFiles) -> list[PayloadFile]:
+    """A phone gets the user's Android runner, the backend library and the QNN libraries of its HTP arch,
+    as upstream pushes them (plus the trace interposer in front of libQnnHtp.so when there is one)."""
+    if given.runner is None:
         raise DeviceError(f"a {abi} device needs its Android qnn_executor_runner: pass --runner PATH "
                           f"(built from executorch's examples/qualcomm/executor_runner)")
-    files = [_checked_runner(runner, abi)]
-    if sdk_root is None:
+    files = [_checked_runner(given.runner, abi)]
+    if given.sdk_root is None:
         raise DeviceError("pushing to a phone needs a full QNN SDK for its libraries: pass --qnn-sdk or set QNN_SDK_ROOT")
-    wanted = [
-        sdk_root / "lib" / "aarch64-android" / "libQnnHtp.so",
-        sdk_root / "lib" / "aarch64-android" / f"libQnnHtpV{htp_arch}Stub.so",
-        sdk_root / "lib" / "aarch64-android" / "libQnnHtpPrepare.so",
-        sdk_root / "lib" / "aarch64-android" / "libQnnSystem.so",
-        sdk_root / "lib" / f"hexagon-v{htp_arch}" / "unsigned" / f"libQnnHtpV{htp_arch}Skel.so",
-        runner.parent / "libqnn_executorch_backend.so",
-    ]
-    missing = [str(path) for path in wanted if not path.is_file()]
+    missing = phone_files_missing(htp_arch, given)
     if missing:
-        raise DeviceError(f"files to push for HTP v{htp_arch} are missing: {', '.join(missing)}: "
-                          f"use a QNN SDK with Android libraries and put libqnn_executorch_backend.so beside the runner")
-    return files + [PayloadFile(path, path.name) for path in wanted]
+        raise DeviceError(missing_files_line(missing))
+    backend = given.backend_lib or next(path for path in backend_library_candidates(given.runner) if path.is_file())
+    libraries = [PayloadFile(path, path.name) for path in _sdk_libraries(given.sdk_root, htp_arch)]
+    if given.trace_interposer is not None:
+        real = libraries[0]
+        libraries[0:1] = [PayloadFile(given.trace_interposer, real.remote_name), PayloadFile(real.local, REAL_LIBRARY_NAME)]
+    return files + libraries + [PayloadFile(backend, BACKEND_LIBRARY)]

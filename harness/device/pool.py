@@ -21,6 +21,7 @@ from harness.device import kinds
 from harness.device.adb import AdbClient
 from harness.device.device import WORKSPACE_ROOT, Device, DeviceError, DeviceLost, shell_line
 from harness.device.execute import Workspace, prepare_workspace
+from harness.qnn.interposer import REAL_LIBRARY_NAME
 from harness.qnn.sdk import QnnSdk
 
 LOCK_POLL_S = 0.2
@@ -50,6 +51,8 @@ class DevicePool:
     worker: str
     sdk: QnnSdk
     runner: Path | None = None
+    backend_lib: Path | None = None
+    trace_interposer: Path | None = None  # built for phones with --android-ndk
     _devices: dict[str, Device] = field(default_factory=dict)
     _prepared: dict[str, Workspace] = field(default_factory=dict)  # serial -> this worker's workspace
     _lost: dict[str, str] = field(default_factory=dict)  # serial -> the line that said so
@@ -114,9 +117,11 @@ class DevicePool:
         if spec.serial not in self._prepared:
             payload = f"{WORKSPACE_ROOT}/{self.run_id}/payload"
             device.shell(shell_line(["mkdir", "-p", payload]))
-            files = kinds.of(spec.kind).payload(spec.abi, spec.htp_arch, self.runner, self.sdk)
+            given = kinds.PayloadInputs(self.sdk, self.runner, self.backend_lib, self.trace_interposer)
+            files = kinds.of(spec.kind).payload(spec.abi, spec.htp_arch, given)
             prepare_workspace(device, payload, files)
-            self._prepared[spec.serial] = Workspace(device.workspace(f"{self.run_id}/{self.worker}"), payload)
+            traced = any(item.remote_name == REAL_LIBRARY_NAME for item in files)
+            self._prepared[spec.serial] = Workspace(device.workspace(f"{self.run_id}/{self.worker}"), payload, traced)
         return self._prepared[spec.serial]
 
     def close(self, keep: bool) -> list[str]:

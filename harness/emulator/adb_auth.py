@@ -80,3 +80,41 @@ def load_keys(path: Path) -> list[PublicKey]:
     if not keys:
         raise AdbKeyError(f"{path}: no adb public key in it: give the adbkey.pub of the adb server")
     return keys
+
+
+def user_key_files(env: dict[str, str]) -> list[Path]:
+    """The private keys an adb server started by this user signs with: ~/.android/adbkey (adb's folder is
+    $ANDROID_USER_HOME, else $HOME/.android) and ADB_VENDOR_KEYS (files, or folders of *.adb_key files)."""
+    android = Path(env["ANDROID_USER_HOME"]) if env.get("ANDROID_USER_HOME") else Path(env.get("HOME", "~")).expanduser() / ".android"
+    files = [android / "adbkey"]
+    for entry in filter(None, env.get("ADB_VENDOR_KEYS", "").split(":")):
+        path = Path(entry).expanduser()
+        files += sorted(path.glob("*.adb_key")) if path.is_dir() else [path]
+    return files
+
+
+def user_server_keys(adb: str, env: dict[str, str]) -> list[str]:
+    """The public keys (adb_keys lines) of the user's adb server: each private key's .pub, else what
+    `adb pubkey` derives from it (that is adb's own code, so no RSA key parsing is written here)."""
+    import subprocess
+
+    keys = []
+    for private in user_key_files(env):
+        public = private.with_name(private.name + ".pub")
+        if public.is_file():
+            line = public.read_text().strip()
+        elif private.is_file():
+            derived = subprocess.run([adb, "pubkey", str(private)], capture_output=True, text=True, timeout=30)
+            line = derived.stdout.strip() if derived.returncode == 0 else ""
+        else:
+            continue
+        try:
+            parse_public_key(line)
+        except AdbKeyError as error:
+            raise AdbKeyError(f"{public if public.is_file() else private}: {error}: give the adb server's own key "
+                              f"(adb keygen) or fix ADB_VENDOR_KEYS") from error
+        keys.append(line)
+    if not keys:
+        raise AdbKeyError(f"the adb server has no key to trust: none of {', '.join(map(str, user_key_files(env)))} "
+                          f"exists; run `adb start-server` once (it makes ~/.android/adbkey) or set ADB_VENDOR_KEYS")
+    return keys

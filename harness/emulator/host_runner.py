@@ -5,10 +5,12 @@
 
 One process per invocation, like the device runner: the program is loaded once and every line of
 the input list runs on that one loaded method, so state carries from line to line. Line i's outputs
-are written as out/output_{i}_{k}.raw. The interposer's execute trace goes to out/trace.jsonl.
+are written as out/output_{i}_{k}.raw. The interposer's execute trace goes to out/trace.jsonl (on an
+emulated phone only where the harness asked for one, by QNNSUITE_TRACE, as on a phone).
 It prints the byte its fresh heap allocations hold (`runner: heap pattern 0x40`, or `none` when they
 vary), measured in this process: what a delegated buffer that is never initialised reads.
 Fault switches for tests come from $EMULATED_FAULTS_FILE (runner_hang, runner_crash, runner_exit,
+runner_killed: SIGKILLed at once, as Android's low-memory killer ends a process,
 runner_fewer_outputs, runner_reload_each_line: a broken runner that loses state between steps;
 runner_lose_delegate_state: one that refills the delegate's buffers with the heap pattern after each
 step, so only state held inside the delegate is lost).
@@ -25,6 +27,9 @@ import time
 from pathlib import Path
 
 from harness.emulator.device_fs import active_faults
+# Set on an emulated phone's commands (harness/emulator/phone_runtime.py PHONE_ENV). Spelled here, not
+# imported: repro bundles run this file alone, without the harness (harness/repro/standalone.py).
+PHONE_ENV = "QNNSUITE_EMULATED_PHONE"
 
 # executorch ScalarType codes -> numpy dtype names (the raw files are plain little-endian arrays)
 SCALAR_TYPES = {0: "uint8", 1: "int8", 2: "int16", 3: "int32", 4: "int64", 5: "float16", 6: "float32",
@@ -62,6 +67,9 @@ def apply_start_faults(faults: dict) -> None:
     if faults.get("runner_crash"):
         print("runner: crashing (fault switch)", flush=True)
         os.kill(os.getpid(), signal.SIGSEGV)
+    if faults.get("runner_killed"):
+        print("runner: killed (fault switch)", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
     if faults.get("runner_exit") is not None:
         print(f"runner: exiting {faults['runner_exit']} (fault switch)", flush=True)
         sys.exit(int(faults["runner_exit"]))
@@ -116,8 +124,9 @@ def main(argv: list[str]) -> int:
     apply_start_faults(faults)
     output_dir = Path(args.output_folder_path)
     output_dir.mkdir(parents=True, exist_ok=True)
-    os.environ["QNNSUITE_TRACE"] = str(output_dir / "trace.jsonl")
-    (output_dir / "trace.jsonl").unlink(missing_ok=True)
+    if PHONE_ENV not in os.environ:  # a phone has a trace only where the harness pushed its interposer
+        os.environ["QNNSUITE_TRACE"] = str(output_dir / "trace.jsonl")
+        (output_dir / "trace.jsonl").unlink(missing_ok=True)
 
     import numpy as np
     import torch

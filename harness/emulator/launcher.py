@@ -1,5 +1,9 @@
 """An emulated fleet: a private real adb server on a loopback port plus one emulated device per SoC.
 
+Or, for `python -m harness emulate` (harness/emulator/serve.py), the user's own adb server (started as a
+child of ours when none answers on its port): the devices then trust exactly that server's keys, the
+user's ~/.android/adbkey and ADB_VENDOR_KEYS (adb_auth.user_server_keys), never anyone's.
+
 Each device is a `harness.emulator.adbd` process connected to the server with `adb connect`, so stock adb
 tooling (adbutils, the adb CLI) sees ordinary `127.0.0.1:PORT` devices. Everything started is owned by PID
 and dies with the process that started it, even if that one is SIGKILLed (harness/process/lifetime.py).
@@ -22,15 +26,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from harness.emulator import adb_auth, phone
 from harness.files import write_atomically
 from harness.process.lifetime import die_with_parent
+from harness.qnn import soc as soc_table
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 5.0
-# Per-SoC properties; any other SoC name gets GENERIC_PLATFORM.
-SOC_PLATFORMS = {"SM8650": "pineapple", "SM8750": "sun"}
-GENERIC_PLATFORM = "emulated"
+GENERIC_PLATFORM = "emulated"  # ro.board.platform of an emulated (x86) device whose SoC has no codename
 # No USB scan, no emulator port probing, no mDNS: the private server only knows the devices we connect.
 ADB_SERVER_ENV = {"ADB_USB": "0", "ADB_EMU": "0", "ADB_MDNS": "0"}
 # Where adb would otherwise look for keys and its home: the private server must use only its own.
@@ -52,17 +56,20 @@ class EmulatedDeviceInfo:
     faults_file: Path
 
 
-def device_properties(soc: str, name: str) -> dict[str, str]:
-    """System properties of an emulated device of the given SoC."""
+def device_properties(soc: str, name: str, as_phone: bool = False, index: int = 0) -> dict[str, str]:
+    """System properties of an emulated device of the given SoC; `as_phone`: as the index-th phone shows them
+    (harness/emulator/phone.py), else with ro.soc.model and the host ABI (commands are host binaries)."""
+    codename = next((name for name, socs in soc_table.PLATFORM_CODENAMES.items() if socs == (soc,)), GENERIC_PLATFORM)
+    identity = (phone.soc_properties(soc, index) if as_phone
+                else {"ro.soc.model": soc, "ro.board.platform": codename})
     return {
-        "ro.soc.model": soc,
+        **identity,
         "ro.soc.manufacturer": "QTI",
-        "ro.board.platform": SOC_PLATFORMS.get(soc, GENERIC_PLATFORM),
         "ro.product.model": f"Emulated {soc}",
         "ro.product.name": name,
         "ro.product.device": name,
         "ro.product.manufacturer": "QUALCOMM",
-        "ro.product.cpu.abi": "x86_64",  # commands are host binaries
+        "ro.product.cpu.abi": phone.PHONE_ABI if as_phone else "x86_64",
         "ro.build.version.sdk": "35",
         "ro.serialno": f"emulated-{name}",
     }
@@ -120,12 +127,17 @@ def end_process(process: subprocess.Popen[bytes], sig: signal.Signals = signal.S
 class EmulatorFleet:
     """A private adb server and emulated devices; a context manager that cleans up everything it started."""
 
-    def __init__(self, socs: list[str], workdir: Path, device_env: dict[str, str] | None = None) -> None:
+    def __init__(self, socs: list[str], workdir: Path, device_env: dict[str, str] | None = None,
+                 as_phone: bool = False, user_server_port: int | None = None) -> None:
         """device_env: the environment device commands run in (the QNN toolchain's, for the host runner).
         With it, each device also gets a runner server (harness/process/services.py RUNNER), so a run costs a
-        fork instead of a fresh Python with torch and executorch to import."""
+        fork instead of a fresh Python with torch and executorch to import; not a phone (as_phone), whose
+        runner loads the pushed libraries in a fresh process (harness/emulator/phone_runtime.py).
+        user_server_port: serve the devices on the user's adb server there (started if none answers)."""
         self.socs = list(socs)
         self.device_env = device_env
+        self.as_phone = as_phone
+        self.user_server_port = user_server_port
         self._runner_servers: dict[str, subprocess.Popen[bytes]] = {}
         self._starting_runner_servers: list[tuple[subprocess.Popen[bytes], Path]] = []
         self.workdir = Path(workdir).resolve()
@@ -166,6 +178,9 @@ class EmulatorFleet:
 
         adb = os.environ.get("ADBUTILS_ADB_PATH") or adbutils.adb_path()
         self.workdir.mkdir(parents=True, exist_ok=True)
+        if self.user_server_port is not None:
+            self._use_user_server(adb, self.user_server_port)
+            return
         self.adb_port = free_port()
         # A private HOME keeps the server's key and its per-port marker files out of the user's ~/.android.
         server_home = self.workdir / "adb-home"
@@ -184,11 +199,39 @@ class EmulatorFleet:
         log.close()
         self._wait_for("the adb server to answer", self._server_answers)
 
+    def _use_user_server(self, adb: str, port: int) -> None:
+        """The user's adb server on `port` (started, as our child, with the user's own environment and keys,
+        when none answers); the devices will trust that server's public keys and no other."""
+        self.adb_port = port
+        if not self._answers_on(port):
+            log = open(self.workdir / "adb-server.log", "wb")
+            self._server = subprocess.Popen([adb, "-P", str(port), "server", "nodaemon"], stdin=subprocess.DEVNULL,
+                                            stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
+            log.close()
+            self._wait_for("the adb server to answer", self._server_answers)
+            self._wait_for("the adb server's key (adb makes ~/.android/adbkey when it starts)",
+                           lambda: any(path.is_file() for path in adb_auth.user_key_files(dict(os.environ))))
+        try:
+            keys = adb_auth.user_server_keys(adb, dict(os.environ))
+        except adb_auth.AdbKeyError as error:
+            raise FleetError(str(error)) from error
+        self.server_public_key = self.workdir / "trusted_adb_keys"
+        write_atomically(self.server_public_key, "".join(f"{key}\n" for key in keys))
+
+    @staticmethod
+    def _answers_on(port: int) -> bool:
+        try:
+            return bool(host_request(port, "host:version", timeout=1.0))
+        except (OSError, FleetError):
+            return False
+
     def _server_answers(self) -> bool:
         assert self._server is not None
         if self._server.poll() is not None:
             log = self.workdir / "adb-server.log"
-            raise FleetError(f"adb server exited with {self._server.returncode}; see {log}")
+            lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()] if log.exists() else []
+            raise FleetError(f"adb server exited with {self._server.returncode} ({lines[-1].strip()[:200] if lines else 'no output'}); "
+                             f"see {log}")
         try:
             return bool(host_request(self.adb_port, "host:version", timeout=1.0))
         except OSError:
@@ -210,7 +253,8 @@ class EmulatorFleet:
         root, props_file, port_file = device_dir / "root", device_dir / "props.json", device_dir / "port"
         root.mkdir(parents=True, exist_ok=True)
         port_file.unlink(missing_ok=True)
-        write_atomically(props_file, json.dumps(device_properties(soc, name), indent=1))
+        properties = device_properties(soc, name, self.as_phone, index=len(self._device_processes))
+        write_atomically(props_file, json.dumps(properties, indent=1))
         faults_file = root / ".faults.json"
         write_atomically(faults_file, json.dumps(faults))
         env = self._device_environment(name, device_dir, root)
@@ -245,8 +289,8 @@ class EmulatorFleet:
 
     def _device_environment(self, name: str, device_dir: Path, root: Path) -> dict[str, str] | None:
         """The device's command environment, with its own runner server when there is a device_env."""
-        if self.device_env is None:
-            return None
+        if self.device_env is None or self.as_phone:
+            return self.device_env
         from harness.process.fork_server import spawn_server
         from harness.process.services import RUNNER
 
@@ -300,6 +344,12 @@ class EmulatorFleet:
                 stop_server(self._runner_servers[name])
             end_process(process)
             kill_sandbox_processes(self.workdir / name / "root")
+        if self.user_server_port is not None and self._server is None:  # the user's server goes on, without them
+            for info in self.devices:
+                try:
+                    host_request(self.adb_port, f"host:disconnect:{info.serial}", timeout=STOP_TIMEOUT_S)
+                except (OSError, FleetError):
+                    pass
         self.devices.clear()
         if self._server is not None:
             if self._server.poll() is None:

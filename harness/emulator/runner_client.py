@@ -15,6 +15,8 @@ paths of what the device command named (the server refuses anything outside its 
 Its stderr also goes, line by line, into the device log that the device's logcat reads (device_log.tee),
 as a phone's runner logs through liblog; the copy is made here, outside the runner's child, so a runner
 that crashes loses none of its last words.
+On an emulated phone ($QNNSUITE_EMULATED_PHONE) the run is always a fresh process whose loader finds the
+pushed QNN libraries (harness/emulator/phone_runtime.py).
 Start-up cost is what counts here, so only os, sys, socket, json, re, time and threading are imported.
 """
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from harness.emulator import device_log
 from harness.emulator.device_fs import host_path
+from harness.emulator.phone_runtime import PHONE_ENV, NoQnnLibrary, runner_environment
 from harness.process.fork_client import STD_FDS, ServerGone, run
 
 if TYPE_CHECKING:
@@ -86,9 +89,16 @@ def logged_stderr(fds: dict[int, int]) -> tuple[dict[int, int], Thread | None, i
 
 
 def main(argv: list[str]) -> None:
+    env, socket_path = dict(os.environ), os.environ.get(SOCKET_ENV)
+    if PHONE_ENV in env:  # an emulated phone: a fresh runner that loads the pushed libraries (phone_runtime)
+        try:
+            env, socket_path = runner_environment(env), None
+        except NoQnnLibrary as missing:
+            print(f"qnn_executor_runner: {missing}", file=sys.stderr, flush=True)
+            sys.exit(1)
     fds, tee, write_end = logged_stderr({fd: fd for fd in open_std_fds()})
     try:
-        status = run(os.environ.get(SOCKET_ENV), HOST_RUNNER, argv, os.getcwd(), dict(os.environ),
+        status = run(socket_path, HOST_RUNNER, argv, os.getcwd(), env,
                      fds, python=os.environ.get("QNNSUITE_PYTHON"), replace=True, for_server=for_host)
     except ServerGone as gone:
         print(f"runner_client: {gone}", file=sys.stderr, flush=True)

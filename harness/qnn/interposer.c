@@ -19,8 +19,13 @@
  *   QNNSUITE_REAL_QNNHTP          path of the real library (default: libQnnHtp.real.so beside this one)
  *   QNNSUITE_BRIDGE_DEVICE_CONFIG 1 to rewrite device custom configs into the newer layout
  *   QNNSUITE_TRACE                file to append execute records to (unset: no trace)
+ * Built with -DENV_PREFIX='"OTHER_"' it reads OTHER_REAL_QNNHTP etc. instead, so that two of them can be
+ * stacked without reading each other's settings (the emulated phone's own bridge in front of a pushed one).
  */
 #define _GNU_SOURCE
+#ifndef ENV_PREFIX
+#define ENV_PREFIX "QNNSUITE_"
+#endif
 #include <dlfcn.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -147,7 +152,7 @@ static void trace_tensors(FILE *out, const tensor *tensors, uint32_t count) {
 
 static void write_trace(qnn_handle graph, const tensor *inputs, uint32_t n_in,
                         const tensor *outputs, uint32_t n_out, qnn_status status) {
-    const char *path = getenv("QNNSUITE_TRACE");
+    const char *path = getenv(ENV_PREFIX "TRACE");
     if (!path || !*path) return;
     pthread_mutex_lock(&state_lock);
     FILE *out = fopen(path, "a");
@@ -220,7 +225,7 @@ static qnn_status wrapped_device_create(qnn_handle logger, const void **configs,
 }
 
 static void load_real_library(void) {
-    const char *path = getenv("QNNSUITE_REAL_QNNHTP");
+    const char *path = getenv(ENV_PREFIX "REAL_QNNHTP");
     char sibling[4096];
     if (!path || !*path) {
         Dl_info self;
@@ -258,7 +263,7 @@ static void load_real_library(void) {
         copy->functions[SLOT_DEVICE_CREATE] = (void *)wrapped_device_create;
         our_providers[i] = copy;
     }
-    const char *bridge = getenv("QNNSUITE_BRIDGE_DEVICE_CONFIG");
+    const char *bridge = getenv(ENV_PREFIX "BRIDGE_DEVICE_CONFIG");
     bridge_device_config = bridge && strcmp(bridge, "1") == 0;
     provider_count = count;
 }

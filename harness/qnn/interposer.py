@@ -8,6 +8,8 @@ overlay makes both reach the interposer, and the SDK itself is never modified.
 from __future__ import annotations
 
 import hashlib
+import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -19,30 +21,74 @@ SOURCE = Path(__file__).with_name("interposer.c")
 REAL_LIBRARY_NAME = "libQnnHtp.real.so"
 
 
+# Where an Android NDK keeps its clang drivers, one per API level (aarch64-linux-android30-clang, ...).
+NDK_CLANG_DIR = Path("toolchains") / "llvm" / "prebuilt" / "linux-x86_64" / "bin"
+NDK_CLANG_PREFIX = "aarch64-linux-android"
+# Android 11 (API 30): what the oldest SoC of the table (SM8350) shipped with; the lowest level at or above
+# it that the NDK has is used, so the library loads on every phone the suite knows.
+MIN_ANDROID_API = 30
+COMMON_FLAGS = ("-O2", "-Wall", "-Werror", "-fPIC", "-shared", "-fvisibility=hidden", "-Wl,-soname,libQnnHtp.so",
+                "-Wl,-z,nodelete", "-Wl,-Bsymbolic")
+HOST_LIBRARIES = ("-ldl", "-lpthread")
+
+
 class InterposerBuildError(RuntimeError):
-    """The system C compiler could not build the interposer."""
+    """The C compiler (the system's, or the NDK's) could not build the interposer."""
 
 
-def build() -> Path:
-    """Compile once per source version; later calls return the cached library."""
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
-    output = state_dir() / "interposer" / digest / "libQnnHtp.so"
-    if output.exists():
-        return output
-    compiler = shutil.which("cc") or shutil.which("gcc")
+def build(compiler: str | None = None, defines: tuple[str, ...] = (), libraries: tuple[str, ...] = HOST_LIBRARIES,
+          folder: str = "interposer") -> Path:
+    """Compile once per source, compiler and defines; later calls return the cached library.
+
+    compiler: default the system's cc; defines: -D options (e.g. the emulated phone's variable prefix)."""
+    compiler = compiler or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise InterposerBuildError("no C compiler found (cc/gcc): install one, e.g. `apt-get install gcc`")
+    key = SOURCE.read_bytes()
+    if (defines, libraries, folder) != ((), HOST_LIBRARIES, "interposer"):  # the host build keeps its key
+        key += "|".join([compiler, _compiler_identity(compiler), *defines, *libraries]).encode()
+    output = state_dir() / folder / hashlib.sha256(key).hexdigest()[:16] / "libQnnHtp.so"
+    if output.exists():
+        return output
     output.parent.mkdir(parents=True, exist_ok=True)
-    partial = output.with_suffix(".partial")
-    command = [compiler, "-O2", "-Wall", "-Werror", "-fPIC", "-shared", "-fvisibility=hidden",
-               "-Wl,-soname,libQnnHtp.so", "-Wl,-z,nodelete", "-Wl,-Bsymbolic",
-               "-o", str(partial), str(SOURCE), "-ldl", "-lpthread"]
-    result = subprocess.run(command, capture_output=True, text=True)
+    partial = output.with_suffix(f".{os.getpid()}.partial")
+    command = [compiler, *COMMON_FLAGS, *defines, "-o", str(partial), str(SOURCE), *libraries]
+    try:
+        result = subprocess.run(command, capture_output=True, text=True)
+    except OSError as error:
+        raise InterposerBuildError(f"cannot run {compiler} ({error}): check that it is an executable C compiler") from error
     if result.returncode != 0:
         first_error = next((line for line in result.stderr.splitlines() if "error" in line), result.stderr.strip())
-        raise InterposerBuildError(f"building the interposer with {compiler} failed: {first_error}")
+        raise InterposerBuildError(f"building the interposer with {compiler} failed: {first_error[:300]}")
     partial.rename(output)
     return output
+
+
+def _compiler_identity(compiler: str) -> str:
+    """Size and modification time: a rebuilt or replaced compiler makes a new library."""
+    try:
+        info = Path(compiler).stat()
+    except OSError:
+        return ""
+    return f"{info.st_size}:{info.st_mtime_ns}"
+
+
+def android_clang(ndk: Path) -> Path:
+    """The NDK's clang for aarch64-linux-android at the lowest API level >= MIN_ANDROID_API it has."""
+    folder = ndk / NDK_CLANG_DIR
+    levels = sorted(int(match.group(1)) for path in (folder.iterdir() if folder.is_dir() else [])
+                    if (match := re.fullmatch(rf"{NDK_CLANG_PREFIX}(\d+)-clang", path.name)))
+    usable = [level for level in levels if level >= MIN_ANDROID_API]
+    if not usable:
+        found = f"it has API levels {', '.join(map(str, levels))}" if levels else "none is there"
+        raise InterposerBuildError(f"Android NDK {ndk} has no {NDK_CLANG_DIR}/{NDK_CLANG_PREFIX}<API>-clang for API "
+                                   f"{MIN_ANDROID_API} or newer ({found}): pass the root of an Android NDK r23 or newer")
+    return folder / f"{NDK_CLANG_PREFIX}{usable[0]}-clang"
+
+
+def build_for_android(ndk: Path) -> Path:
+    """The interposer built for phones with the NDK's clang (bionic has pthread in libc, so only -ldl)."""
+    return build(str(android_clang(ndk)), libraries=("-ldl",), folder="interposer-android")
 
 
 def overlay(sdk: QnnSdk, interposer: Path) -> Path:

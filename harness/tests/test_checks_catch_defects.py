@@ -18,7 +18,7 @@ import torch
 
 from fixtures import zoo  # noqa: F401  (registers the cards)
 from harness import checks
-from harness.check_registry import CheckFailure
+from harness.check_registry import CheckFailure, NotMeasured
 from harness.device.execute import DeviceRun, write_inputs
 from harness.pipeline import card as cards
 from harness.pipeline import eager, stages
@@ -143,6 +143,18 @@ def test_address_check_catches_a_pair_on_two_addresses(tmp_path):
         checks.check_address_sharing(_trace_outcome(tmp_path, [("0x10", "0x10"), ("0x10", "0x20"), ("0x10", "0x10")]))
     with pytest.raises(CheckFailure, match="changed address between executes"):
         checks.check_address_sharing(_trace_outcome(tmp_path, [("0x10", "0x10"), ("0x30", "0x30"), ("0x30", "0x30")]))
+
+
+def test_address_check_on_a_phone_is_not_measured_without_a_trace_and_checked_with_one(tmp_path):
+    """A phone without the interposer cannot measure it (NotMeasured, never a pass or a plain skip); with the
+    interposer pushed (--android-ndk) its trace is judged like any other."""
+    outcome = _trace_outcome(tmp_path, [("0x10", "0x20")] * 3)
+    outcome.device_kind = "phone"
+    with pytest.raises(CheckFailure, match="at 0x10 but"):
+        checks.check_address_sharing(outcome)
+    outcome.run = DeviceRun([], [], None, "")
+    with pytest.raises(NotMeasured, match=r"no execute trace from a phone: .* pass --android-ndk PATH"):
+        checks.check_address_sharing(outcome)
 
 
 # 5 state and 6 initial state (real lowerings, real runs) --------------------------------------------

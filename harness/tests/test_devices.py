@@ -97,26 +97,39 @@ def test_bad_devices_each_get_one_line(fleet):
         discovery.client(1)
 
 
-def test_hung_runner_is_killed_and_its_log_pulled(fleet, device, tmp_path):
-    workspace = device.workspace("hang")
-    for item in kinds.of("emulated").payload("x86_64", 75, None, WHEEL_SDK):
+def _failed_run(fleet, device, tmp_path, fault: str, timeout_s: float) -> str:
+    """The RunnerFailed line of a run on the emulated runner with one fault switch on."""
+    workspace = device.workspace(fault)
+    for item in kinds.of("emulated").payload("x86_64", 75, kinds.PayloadInputs(WHEEL_SDK)):
         device.push(item.local, f"{workspace}/{item.remote_name}", mode=item.mode)
-    fleet.set_faults(device.serial, runner_hang=True)
+    fleet.set_faults(device.serial, **{fault: True})
     pte = tmp_path / "model.pte"
-    pte.write_bytes(b"not reached: the runner hangs first")
-    started = time.perf_counter()
+    pte.write_bytes(b"not reached: the fault comes first")
     try:
         with pytest.raises(RunnerFailed) as failure:
             run_case(device, Workspace(workspace, workspace), "case", pte, [()], tmp_path / "local", output_count=1,
-                     timeout_s=3)
+                     timeout_s=timeout_s)
     finally:
-        fleet.set_faults(device.serial, runner_hang=None)
+        fleet.set_faults(device.serial, **{fault: None})
+    return str(failure.value)
+
+
+def test_hung_runner_is_killed_and_its_log_pulled(fleet, device, tmp_path):
+    started = time.perf_counter()
+    message = _failed_run(fleet, device, tmp_path, "runner_hang", timeout_s=3)
     assert time.perf_counter() - started < 30
-    message = str(failure.value)
     assert "hung and was killed after 3 s" in message and "runner: hanging (fault switch)" in message
     # The runner runs as a child of the device's runner server (or of its shell without one).
     alive = [pid for pid in _descendants(fleet.started_pids) if "host_runner" in _cmdline(pid) or _runner_child(pid, fleet)]
     assert alive == [], "the hung runner must be killed on the device"
+    device.remove_workspaces()
+
+
+def test_an_early_sigkill_is_killed_not_hung(fleet, device, tmp_path):
+    """Exit 137 long before the timeout is something else's SIGKILL (Android's low-memory killer), not a hang."""
+    message = _failed_run(fleet, device, tmp_path, "runner_killed", timeout_s=120)
+    assert "was killed (SIGKILL, exit 137) after" in message and "well before its 120 s timeout" in message
+    assert "low-memory killer" in message and "hung" not in message and "runner: killed (fault switch)" in message
     device.remove_workspaces()
 
 
@@ -125,19 +138,19 @@ WHEEL_SDK = QnnSdk(root=Path("/nonexistent-sdk"), origin=WHEEL_ORIGIN)
 
 def test_emulated_runner_is_the_payload_of_an_x86_device():
     assert kinds.kind_for_abi("x86_64") == "emulated" and kinds.kind_for_abi("arm64-v8a") == "phone"
-    assert [item.local for item in kinds.of("emulated").payload("x86_64", 75, None, WHEEL_SDK)] == [EMULATED_RUNNER]
+    assert [item.local for item in kinds.of("emulated").payload("x86_64", 75, kinds.PayloadInputs(WHEEL_SDK))] == [EMULATED_RUNNER]
     with pytest.raises(DeviceError, match="needs its Android qnn_executor_runner: pass --runner PATH"):
-        kinds.of("phone").payload("arm64-v8a", 75, None, WHEEL_SDK)
+        kinds.of("phone").payload("arm64-v8a", 75, kinds.PayloadInputs(WHEEL_SDK))
 
 
 def test_runner_of_wrong_architecture_is_refused(tmp_path):
     x86_binary = Path(sys.executable).resolve()
     with pytest.raises(DeviceError, match="is built for x86_64 but the device is arm64-v8a"):
-        kinds.of("phone").payload("arm64-v8a", 75, x86_binary, WHEEL_SDK)
+        kinds.of("phone").payload("arm64-v8a", 75, kinds.PayloadInputs(WHEEL_SDK, x86_binary))
     script = tmp_path / "runner"
     script.write_bytes(b"#!/bin/sh\n")  # not an ELF: no ABI to refuse, but the wheel's SDK has no phone libraries
     with pytest.raises(DeviceError, match="pushing to a phone needs a full QNN SDK"):
-        kinds.of("phone").payload("arm64-v8a", 75, script, WHEEL_SDK)
+        kinds.of("phone").payload("arm64-v8a", 75, kinds.PayloadInputs(WHEEL_SDK, script))
 
 
 def _cmdline(pid: int) -> str:

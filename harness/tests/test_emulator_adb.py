@@ -269,7 +269,7 @@ def test_stop_leaves_no_process_and_closes_the_server_port(tmp_path: Path) -> No
 
 
 def test_failed_start_stops_what_it_started(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def properties_or_failure(soc: str, name: str) -> dict[str, str]:
+    def properties_or_failure(soc: str, name: str, as_phone: bool = False, index: int = 0) -> dict[str, str]:
         if soc == "BROKEN":
             raise FleetError("no such SoC")
         return {"ro.soc.model": soc}

@@ -107,14 +107,14 @@ def test_raw_client_without_cnxn_gets_no_shell(fleet: EmulatorFleet) -> None:
     assert harness_device(fleet).shell("echo still here").output == "still here\n"
 
 
-def test_client_with_a_foreign_key_is_refused(fleet: EmulatorFleet, tmp_path: Path) -> None:
-    """Attack: another adb server (another user's, with its own adbkey) connects to the emulated device."""
+def foreign_server_attempt(serial: str, tmp_path: Path) -> tuple[str | None, int]:
+    """Another adb server (another user's, with its own adbkey) connects to `serial` and tries a shell that
+    touches /data/local/tmp/foreign: the state it sees the device in, and the shell's exit code."""
     home, port = tmp_path / "foreign-home", free_port()
     home.mkdir()
     env = {key: value for key, value in os.environ.items() if key != "ADB_VENDOR_KEYS"}
     server = subprocess.Popen([ADB, "-P", str(port), "server", "nodaemon"], env={**env, **ADB_SERVER_ENV, "HOME": str(home)},
                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    serial = fleet.devices[0].serial
     try:
         deadline = time.monotonic() + 10
         while True:
@@ -128,16 +128,22 @@ def test_client_with_a_foreign_key_is_refused(fleet: EmulatorFleet, tmp_path: Pa
             host_request(port, f"host:connect:{serial}", timeout=10)
         time.sleep(1)
         states = dict(line.split("\t") for line in host_request(port, "host:devices").splitlines() if "\t" in line)
-        assert states.get(serial) != "device"
         shell = subprocess.run([ADB, "-P", str(port), "-s", serial, "shell", "touch /data/local/tmp/foreign"],
                                capture_output=True, text=True, timeout=30)
-        assert shell.returncode != 0
-        assert not (fleet.devices[0].root / "data/local/tmp/foreign").exists()
-        assert (home / ".android" / "adbkey.pub").exists()  # it did have a key to offer: not ours
+        assert (home / ".android" / "adbkey.pub").exists()  # it did have a key to offer: not the trusted one
+        return states.get(serial), shell.returncode
     finally:
         with contextlib.suppress(OSError):
             host_request(port, "host:kill", timeout=5)
         server.wait(10)
+
+
+def test_client_with_a_foreign_key_is_refused(fleet: EmulatorFleet, tmp_path: Path) -> None:
+    """Attack: another adb server (another user's, with its own adbkey) connects to the emulated device."""
+    serial = fleet.devices[0].serial
+    state, shell_exit = foreign_server_attempt(serial, tmp_path)
+    assert state != "device" and shell_exit != 0
+    assert not (fleet.devices[0].root / "data/local/tmp/foreign").exists()
     assert fleet.device_states()[serial] == "device"  # the suite's own server is still in
 
 

@@ -1,0 +1,107 @@
+"""An emulated device that looks like a phone to the harness (`python -m harness emulate --as-phone`).
+
+What the harness can see is what a Snapdragon phone shows: ABI arm64-v8a, the SoC only where phones put it
+(per device one of ro.soc.model, the ro.board.platform codename or ro.hardware; ro.soc.model is left out on
+all but the first device of three), no heap pattern and no execute trace unless the harness pushes its
+interposer. It runs a pushed qnn_executor_runner with the pushed libraries (harness/emulator/phone_runtime.py).
+For tests and for trying the phone path, this module also writes what a phone user has: a QNN SDK tree with
+the phone layout, whose "Android" libraries are the host's x86 QNN libraries under QAIRT's file names (the
+DSP-side Stub and Skel are stand-ins: the x86 simulator inside libQnnHtp.so does their work), and a standard
+executorch build folder whose runner is the emulated one and whose backend library is the host executorch's.
+Nothing is copied: Qualcomm's licence forbids redistributing the libraries, so the trees are links.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+from harness.device.payload import BACKEND_BUILD_DIR, BACKEND_LIBRARY, EMULATED_RUNNER, RUNNER_BUILD_DIR, RUNNER_NAME
+from harness.emulator.phone_runtime import PHONE_ENV
+from harness.paths import REPO_ROOT
+from harness.qnn import interposer, soc as soc_table
+from harness.qnn.sdk import HOST_LIB_DIR, WHEEL_RUNTIME_DIR, QnnSdk
+from harness.qnn.toolchain import Toolchain
+
+PHONE_ABI = "arm64-v8a"
+# The emulated phone's own bridge reads QNNSUITE_PHONE_HW_* so that a pushed interposer's QNNSUITE_* are its own.
+BRIDGE_PREFIX = "QNNSUITE_PHONE_HW_"
+ANDROID_LIB_DIR = Path("lib") / "aarch64-android"
+# QAIRT's Android names for the host libraries that do the same work.
+ANDROID_NAMES = {"libQnnHtp.so": "libQnnHtp.so", "libQnnSystem.so": "libQnnSystem.so",
+                 "libQnnHtpPrepare.so": "libHtpPrepare.so"}
+# Variables of the host toolchain that a phone's commands must not see: the host overlay (interposer, trace).
+HOST_ONLY_VARIABLES = ("QNN_SDK_ROOT", "LD_LIBRARY_PATH", "QNNSUITE_TRACE", "QNNSUITE_BRIDGE_DEVICE_CONFIG",
+                       "MALLOC_PERTURB_", "GLIBC_TUNABLES")
+
+
+def soc_properties(soc: str, index: int) -> dict[str, str]:
+    """How device number `index` exposes its SoC: ro.soc.model (every third), else the platform codename,
+    else ro.hardware; a SoC without a codename in harness/qnn/soc.py keeps ro.soc.model."""
+    codename = next((name for name, socs in soc_table.PLATFORM_CODENAMES.items() if socs == (soc,)), None)
+    way = index % 3 if codename else 0
+    if way == 0:
+        return {"ro.soc.model": soc, "ro.board.platform": codename or "", "ro.hardware": "qcom"}
+    if way == 1:
+        return {"ro.board.platform": codename, "ro.hardware": "qcom"}
+    return {"ro.board.platform": "", "ro.hardware": codename}
+
+
+def bridge_library() -> Path:
+    """The emulated phone's adaptation of the host QNN library to the host executorch (built once)."""
+    return interposer.build(defines=(f'-DENV_PREFIX="{BRIDGE_PREFIX}"',), folder="interposer-phone-hw")
+
+
+def device_environment(toolchain: Toolchain, base: dict[str, str]) -> dict[str, str]:
+    """What an emulated phone's commands run with: the host Python for its runner, the libc++ the host QNN
+    libraries need (a phone's system libraries), its bridge; none of the host overlay."""
+    env = {key: value for key, value in base.items() if key not in HOST_ONLY_VARIABLES}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    runtime = toolchain.sdk.root / "lib" / WHEEL_RUNTIME_DIR
+    env["LD_LIBRARY_PATH"] = str(runtime.resolve()) if runtime.exists() else ""
+    env[PHONE_ENV] = str(bridge_library().parent)
+    env[f"{BRIDGE_PREFIX}BRIDGE_DEVICE_CONFIG"] = "1" if toolchain.probe.bridge_device_config else "0"
+    return env
+
+
+def _link(path: Path, target: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_symlink() or path.exists():
+        path.unlink()
+    path.symlink_to(target.resolve())
+
+
+DSP_STAND_IN = ("emulated phone: stand-in for Qualcomm's {name}; the DSP side of HTP v{arch} is the x86 "
+                "simulator inside libQnnHtp.so, so this file is pushed as upstream pushes it and never loaded\n")
+
+
+def write_sdk(destination: Path, sdk: QnnSdk) -> Path:
+    """A QNN SDK tree with the phone layout (lib/aarch64-android, lib/hexagon-v{arch}/unsigned) for every
+    HTP arch the SoC table knows, plus the host libraries (so --qnn-sdk also serves lowering)."""
+    for entry in sdk.host_lib_dir.iterdir():
+        _link(destination / HOST_LIB_DIR / entry.name, entry)
+    runtime = sdk.root / "lib" / WHEEL_RUNTIME_DIR
+    if runtime.exists():
+        _link(destination / "lib" / WHEEL_RUNTIME_DIR, runtime)
+    for android_name, host_name in ANDROID_NAMES.items():
+        _link(destination / ANDROID_LIB_DIR / android_name, sdk.host_lib_dir / host_name)
+    for arch in sorted({soc.htp_arch for soc in soc_table.table().values()}):
+        stub = destination / ANDROID_LIB_DIR / f"libQnnHtpV{arch}Stub.so"
+        skel = destination / "lib" / f"hexagon-v{arch}" / "unsigned" / f"libQnnHtpV{arch}Skel.so"
+        for path in (stub, skel):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(DSP_STAND_IN.format(name=path.name, arch=arch))
+    return destination
+
+
+def write_build(destination: Path) -> Path:
+    """A standard executorch build folder: the runner where upstream's build puts it, and the backend library
+    in backends/qualcomm/ (the host executorch's QNN backend). Returns the runner's path."""
+    runner = destination.joinpath(*RUNNER_BUILD_DIR, RUNNER_NAME)
+    _link(runner, EMULATED_RUNNER)
+    spec = importlib.util.find_spec("executorch")  # a namespace package: no __file__
+    if spec is None or not spec.submodule_search_locations:
+        raise OSError("executorch is not installed in this Python: run the README's set-up command")
+    backend = Path(next(iter(spec.submodule_search_locations))) / "lib" / "libexecutorch_backend_qnn.so"
+    _link(destination / BACKEND_BUILD_DIR / BACKEND_LIBRARY, backend)
+    return runner
