@@ -51,7 +51,7 @@ def worker_id_name() -> str:
 
 @pytest.fixture(scope="session")
 def device_pool(run_context, qnnsuite_options, toolchain, worker_id_name):
-    pool = DevicePool(list(run_context.devices), run_context.adb_port, run_context.run_id, worker_id_name,
+    pool = DevicePool(list(run_context.devices), run_context.run_id, worker_id_name,
                       sdk=toolchain.sdk, runner=qnnsuite_options.runner)
     yield pool
     for line in pool.close(keep=qnnsuite_options.keep_workspace):

@@ -63,7 +63,7 @@ class RunSession:
             self._lowering_server = fork_server.spawn_server(LOWERING, socket_path, toolchain.child_env())
             self._provider = provider_for(self._options, toolchain, work_dir)
             provided = self._provider.start()
-            context = RunContext(run_id, provided.adb_port, provided.devices, provided.emulated_pids,
+            context = RunContext(run_id, provided.devices, provided.emulated_pids,
                                  provided.started_pids, work_dir)
             self.context = self._with_lowering_server(context, socket_path)
         except (DeviceError, SdkError, ToolchainError, FleetError) as error:
@@ -95,7 +95,7 @@ class RunSession:
         """keep_work_dir: leave the host work folder (and say where), e.g. when the reports could not be written."""
         context, keep = self.context, self._options.keep_workspace
         if context is not None and not keep:  # while the devices still answer
-            for line in pool.remove_run_folders(list(context.devices), context.adb_port, context.run_id):
+            for line in pool.remove_run_folders(list(context.devices), context.run_id):
                 print(line, file=sys.stderr)
         self._stop_processes()
         if self._previous_sigterm is not None:

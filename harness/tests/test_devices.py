@@ -18,7 +18,7 @@ import pytest
 
 from harness.context import RunContext
 from harness.device import discovery, kinds
-from harness.device.adb import AdbClient
+from harness.device.adb import AdbClient, AdbServer
 from harness.device.device import PROBE_TIMEOUT_S, Device, DeviceError, DeviceLost
 from harness.device.execute import RunnerFailed, Workspace, run_case
 from harness.device.payload import EMULATED_RUNNER, RUNNER_NAME
@@ -92,8 +92,8 @@ def test_bad_devices_each_get_one_line(fleet):
     gone = fleet.add_device("SM8650", offline=True)
     with pytest.raises(DeviceError, match="is offline: reconnect it"):
         discovery.select(client, [gone.serial])
-    with pytest.raises(DeviceError, match="no adb server on 127.0.0.1:1:"):
-        discovery.client(1)
+    with pytest.raises(DeviceError, match="no adb server answers on 127.0.0.1:1:"):
+        discovery.client(AdbServer("127.0.0.1", 1))
 
 
 def test_hung_runner_is_killed_and_its_log_pulled(fleet, device, tmp_path):
@@ -165,8 +165,8 @@ def _descendants(roots: list[int]) -> list[int]:
 
 def test_payload_goes_to_a_device_once_per_run(fleet):
     info = fleet.devices[0]
-    specs = [DeviceSpec(info.serial, info.soc, 75, "x86_64", "Emulated", kind="emulated")]
-    workers = [DevicePool(specs, fleet.adb_port, "payload-run", worker, sdk=WHEEL_SDK) for worker in ("gw0", "gw1")]
+    specs = [DeviceSpec(info.serial, info.soc, 75, "x86_64", "Emulated", kind="emulated", server=f"127.0.0.1:{fleet.adb_port}")]
+    workers = [DevicePool(specs, "payload-run", worker, sdk=WHEEL_SDK) for worker in ("gw0", "gw1")]
     runner = info.root / "data/local/tmp/qnnsuite/payload-run/payload" / RUNNER_NAME
     written = []
     for pool in workers:
