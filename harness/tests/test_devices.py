@@ -178,7 +178,7 @@ def test_payload_goes_to_a_device_once_per_run(fleet):
     for pool in workers:
         assert pool.close(keep=False) == []
     assert runner.exists(), "workers leave the shared payload to the controller"
-    assert remove_run_folders(specs, fleet.adb_port, "payload-run") == []
+    assert remove_run_folders(specs, "payload-run") == []
     assert not runner.parent.parent.exists()
 
 
