@@ -16,6 +16,7 @@ from pathlib import Path
 
 from harness.report import merge as merging
 from harness.report.gate import BaselineError, changes, compare, load
+from harness.report.writer import summary_line
 
 
 def diff(before_path: Path, after_path: Path) -> int:
@@ -35,11 +36,15 @@ def diff(before_path: Path, after_path: Path) -> int:
 
 def merge(folders: list[Path], out: Path, baseline: Path | None, allow_missing: bool) -> int:
     try:
-        verdict = merging.merge(folders, out, baseline, allow_missing)
+        merged = merging.merge(folders, out, baseline, allow_missing)
     except merging.MergeError as error:
         print(f"merge: {error}", file=sys.stderr)
         return 2
-    print(f"merged {len(folders)} run(s) into {out}: {', '.join(sorted(p.name for p in out.iterdir() if p.is_dir()))}")
+    socs = sorted({record.soc for record in merged.records})
+    print(f"merged {len(folders)} run(s) into {out}")
+    for soc in socs:
+        print(summary_line(merged.records, soc, out / soc / "report.html"))
+    verdict = merged.verdict
     if verdict is None:
         return 0
     print(f"gate against {baseline}: " + ("no regressions" if verdict.ok else "FAILED"))

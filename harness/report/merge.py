@@ -136,7 +136,13 @@ def merged_records(parts: list[Part]) -> dict[str, list[tuple[Part, dict]]]:
     return by_soc
 
 
-def merge(folders: list[Path], out: Path, baseline: Path | None = None, allow_missing: bool = False) -> GateResult | None:
+@dataclass(frozen=True)
+class Merged:
+    records: list[CheckRecord]  # every part's, for the summary lines
+    verdict: GateResult | None  # None without a baseline
+
+
+def merge(folders: list[Path], out: Path, baseline: Path | None = None, allow_missing: bool = False) -> Merged:
     """Write the merged per-SoC reports to out/<SOC>/ (and gate.json when a baseline is given)."""
     if out.exists() and any(out.iterdir()):
         raise MergeError(f"--out {out} is not empty: name a new folder, so no old report is mixed in")
@@ -145,9 +151,9 @@ def merge(folders: list[Path], out: Path, baseline: Path | None = None, allow_mi
     check_shards(parts)
     by_soc = merged_records(parts)
     records: dict[str, list[CheckRecord]] = {soc: [r for _, d in docs for r in records_of(d)] for soc, docs in by_soc.items()}
+    every = [record for soc_records in records.values() for record in soc_records]
     try:
-        verdict = compare(load(baseline), of_records([r for rs in records.values() for r in rs]), allow_missing) \
-            if baseline is not None else None
+        verdict = compare(load(baseline), of_records(every), allow_missing) if baseline is not None else None
     except BaselineError as error:
         raise MergeError(f"--baseline: {error}") from error
     for soc, documents in sorted(by_soc.items()):
@@ -156,4 +162,4 @@ def merge(folders: list[Path], out: Path, baseline: Path | None = None, allow_mi
             if (part.folder / soc / REPRO_DIR).is_dir():
                 shutil.copytree(part.folder / soc / REPRO_DIR, folder / REPRO_DIR, dirs_exist_ok=True, symlinks=True)
         write_soc(records[soc], _environment(documents, out.name), folder, out.name, soc, _columns(parts, soc), verdict)
-    return verdict
+    return Merged(every, verdict)

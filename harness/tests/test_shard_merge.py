@@ -129,6 +129,8 @@ def test_merge_refuses_a_version_mix_in_one_line(tmp_path: Path):
     assert not (tmp_path / "merged").exists()
     accepted = _merge_cli(*map(str, _write_shards(tmp_path / "same", make_records(), 2)), "--out", str(tmp_path / "ok"))
     assert accepted.returncode == 0, accepted.stderr
+    lines = accepted.stdout.splitlines()
+    assert lines[1].startswith("SM8650: ") and lines[1].endswith("ok/SM8650/report.html") and lines[2].startswith("SM8750: ")
 
 
 def test_merge_refuses_overlapping_cases_and_shards_that_do_not_fit(tmp_path: Path):
@@ -224,3 +226,5 @@ def test_shards_of_a_slice_merge_into_the_unsharded_run(tmp_path: Path):
     whole_doc = json.loads((tmp_path / "whole" / "latest" / "SM8650" / "report.json").read_text())
     merged_doc = json.loads((tmp_path / "merged" / "SM8650" / "report.json").read_text())
     assert merged_doc["summary"] == whole_doc["summary"] and merged_doc["checks"] == whole_doc["checks"]
+    gated = _suite(tmp_path, "gated", cache, "--baseline", str(tmp_path / "merged"))  # the merge as the next baseline
+    assert gated.returncode == 0 and f"gate against {tmp_path / 'merged'}: no regressions" in gated.stdout, gated.stdout[-2000:]
