@@ -121,12 +121,8 @@ def _locate(listings: dict[str, dict[str, str]], value: str) -> tuple[str, str]:
 
 
 def select(adb: adbutils.AdbClient, serials: list[str]) -> list[Device]:
-    """Checked devices for the serials (or every ready device for `all`)."""
+    """Checked devices for these serials of one server (`all` is resolved over every server: select_across)."""
     states = {info.serial: info.state for info in adb.list()}
-    if serials == ["all"]:
-        serials = [serial for serial, state in states.items() if state == "device"]
-        if not serials:
-            raise DeviceError(f"--device all: no device is attached and ready on {address_of(adb)}: check `adb devices`")
     devices = []
     for serial in serials:
         state = states.get(serial)

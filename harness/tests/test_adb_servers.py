@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -65,6 +66,30 @@ def test_a_serial_on_two_servers_must_name_its_server():
         discovery._locate(LISTINGS, "10.0.0.9:5037/R5CW1")
     with pytest.raises(DeviceError, match=r"^unknown device serial R5CW9: attached are 10.0.0.1:5037/R5CW1 \(device\), "):
         discovery._locate(LISTINGS, "R5CW9")
+
+
+class _Server:
+    """What select_across reads of an adb server: its address, its listing, a device handle."""
+
+    def __init__(self, host: str, states: dict[str, str]) -> None:
+        self.host, self.port, self._states = host, 5037, states
+
+    def list(self):
+        return [SimpleNamespace(serial=serial, state=state) for serial, state in self._states.items()]
+
+    def device(self, serial: str):
+        return SimpleNamespace(serial=serial)
+
+
+def test_all_is_every_ready_device_of_every_server():
+    servers = [_Server("10.0.0.1", {"R5CW1": "device", "R5CW3": "offline"}), _Server("10.0.0.2", {"R5CW2": "device"})]
+    assert [d.label for d in discovery.select_across(servers, ["all"])] == ["10.0.0.1:5037/R5CW1", "10.0.0.2:5037/R5CW2"]
+    assert [d.label for d in discovery.select_across(servers, ["R5CW2"])] == ["10.0.0.2:5037/R5CW2"]
+    idle = [_Server("10.0.0.1", {"R5CW3": "offline"}), _Server("10.0.0.2", {})]
+    with pytest.raises(DeviceError, match=r"^--device all: no device is attached and ready on 10.0.0.1:5037, 10.0.0.2:5037: "):
+        discovery.select_across(idle, ["all"])
+    with pytest.raises(DeviceError, match=r"^device R5CW3 is offline: reconnect it"):
+        discovery.select_across(servers, ["R5CW3"])
 
 
 def _pytest(*args: str, env: dict[str, str] | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
