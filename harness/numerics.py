@@ -106,6 +106,23 @@ def pattern_initial(card: ModelCard, pattern: int, buffers: tuple[str, ...]) -> 
     return initial
 
 
+# QNN's Qnn_DataType_t for fixed-point tensors: (bytes per element, signed)
+FIXED_POINT_TYPES = {0x0308: (1, True), 0x0316: (2, True), 0x0408: (1, False), 0x0416: (2, False)}
+
+
+def pattern_dequantized(pattern: int, value: torch.Tensor, stored_bytes: int, data_type: int | None,
+                        scale: float | None, offset: int | None) -> torch.Tensor | None:
+    """What a buffer the delegate stores in fixed point reads when its memory holds only the byte `pattern`:
+    the stored integer (every byte the pattern) dequantized as QNN does, (q + offset) x scale, in the
+    buffer's own dtype. None when the encoding is not a known per-tensor scale and offset."""
+    width_signed = FIXED_POINT_TYPES.get(data_type) if data_type is not None else None
+    if width_signed is None or scale is None or offset is None or stored_bytes != value.numel() * width_signed[0]:
+        return None
+    width, signed = width_signed
+    stored = int.from_bytes(bytes([pattern]) * width, "little", signed=signed)
+    return torch.full(value.shape, (stored + offset) * scale, dtype=torch.float64).to(value.dtype)
+
+
 def only_where(masks: Outputs, selection: Outputs) -> Outputs:
     return [[mask & chosen for mask, chosen in zip(mask_row, chosen_row)] for mask_row, chosen_row in zip(masks, selection)]
 

@@ -16,7 +16,7 @@ import numpy as np
 from filelock import FileLock
 
 from harness.device import kinds
-from harness.device.device import DeviceError, DeviceLost
+from harness.device.device import DeviceError, DeviceFrozen, DeviceLost
 from harness.device.execute import DeviceRun, RunnerFailed, run_case
 from harness.device.pool import DevicePool
 from harness import numerics
@@ -44,14 +44,25 @@ class PatternReference:
     inconclusive: str = ""
 
 
-def _traced_buffer_bytes(trace: Path | None) -> dict[str, int]:
-    """Delegated buffer name (placeholder form, b_cache) -> bytes of its mutbuf tensor, from the trace."""
+@dataclass(frozen=True)
+class TracedBuffer:
+    """A delegated buffer's mutbuf tensor as the interposer saw it at an execute."""
+
+    bytes: int
+    data_type: int | None = None  # QNN's Qnn_DataType_t
+    scale: float | None = None  # scale-offset encoding: real = (stored + offset) x scale
+    offset: int | None = None
+
+
+def _traced_buffers(trace: Path | None) -> dict[str, TracedBuffer]:
+    """Delegated buffer name (placeholder form, b_cache) -> its mutbuf tensor, from the trace."""
     found = {}
     for record in mutbuf.read_trace(trace) if trace else []:
         for tensor in record.get("inputs", []):
             match = mutbuf.INPUT.match(tensor["name"])
             if match and "bytes" in tensor:
-                found[match.group(2)] = int(tensor["bytes"])
+                found[match.group(2)] = TracedBuffer(int(tensor["bytes"]), tensor.get("data_type"),
+                                                     tensor.get("scale"), tensor.get("offset"))
     return found
 
 
@@ -112,25 +123,39 @@ class CaseOutcome:
                 return PatternReference(None, f"a {kind.name}'s heap pattern cannot be set")
             return PatternReference(None, "the runner reported no heap pattern")
         pattern, buffers = self.run.heap_pattern, self.delegated_buffers
-        stored = _traced_buffer_bytes(self.run.trace)
+        stored = _traced_buffers(self.run.trace)
         initial = numerics.pattern_initial(self.case.card, pattern, buffers)
-        for name, value in initial.items():
+        encoded, decoded_names = [], set()  # buffers the delegate stores in fixed point: the pattern through their encoding
+        for name, value in list(initial.items()):
             if not value.is_floating_point():  # e.g. 0x40404040: beyond the float range the delegate computes in
                 return PatternReference(None, f"{name} ({str(value.dtype).removeprefix('torch.')}) reads the pattern "
                                               f"0x{pattern:02x} as {value.flatten()[0].item():.4g}, beyond what the "
                                               f"delegate computes exactly")
             traced = stored.get("b_" + name.replace(".", "_"))
-            if traced is not None and traced != value.numel() * value.element_size():
-                return PatternReference(None, f"the delegate stores {name} in {traced} bytes, not as "
+            if traced is None or traced.bytes == value.numel() * value.element_size():
+                continue
+            decoded_value = numerics.pattern_dequantized(pattern, value, traced.bytes, traced.data_type,
+                                                         traced.scale, traced.offset)
+            if decoded_value is None:
+                return PatternReference(None, f"the delegate stores {name} in {traced.bytes} bytes, not as "
                                               f"{value.numel()} x {value.dtype}: its encoding is unknown")
+            initial[name] = decoded_value
+            decoded_names.add(name)
+            encoded.append(f"{name} stored as {traced.bytes // value.numel()}-byte fixed point, scale "
+                           f"{traced.scale:.4g} offset {traced.offset}")
         decoded = ", ".join(f"{name} = {value.flatten()[0].item():.4g} as {str(value.dtype).removeprefix('torch.')}"
                             for name, value in initial.items())
         reference = eager.run_steps(self.case.card, self.steps, initial=initial)
-        inconclusive = "" if self.case.dtype == FLOAT_DTYPE or not buffers else (
-            f"the {self.case.dtype} delegate reads the buffer through a quantization encoding (scale, offset) "
-            f"the suite does not know, which can clip the pattern's value")
+        # Exact where what each delegated buffer reads is known: in a float graph the pattern's bytes; in a
+        # quantized one, a buffer stored in fixed point decodes them through the scale and offset the trace
+        # recorded. A buffer a quantized graph keeps in float is quantized inside the graph, which can clip.
+        unknown = [name for name in buffers if name not in decoded_names]
+        inconclusive = "" if self.case.dtype == FLOAT_DTYPE or not unknown else (
+            f"the {self.case.dtype} delegate reads {', '.join(unknown)} through a quantization encoding the trace "
+            f"did not show, which can clip the pattern's value")
+        described = "; ".join([decoded or "no delegated buffer", *encoded])
         return PatternReference(numerics.compare(self.device_outputs(), reference, self.case.dtype),
-                                f"0x{pattern:02x} ({decoded or 'no delegated buffer'})", inconclusive)
+                                f"0x{pattern:02x} ({described})", inconclusive)
 
     @cached_property
     def initial_value_dependence(self) -> numerics.Outputs:
@@ -226,7 +251,8 @@ class CaseStore:
                 break
             except DeviceLost as lost:
                 serial = outcome.device_serial
-                if serial and attempt < MAX_RETRIES and self._pool.back_online(serial, RECONNECT_WAIT_S):
+                retry = serial and attempt < MAX_RETRIES and not isinstance(lost, DeviceFrozen)
+                if retry and self._pool.back_online(serial, RECONNECT_WAIT_S):
                     outcome.retries += 1
                     continue
                 if serial:

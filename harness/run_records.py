@@ -7,11 +7,17 @@ start time each). A clean stop deletes the record. At start, a run reads the oth
 controller is no longer that process (gone, or its pid reused by another start) is a killed run's; its
 processes that are still the recorded ones are killed, its work folder is removed and its record deleted.
 Processes are known by pid and start time, never by name.
+
+A run on attached devices (phones) also records them (server/serial): a killed run leaves its folder on each
+phone (`/data/local/tmp/qnnsuite/<run id>`, payload and programs). Its record then becomes a leftover
+list (`leftovers/<run id>.json`), and each later run removes the folders on the phones it has
+(harness/session.py), ticking them off until none is left.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 from pathlib import Path
@@ -20,6 +26,8 @@ from harness.files import write_atomically
 from harness.user_state import state_dir
 
 RECORDS = "runs"
+LEFTOVERS = "leftovers"
+SAFE_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
 def start_time(pid: int) -> int | None:
@@ -35,11 +43,13 @@ def _folder(folder: Path | None) -> Path:
     return folder if folder is not None else state_dir(RECORDS)
 
 
-def record(run_id: str, work_dir: Path, pids: tuple[int, ...], folder: Path | None = None) -> Path:
-    """Write this run's record (called once its processes are started)."""
+def record(run_id: str, work_dir: Path, pids: tuple[int, ...], folder: Path | None = None,
+           devices: tuple[str, ...] = ()) -> Path:
+    """Write this run's record (called once its processes are started). devices: serials of attached
+    devices that will hold the run's folder (emulated ones die with the run, and their storage with them)."""
     me = os.getpid()
     entry = {"run_id": run_id, "controller": [me, start_time(me)], "work_dir": str(work_dir),
-             "processes": [[pid, start_time(pid)] for pid in pids]}
+             "processes": [[pid, start_time(pid)] for pid in pids], "devices": list(devices)}
     path = _folder(folder) / f"{run_id}.json"
     write_atomically(path, json.dumps(entry))
     return path
@@ -72,7 +82,48 @@ def clean_up_after_killed_runs(folder: Path | None = None) -> list[str]:
         work_dir = Path(entry.get("work_dir", ""))
         if work_dir.is_absolute() and work_dir.name.startswith("qnnsuite-"):
             shutil.rmtree(work_dir, ignore_errors=True)
+        devices = [d for d in entry.get("devices", []) if isinstance(d, str)]
+        run_id = str(entry.get("run_id", path.stem))
+        if devices and SAFE_RUN_ID.fullmatch(run_id):
+            write_atomically(_leftovers_folder(folder) / f"{run_id}.json", json.dumps({"run_id": run_id, "devices": devices}))
         path.unlink(missing_ok=True)
         lines.append(f"qnnsuite: cleaned up after run {entry.get('run_id', path.stem)}, which was killed: "
                      f"{killed} process(es) stopped, {work_dir} removed")
     return lines
+
+
+def _leftovers_folder(folder: Path | None) -> Path:
+    """Beside the records folder (tests pass their own records folder)."""
+    if folder is None:
+        return state_dir(LEFTOVERS)
+    (folder.parent / LEFTOVERS).mkdir(mode=0o700, exist_ok=True)
+    return folder.parent / LEFTOVERS
+
+
+def leftover_folders(serials: set[str], folder: Path | None = None) -> list[tuple[str, str]]:
+    """(killed run id, serial) for each folder a killed run left on one of these devices."""
+    found = []
+    for path in sorted(_leftovers_folder(folder).glob("*.json")):
+        try:
+            entry = json.loads(path.read_text())
+            run_id = str(entry["run_id"])
+            if not SAFE_RUN_ID.fullmatch(run_id):  # it becomes a device path that is removed: one plain name only
+                raise ValueError(run_id)
+            found += [(run_id, serial) for serial in entry["devices"] if serial in serials]
+        except (OSError, ValueError, KeyError, TypeError):
+            path.unlink(missing_ok=True)
+    return found
+
+
+def leftover_removed(run_id: str, serial: str, folder: Path | None = None) -> None:
+    """Tick one device off a killed run's leftovers; the list goes when no device is left on it."""
+    path = _leftovers_folder(folder) / f"{run_id}.json"
+    try:
+        entry = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    remaining = [serial_ for serial_ in entry.get("devices", []) if serial_ != serial]
+    if remaining:
+        write_atomically(path, json.dumps({**entry, "devices": remaining}))
+    else:
+        path.unlink(missing_ok=True)

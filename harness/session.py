@@ -71,8 +71,21 @@ class RunSession:
             shutil.rmtree(work_dir, ignore_errors=True)
             raise RunStartError(str(error)) from error
         self._publish(self.context)
-        run_records.record(run_id, work_dir, self.context.started_pids)
+        # By label (server/serial): the next run must find the folder on the same host's device.
+        attached = tuple(spec.label for spec in self.context.devices if spec.serial not in self.context.emulated_pids)
+        run_records.record(run_id, work_dir, self.context.started_pids, devices=attached)
+        self._remove_killed_runs_folders(set(attached))
         return self.context
+
+    def _remove_killed_runs_folders(self, labels: set[str]) -> None:
+        """The folders killed earlier runs of this user left on these devices (harness/run_records.py)."""
+        context = self.context
+        for run_id, label in run_records.leftover_folders(labels):
+            spec = next(spec for spec in context.devices if spec.label == label)
+            lines = pool.remove_run_folders([spec], run_id)
+            if not lines:
+                run_records.leftover_removed(run_id, label)
+                print(f"qnnsuite: removed {label}:{pool.WORKSPACE_ROOT}/{run_id}, left by a killed run", file=sys.stderr)
 
     def _with_lowering_server(self, context: RunContext, socket_path: Path) -> RunContext:
         """The context with its lowering server, once that accepts cases; without it (slower, same results)

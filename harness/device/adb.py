@@ -11,10 +11,12 @@ missing server is an error, and connections time out instead of waiting forever.
 """
 from __future__ import annotations
 
+import contextlib
 import re
 import socket
+import threading
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterator, Optional
 
 import adbutils
 
@@ -53,6 +55,17 @@ class AdbClient(adbutils.AdbClient):
     def __init__(self, host: str = "127.0.0.1", port: int = 5037) -> None:
         super().__init__(host=host, port=port, socket_timeout=CONNECT_TIMEOUT_S)
         self._server_version: int | None = None
+        self._opened_here = threading.local()  # per thread: the list opened_connections() collects into
+
+    @contextlib.contextmanager
+    def opened_connections(self) -> Iterator[list[socket.socket]]:
+        """The sockets this thread opens to the server meanwhile, so that a watchdog in another thread can cut
+        them: adbutils gives no handle on the connection a blocking shell2 or sync call reads from."""
+        self._opened_here.sockets = sockets = []
+        try:
+            yield sockets
+        finally:
+            self._opened_here.sockets = None
 
     def server_version(self) -> int:
         if self._server_version is None:
@@ -66,4 +79,7 @@ class AdbClient(adbutils.AdbClient):
             raise adbutils.AdbTimeout("connect to adb server timeout") from error
         connection.conn.settimeout(timeout or CONNECT_TIMEOUT_S)
         connection.conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        collecting = getattr(self._opened_here, "sockets", None)
+        if collecting is not None:
+            collecting.append(connection.conn)
         return connection

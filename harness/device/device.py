@@ -13,6 +13,8 @@ import os
 import posixpath
 import re
 import shlex
+import socket
+import threading
 import time
 from dataclasses import dataclass
 from functools import cached_property
@@ -35,6 +37,13 @@ KILLED_BY_TIMEOUT = (124, 137)  # toybox/coreutils `timeout`: TERM -> 124, -s KI
 ADB_GRACE_S = 30  # host-side adb timeout beyond the device-side one, in case the device hangs
 PROBE_TIMEOUT_S = 10.0  # after a command times out: does the device answer at all?
 TRANSFER_TIMEOUT_S = 120  # no answer for this long in a push or pull: the device is gone
+# A command or transfer still running after WATCH_AFTER_S has its device probed every WATCH_INTERVAL_S; after
+# WATCH_MISSES unanswered probes in a row the device is frozen (it keeps its link but answers nothing, e.g.
+# SIGSTOPped or wedged): the command is cut and the device lost within about 5 + 2 x 10 s, not at its timeout.
+# Two misses, not one, so a machine too loaded to answer one probe in 10 s does not lose a healthy device.
+WATCH_AFTER_S = 5.0
+WATCH_INTERVAL_S = 5.0
+WATCH_MISSES = 2
 
 
 class DeviceError(RuntimeError):
@@ -43,6 +52,10 @@ class DeviceError(RuntimeError):
 
 class DeviceLost(DeviceError):
     """The device stopped answering (disconnected, rebooted, adb connection dropped)."""
+
+
+class DeviceFrozen(DeviceLost):
+    """The device keeps its link but answered none of the watchdog's probes: no reconnect is worth waiting for."""
 
 
 @dataclass(frozen=True)
@@ -127,10 +140,54 @@ class Device:
         except (adbutils.AdbError, adbutils.AdbTimeout, OSError, EOFError):
             return False
 
+    @contextlib.contextmanager
+    def _watchdog(self, doing: str) -> Iterator[None]:
+        """Probe the device from another thread while this one blocks on it; a frozen device is lost at once.
+
+        The probes use their own connections; the watched thread's connections are shut down when the device
+        stops answering, which ends its blocking read, and DeviceLost replaces whatever that read raised."""
+        if not hasattr(self._client, "opened_connections"):  # a plain adbutils client: the timeouts alone bound it
+            yield
+            return
+        done, frozen = threading.Event(), threading.Event()
+        with self._client.opened_connections() as sockets:
+            def watch() -> None:
+                if done.wait(WATCH_AFTER_S):
+                    return
+                misses = 0
+                while not done.is_set():
+                    misses = 0 if self.answers() else misses + 1
+                    if misses >= WATCH_MISSES and not done.is_set():
+                        frozen.set()
+                        for sock in list(sockets):
+                            with contextlib.suppress(OSError):
+                                sock.shutdown(socket.SHUT_RDWR)
+                        return
+                    done.wait(WATCH_INTERVAL_S if misses == 0 else 0)
+            watcher = threading.Thread(target=watch, name=f"watchdog {self.serial}", daemon=True)
+            watcher.start()
+            try:
+                yield
+            except Exception as error:
+                if frozen.is_set():
+                    raise self._frozen(doing) from error
+                raise
+            finally:
+                done.set()  # not joined: a probe under way ends by its own timeout, and the thread with it
+            if frozen.is_set():  # the cut read ended as if the command had finished: its result is not one
+                raise self._frozen(doing)
+
+    def _frozen(self, doing: str) -> DeviceFrozen:
+        return DeviceFrozen(f"device {self.serial} stopped answering while {doing}: {WATCH_MISSES} probes (`echo ok`) "
+                          f"got nothing in {PROBE_TIMEOUT_S:.0f} s each: check it (`adb -s {self.serial} shell echo ok`)")
+
     def shell(self, command: str, timeout_s: float = 60) -> RunResult:
         started = time.perf_counter()
         try:
-            result = self._adb.shell2(command, timeout=timeout_s, v2=True)
+            with self._watchdog(f"`{command[:80]}` ran"):
+                result = self._adb.shell2(command, timeout=timeout_s, v2=True)
+        except DeviceLost:
+            raise
         except adbutils.AdbTimeout as error:
             if not self.answers():  # a device that keeps its link but is frozen must not cost every case a timeout
                 raise DeviceLost(f"device {self.serial} stopped answering: `{command[:80]}` got nothing in "
@@ -187,9 +244,12 @@ class Device:
         """A sync session (harness.device.sync: many files, one connection) whose failures read as one line."""
         session = None
         try:
-            session = SyncSession(self._adb, TRANSFER_TIMEOUT_S)
-            with session:
-                yield session
+            with self._watchdog(doing + " files"):
+                session = SyncSession(self._adb, TRANSFER_TIMEOUT_S)
+                with session:
+                    yield session
+        except DeviceLost:
+            raise
         except SyncRefused as refused:
             raise DeviceError(f"device {self.serial} refused {doing} {session.current if session else ''} ({refused}): "
                               f"check that the path exists and is readable") from refused

@@ -157,10 +157,14 @@ class Device:
             stderr=subprocess.PIPE if separate_stderr else subprocess.STDOUT, start_new_session=True)
 
     def vanish_if(self, stage: str, connection: "Connection") -> bool:
-        """Fault `vanish_on` = push | run | pull: the device disappears at that stage (once). With
+        """Fault `freeze_on` = push | run | pull: the device process stops itself (SIGSTOP) at that stage.
+        Fault `vanish_on` = push | run | pull: the device disappears at that stage (once). With
         `vanish_permanently` the device process dies (unplugged for good); otherwise only the link
         drops and adb reconnects, as after a flaky cable. Returns True if it vanished."""
         faults = self.read_faults()
+        if faults.get("freeze_on") == stage:  # keeps its link but answers nothing more, as a wedged phone
+            write_atomically(self.faults_file, json.dumps({**faults, "freeze_on": None}))
+            os.kill(os.getpid(), signal.SIGSTOP)
         if faults.get("vanish_on") != stage:
             return False
         write_atomically(self.faults_file, json.dumps({**faults, "vanish_on": None}))

@@ -69,6 +69,11 @@ typedef struct {
     uint8_t v2_tail[24];
 } tensor;
 _Static_assert(sizeof(tensor) == 144, "Qnn_Tensor_t stride");
+/* Qnn_QuantizeParams_t, read for the trace: how a quantized buffer's bytes decode (real = (q + offset) x scale),
+ * so that what an uninitialised quantized buffer reads can be predicted (docs/FINDINGS.md#F1). */
+typedef struct { int32_t definition; int32_t encoding; float scale; int32_t offset; } quantize_params;
+enum { QUANTIZATION_SCALE_OFFSET = 0, DEFINITION_UNDEFINED = 0x7FFFFFFF };
+_Static_assert(sizeof(quantize_params) <= 40, "inside Qnn_QuantizeParams_t");
 _Static_assert(__builtin_offsetof(tensor, mem) == 104, "Qnn_Tensor_t data offset");
 
 /* --- device configs ------------------------------------------------------------------------ */
@@ -127,6 +132,10 @@ static void trace_tensors(FILE *out, const tensor *tensors, uint32_t count) {
         if (i) fputc(',', out);
         fputs("{\"name\":", out);
         json_string(out, t->name);
+        fprintf(out, ",\"data_type\":%" PRIu32, t->data_type);
+        const quantize_params *q = (const quantize_params *)t->quantize_params;
+        if (q->encoding == QUANTIZATION_SCALE_OFFSET && q->definition != DEFINITION_UNDEFINED)
+            fprintf(out, ",\"scale\":%.9g,\"offset\":%" PRId32, (double)q->scale, q->offset);
         if (t->mem_type == 1)
             fprintf(out, ",\"mem\":\"handle\",\"handle\":\"%p\"}", t->mem.mem_handle);
         else

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from fixtures import zoo  # noqa: F401  (registers the cards)
 from harness import checks, known_failures
@@ -29,7 +30,7 @@ from harness.pipeline import eager
 from harness.pipeline.facts import LoweringFacts
 from harness.pipeline.lower import LoweredArtifact
 from harness.results import CaseOutcome
-from harness.numerics import pattern_initial
+from harness.numerics import pattern_dequantized, pattern_initial
 from harness.vocabulary import Case, Mode
 
 PATTERN = kinds.EMULATED_HEAP_PATTERN
@@ -65,15 +66,15 @@ def test_the_reported_pattern_is_found_behind_a_log_prefix():
 
 # The signature as a function of device outputs (no lowering, no device) -----------------------------
 def _outcome(directory: Path, card_name: str, device: list[list[np.ndarray]], kind: str,
-             heap_pattern: int | None) -> CaseOutcome:
+             heap_pattern: int | None, dtype: str = "fp16", trace: Path | None = None) -> CaseOutcome:
     card = cards.find(f"fixtures.zoo:{card_name}")
-    case = Case(card, "fp16", Mode.DELEGATE, "SM8650")
+    case = Case(card, dtype, Mode.DELEGATE, "SM8650")
     steps = card.steps(4)
     (directory / "model.pte").write_bytes(b"")  # the outputs are what these checks read
     outcome = CaseOutcome(case, steps, LoweredArtifact(case, directory, LoweringFacts(), "", 0.0),
                           eager.run_steps(card, steps), device_kind=kind)
     raw = [[np.ascontiguousarray(a).view(np.uint8).ravel() for a in row] for row in device]
-    outcome.run = DeviceRun(raw, [], None, "", heap_pattern=heap_pattern)
+    outcome.run = DeviceRun(raw, [], trace, "", heap_pattern=heap_pattern)
     return outcome
 
 
@@ -94,6 +95,37 @@ def test_exact_signature_needs_the_device_to_equal_eager_from_the_pattern(tmp_pa
         with pytest.raises(CheckFailure, match="not the uninitialised-buffer defect") as other:
             check(_outcome(tmp_path, "counter_add", from_ones, "emulated", PATTERN))
         assert other.value.signature != checks.UNINITIALISED_DELEGATED_BUFFER
+
+
+def test_a_fixed_point_buffer_decodes_the_pattern_through_its_scale_and_offset():
+    value = torch.zeros(4)
+    assert pattern_dequantized(0x40, value, 8, 0x0416, 0.001, -16000).tolist() == pytest.approx([0.448] * 4)  # uint16 0x4040
+    assert pattern_dequantized(0x40, value, 4, 0x0408, 0.5, -10).tolist() == [27.0] * 4  # uint8 0x40 = 64
+    assert pattern_dequantized(0xC0, value, 4, 0x0308, 0.5, 0).tolist() == [-32.0] * 4  # int8 0xC0 = -64
+    assert pattern_dequantized(0x40, value, 8, 0x0416, None, None) is None, "no encoding in the trace"
+    assert pattern_dequantized(0x40, value, 8, 0x0232, 0.1, 0) is None, "not a fixed-point type"
+    assert pattern_dequantized(0x40, value, 6, 0x0416, 0.1, 0) is None, "bytes that do not fit the type"
+
+
+def test_a_quantized_delegate_storing_the_buffer_in_fixed_point_has_an_exact_signature(tmp_path):
+    """The interposer traces a mutbuf tensor's type and encoding; a buffer stored as uint16 then reads the
+    pattern 0x4040 through them, and only a device equal to eager from that value is the known defect."""
+    card = cards.find("fixtures.zoo:counter_add")
+    state = card.build().state
+    scale, offset = 0.0005, -16000
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text(json.dumps({"event": "execute", "inputs": [
+        {"name": "input_0_mutbuf_0_b_state@0", "data_type": 0x0416, "scale": scale, "offset": offset,
+         "mem": "raw", "addr": "0x1", "bytes": state.numel() * 2}], "outputs": []}) + "\n")
+    decoded = {"state": torch.full(state.shape, (0x4040 + offset) * scale)}
+    from_decoded = _eager_from("counter_add", decoded)
+    with pytest.raises(CheckFailure, match="state stored as 2-byte fixed point") as matched:
+        checks.check_state(_outcome(tmp_path, "counter_add", from_decoded, "emulated", PATTERN, "16a8w", trace))
+    assert matched.value.signature == checks.UNINITIALISED_DELEGATED_BUFFER and "unconfirmed" not in str(matched.value)
+    from_float_bytes = _eager_from("counter_add", pattern_initial(card, PATTERN, ("state",)))
+    with pytest.raises(CheckFailure, match="not the uninitialised-buffer defect") as other:
+        checks.check_state(_outcome(tmp_path, "counter_add", from_float_bytes, "emulated", PATTERN, "16a8w", trace))
+    assert other.value.signature != checks.UNINITIALISED_DELEGATED_BUFFER
 
 
 def test_without_a_known_pattern_the_loose_signature_is_unconfirmed(tmp_path):

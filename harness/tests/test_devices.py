@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -19,7 +20,7 @@ import pytest
 from harness.context import RunContext
 from harness.device import discovery, kinds
 from harness.device.adb import AdbClient, AdbServer
-from harness.device.device import PROBE_TIMEOUT_S, Device, DeviceError, DeviceLost
+from harness.device.device import PROBE_TIMEOUT_S, WORKSPACE_ROOT, Device, DeviceError, DeviceLost
 from harness.device.execute import RunnerFailed, Workspace, run_case
 from harness.device.payload import EMULATED_RUNNER, RUNNER_NAME
 from harness.device.pool import DevicePool, DeviceSpec, remove_run_folders
@@ -241,6 +242,39 @@ def test_two_pytest_runs_on_one_device_take_turns(tmp_path, fleet):
     assert _overlaps(uses) == 0
 
 
+def test_the_folder_a_killed_run_left_on_a_phone_is_removed_by_the_next_run(tmp_path, fleet):
+    """A killed run cannot remove /data/local/tmp/qnnsuite/<run id> from the phones it used; its record names
+    them, and the next run of the same user on such a phone removes the folder (and only that one)."""
+    info = fleet.devices[0]
+    device = Device(info.serial, adbutils.AdbClient(host="127.0.0.1", port=fleet.adb_port))
+    killed, other = "20261201-010101-999", "20261201-010101-998"
+    label = f"127.0.0.1:{fleet.adb_port}/{info.serial}"  # records name a device by server and serial
+    for run_id in (killed, other):
+        device.shell(f"mkdir -p {WORKSPACE_ROOT}/{run_id}/payload && echo x > {WORKSPACE_ROOT}/{run_id}/payload/f")
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    runs = state / "qnnsuite" / "runs"
+    runs.mkdir(parents=True, mode=0o700)
+    (state / "qnnsuite").chmod(0o700)
+    (runs / f"{killed}.json").write_text(json.dumps({"run_id": killed, "controller": [_dead_pid(), 1], "work_dir": "",
+                                                      "processes": [], "devices": [label]}))
+    env = {"ANDROID_ADB_SERVER_PORT": str(fleet.adb_port), "SCENARIO_SOCS": info.soc, "SCENARIO_CASES": "1",
+           "XDG_RUNTIME_DIR": str(state)}
+    completed = _scenario(tmp_path, "--device", info.serial, "-s", env=env)
+    assert completed.returncode == 0, completed.stdout[-3000:]
+    assert f"removed {label}:{WORKSPACE_ROOT}/{killed}, left by a killed run" in completed.stdout + completed.stderr
+    listed = device.shell(f"ls {WORKSPACE_ROOT}").output.split()
+    assert killed not in listed and other in listed, listed
+    assert list((state / "qnnsuite" / "leftovers").iterdir()) == []
+    device.shell(f"rm -rf {WORKSPACE_ROOT}/{other}")
+
+
+def _dead_pid() -> int:
+    finished = subprocess.Popen(["true"])
+    finished.wait()
+    return finished.pid
+
+
 def test_device_lost_mid_run_fails_only_its_cases(tmp_path):
     completed = _scenario(tmp_path, "--emulate", "SM8650,SM8750", "-n", "2", "-rf", "-v",
                           env={"SCENARIO_CASES": "4", "SCENARIO_KILL": "SM8750:1", "SCENARIO_OUT": str(tmp_path / "ctx.json")})
@@ -268,6 +302,26 @@ def test_a_frozen_device_is_lost_at_its_first_timeout(fleet):
     finally:
         os.kill(info.pid, signal.SIGCONT)
     assert time.monotonic() - started < 3 + PROBE_TIMEOUT_S + 5
+    fleet.stop_device(info.serial)
+
+
+def test_a_device_frozen_during_a_long_command_is_lost_within_30_s(fleet):
+    """The runner's command has a timeout of minutes; a device frozen while it runs is found by the watchdog's
+    probes and lost within 30 s. A healthy command that runs past the first probes is not disturbed."""
+    info = fleet.add_device("SM8650")
+    device = Device(info.serial, AdbClient(host="127.0.0.1", port=fleet.adb_port))
+    healthy = device.run(["sh", "-c", "sleep 12; echo finished"], cwd="/data/local/tmp", timeout_s=120)
+    assert healthy.exit_code == 0 and "finished" in healthy.output
+    freeze = threading.Timer(2.0, os.kill, (info.pid, signal.SIGSTOP))
+    freeze.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(DeviceLost, match=rf"device {re.escape(info.serial)} stopped answering while `cd "):
+            device.run(["sleep", "200"], cwd="/data/local/tmp", timeout_s=200)
+    finally:
+        freeze.join()
+        os.kill(info.pid, signal.SIGCONT)
+    assert time.monotonic() - started < 30
     fleet.stop_device(info.serial)
 
 

@@ -72,11 +72,12 @@ def _suite(tmp_path: Path, cache: Path, faults: dict | None = None, *extra: str,
     return SuiteRun(completed, reports)
 
 
-def _assert_faulty_device_failed(run: SuiteRun, expected: str) -> None:
+def _assert_faulty_device_failed(run: SuiteRun, expected: str, verdict: str = "failed") -> None:
+    """verdict: failed when the program's run failed (crash, hang, no outputs), infra_error when the device did."""
     assert run.completed.returncode == 1, run.output[-3000:]
     checks = run.checks(FAULTY)
     for name in DEVICE_CHECKS:
-        assert checks[name]["verdict"] == "failed", (name, checks[name])
+        assert checks[name]["verdict"] == verdict, (name, checks[name])
         assert expected in checks[name]["message"], (name, checks[name]["message"])
         assert "\n" not in checks[name]["message"]
     failed_lines = [line for line in run.output.splitlines() if line.startswith("FAILED")]
@@ -102,21 +103,30 @@ def test_transient_disconnect_is_retried(tmp_path, shared_cache, stage):
 
 def test_device_unplugged_during_run(tmp_path, shared_cache):
     run = _suite(tmp_path, shared_cache, {"vanish_on": "run", "vanish_permanently": True})
-    _assert_faulty_device_failed(run, "lost during")
+    _assert_faulty_device_failed(run, "lost during", "infra_error")
     assert "check the cable/connection and `adb devices`" in run.checks(FAULTY)["state"]["message"]
     run.assert_nothing_left()
 
 
-@pytest.mark.parametrize("faults, expected", [
-    ({"runner_crash": True}, "crashed with signal 11 SIGSEGV"),
-    ({"runner_exit": 3}, "exited 3"),
-    ({"runner_fewer_outputs": True}, "wrote no output_0_0.raw"),
-    ({"storage_full": True}, "no space left on device pushing"),
-    ({"corrupt_pte": True}, "exited 3 (last words: runner: cannot load"),
+def test_device_frozen_during_the_run_is_lost_within_30_s(tmp_path, shared_cache):
+    """The device keeps its link but stops answering while the runner runs (runner timeout 300 s): the
+    watchdog's probes lose it within 30 s, its checks are infrastructure errors, the other device passes."""
+    run = _suite(tmp_path, shared_cache, {"freeze_on": "run"})
+    _assert_faulty_device_failed(run, "stopped answering while", "infra_error")
+    assert run.report(FAULTY)["cases"][0]["timings_s"]["device_total"] < 30, run.report(FAULTY)["cases"][0]["timings_s"]
+    run.assert_nothing_left()
+
+
+@pytest.mark.parametrize("faults, expected, verdict", [
+    ({"runner_crash": True}, "crashed with signal 11 SIGSEGV", "failed"),
+    ({"runner_exit": 3}, "exited 3", "failed"),
+    ({"runner_fewer_outputs": True}, "wrote no output_0_0.raw", "failed"),
+    ({"storage_full": True}, "no space left on device pushing", "infra_error"),
+    ({"corrupt_pte": True}, "exited 3 (last words: runner: cannot load", "failed"),
 ])
-def test_runner_and_device_faults(tmp_path, shared_cache, faults, expected):
+def test_runner_and_device_faults(tmp_path, shared_cache, faults, expected, verdict):
     run = _suite(tmp_path, shared_cache, faults)
-    _assert_faulty_device_failed(run, expected)
+    _assert_faulty_device_failed(run, expected, verdict)
     run.assert_nothing_left()
 
 
@@ -196,3 +206,39 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return False
+
+
+def test_private_adb_server_killed_mid_run_starts_nothing_on_5037(tmp_path, shared_cache):
+    """adbutils, finding no server, would start one on 5037: the run must instead fail the device cases
+    (the lab failed, so infrastructure errors), write its report and leave nothing listening on 5037."""
+    from harness.device import discovery
+
+    default_was_listening = discovery.server_listening(5037)
+    reports = tmp_path / "reports"
+    command = [sys.executable, "-m", "pytest", "suites", "-p", "no:cacheprovider", "-q", "-W", "ignore",
+               "--emulate", f"{HEALTHY},{FAULTY}", "--dtype", "fp16", "-k", CARD, "-n", "2", "--runner-timeout", "60",
+               "--cache-dir", str(shared_cache), "--report-dir", str(reports)]
+    child = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             env={**os.environ, "COLUMNS": "400",
+                                  "QNNSUITE_EMULATOR_FAULTS": json.dumps({FAULTY: {"runner_hang": True}})})
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not list(reports.glob("*/run-context.json")):
+        time.sleep(0.2)
+    context = RunContext.from_json(next(reports.glob("*/run-context.json")).read_text())
+    servers = [pid for pid in context.started_pids
+               if _alive(pid) and b"server" in Path(f"/proc/{pid}/cmdline").read_bytes()
+               and Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].endswith(b"adb")]
+    assert len(servers) == 1, f"one private adb server among {context.started_pids}"
+    time.sleep(8)  # the faulty device's runner hangs; kill the server under it
+    os.kill(servers[0], signal.SIGKILL)
+    output, _ = child.communicate(timeout=400)
+    assert child.returncode == pytest.ExitCode.TESTS_FAILED, output[-3000:]
+    verdicts = {c["verdict"] for soc in (HEALTHY, FAULTY)
+                for case in json.loads((reports / "latest" / soc / "report.json").read_text())["cases"]
+                for c in case["checks"].values()}
+    assert "infra_error" in verdicts, (verdicts, output[-3000:])
+    assert "Traceback" not in output, output[-3000:]
+    if not default_was_listening:
+        assert not discovery.server_listening(5037), "a server was started on 5037"
+    run = SuiteRun(subprocess.CompletedProcess(command, child.returncode, output, ""), reports)
+    run.assert_nothing_left()

@@ -50,3 +50,27 @@ def test_a_clean_stop_forgets_its_record(tmp_path):
     assert json.loads(path.read_text())["controller"][1] == run_records.start_time(__import__("os").getpid())
     run_records.forget("run1", tmp_path)
     assert not path.exists()
+
+
+def test_a_killed_run_on_phones_leaves_a_list_of_device_folders_ticked_off_one_by_one(tmp_path):
+    records = tmp_path / "runs"
+    records.mkdir()
+    path = _write(records, "20261201-101010-4242", [_dead_pid(), 12345], tmp_path / "qnnsuite-x", [])
+    path.write_text(json.dumps({**json.loads(path.read_text()), "devices": ["PHONE1", "PHONE2"]}))
+    run_records.clean_up_after_killed_runs(records)
+    assert run_records.leftover_folders({"PHONE2", "OTHER"}, records) == [("20261201-101010-4242", "PHONE2")]
+    run_records.leftover_removed("20261201-101010-4242", "PHONE2", records)
+    assert run_records.leftover_folders({"PHONE1", "PHONE2"}, records) == [("20261201-101010-4242", "PHONE1")]
+    run_records.leftover_removed("20261201-101010-4242", "PHONE1", records)
+    assert list((tmp_path / run_records.LEFTOVERS).iterdir()) == []
+
+
+def test_a_leftover_list_naming_a_path_is_dropped_not_followed(tmp_path):
+    """Its run id becomes a folder that is removed on the phone: `..` or a slash must never get there."""
+    records = tmp_path / "runs"
+    records.mkdir()
+    leftovers = tmp_path / run_records.LEFTOVERS
+    leftovers.mkdir()
+    (leftovers / "evil.json").write_text(json.dumps({"run_id": "../..", "devices": ["PHONE1"]}))
+    assert run_records.leftover_folders({"PHONE1"}, records) == []
+    assert not (leftovers / "evil.json").exists()
