@@ -26,8 +26,9 @@ DEFAULT_CACHE_DIR = REPO_ROOT / ".cache" / "artifacts"
 def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("qnnsuite", "QNN mutable-buffer conformance")
     group.addoption("--device", action="append", default=[], metavar="SERIAL",
-                    help="adb serial of a device to test (repeatable; 'all' = every attached device; "
-                         "ANDROID_SERIAL is honoured). Without it, emulated devices are used.")
+                    help="adb serial of a device to test (repeatable; 'all' = every attached device; HOST:PORT/SERIAL "
+                         "for a serial that two --adb-server list; ANDROID_SERIAL is honoured). Without it, "
+                         "emulated devices are used.")
     group.addoption("--adb-server", action="append", default=[], metavar="HOST:PORT",
                     help="adb server whose devices --device selects from (repeatable; default the local one: "
                          "ADB_SERVER_SOCKET=tcp:HOST:PORT, else ANDROID_ADB_SERVER_PORT, else 5037). "
