@@ -57,13 +57,13 @@ def doctor(args: argparse.Namespace) -> int:
         adb = adbutils.adb_path()
         version = subprocess.run([adb, "version"], capture_output=True, text=True, timeout=10).stdout.splitlines()
         print(f"adb         {adb} ({version[0] if version else 'unknown version'})")
-        port = discovery.default_server_port()
-        if discovery.server_listening(port):
-            devices = adbutils.AdbClient(host="127.0.0.1", port=port).list()
+        server = discovery.default_server()
+        if discovery.server_listening(server.port, server.host):
+            devices = adbutils.AdbClient(host=server.host, port=server.port).list()
             listed = ", ".join(f"{d.serial} ({d.state})" for d in devices) or "none"
-            print(f"adb server  127.0.0.1:{port}; attached devices: {listed}")
+            print(f"adb server  {server.address}; attached devices: {listed}")
         else:
-            print(f"adb server  none on 127.0.0.1:{port} (not started by doctor); attached devices: none seen")
+            print(f"adb server  none on {server.address} (not started by doctor); attached devices: none seen")
     except Exception as error:  # any adb trouble is a problem to report, not a crash
         problems.append(f"adb unusable ({error}): reinstall adbutils, or set ADBUTILS_ADB_PATH to an adb binary")
     print(f"emulated    {', '.join(DEFAULT_EMULATED_SOCS)} (default when no --device is given)")

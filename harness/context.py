@@ -18,8 +18,7 @@ from harness.device.pool import DeviceSpec
 @dataclass(frozen=True)
 class RunContext:
     run_id: str
-    adb_port: int
-    devices: tuple[DeviceSpec, ...]
+    devices: tuple[DeviceSpec, ...]  # each names its adb server (a run may use several hosts' servers)
     emulated_pids: dict[str, int]  # serial -> emulator process (for tests that pull the plug)
     started_pids: tuple[int, ...]  # every process the run started (emulators, adb server)
     work_dir: Path  # host-side scratch of this run (artifacts, pulled outputs)
@@ -42,7 +41,7 @@ class RunContext:
     @classmethod
     def from_json(cls, text: str) -> "RunContext":
         data = json.loads(text)
-        return cls(data["run_id"], data["adb_port"], tuple(DeviceSpec(**spec) for spec in data["devices"]),
+        return cls(data["run_id"], tuple(DeviceSpec(**spec) for spec in data["devices"]),
                    data["emulated_pids"], tuple(data["started_pids"]), Path(data["work_dir"]),
                    Path(data["lowering_server"]) if data.get("lowering_server") else None,
                    data.get("quarantined") or {}, data.get("provenance") or {})

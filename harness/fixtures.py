@@ -54,7 +54,7 @@ def worker_id_name() -> str:
 def device_pool(run_context, qnnsuite_options, toolchain, worker_id_name):
     given = kinds.payload_inputs(toolchain.sdk, qnnsuite_options.runner, qnnsuite_options.backend_lib,
                                  qnnsuite_options.android_ndk)  # built and checked by the controller already
-    pool = DevicePool(list(run_context.devices), run_context.adb_port, run_context.run_id, worker_id_name,
+    pool = DevicePool(list(run_context.devices), run_context.run_id, worker_id_name,
                       sdk=toolchain.sdk, runner=given.runner, backend_lib=given.backend_lib,
                       trace_interposer=given.trace_interposer, quarantined=dict(run_context.quarantined))
     yield pool

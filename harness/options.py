@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from harness import shard as sharding
+from harness.device import adb
 from harness.known_failures import MANIFEST
 from harness.paths import REPO_ROOT
 from harness.qnn import soc as soc_table
@@ -25,8 +27,17 @@ DEFAULT_CACHE_DIR = REPO_ROOT / ".cache" / "artifacts"
 def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("qnnsuite", "QNN mutable-buffer conformance")
     group.addoption("--device", action="append", default=[], metavar="SERIAL",
-                    help="adb serial of a device to test (repeatable; 'all' = every attached device; "
-                         "ANDROID_SERIAL is honoured). Without it, emulated devices are used.")
+                    help="adb serial of a device to test (repeatable; 'all' = every attached device; HOST:PORT/SERIAL "
+                         "for a serial that two --adb-server list; ANDROID_SERIAL is honoured). Without it, "
+                         "emulated devices are used.")
+    group.addoption("--adb-server", action="append", default=[], metavar="HOST:PORT",
+                    help="adb server whose devices --device selects from (repeatable; default the local one: "
+                         "ADB_SERVER_SOCKET=tcp:HOST:PORT, else ANDROID_ADB_SERVER_PORT, else 5037). "
+                         "Without --device, every ready device of the named servers is used.")
+    group.addoption("--shard", default=None, metavar="INDEX/COUNT",
+                    help="run only this shard of the cases (e.g. 2/4; all checks of a case stay in one shard)")
+    group.addoption("--shard-timings", default=None, metavar="REPORT",
+                    help="with --shard: balance the shards by the case durations of this report.json or run folder")
     group.addoption("--soc", action="append", default=[], metavar="SOC", help="only run cases for these SoCs")
     group.addoption("--emulate", default=None, metavar="SOC[,SOC]",
                     help=f"emulated devices to start when no --device is given (default {','.join(DEFAULT_EMULATED)})")
@@ -82,6 +93,8 @@ class RunOptions:
     repro_all: bool = False  # reproduction bundles for passes too
     backend_lib: Path | None = None  # --backend-lib
     android_ndk: Path | None = None  # --android-ndk or ANDROID_NDK_ROOT
+    shard: sharding.Shard | None = None  # --shard: this run's part of the cases
+    adb_servers: tuple[adb.AdbServer, ...] = ()  # --adb-server (empty: the local default)
 
     def steps_for(self, tags: frozenset[str]) -> int:
         if self.steps is not None:
@@ -95,6 +108,27 @@ def _socs(values: list[str], option: str) -> tuple[str, ...]:
         return tuple(soc_table.lookup(name).name for name in names)
     except soc_table.UnknownSocError as error:
         raise pytest.UsageError(f"{option}: {error}") from error
+
+
+def _shard(spelling: str | None, timings: str | None) -> sharding.Shard | None:
+    if spelling is None:
+        if timings is not None:
+            raise pytest.UsageError(f"--shard-timings {timings} without --shard: add --shard INDEX/COUNT or drop it")
+        return None
+    try:
+        return sharding.parse(spelling, Path(timings) if timings is not None else None)
+    except sharding.ShardError as error:
+        raise pytest.UsageError(str(error)) from error
+
+
+def _adb_servers(values: list[str]) -> tuple[adb.AdbServer, ...]:
+    try:
+        servers = tuple(adb.AdbServer.parse(value, "--adb-server") for value in values)
+    except ValueError as error:
+        raise pytest.UsageError(str(error)) from error
+    if len(set(servers)) != len(servers):
+        raise pytest.UsageError("--adb-server: a server is given twice: pass each HOST:PORT once")
+    return servers
 
 
 def parse(config: pytest.Config) -> RunOptions:
@@ -113,6 +147,8 @@ def parse(config: pytest.Config) -> RunOptions:
     emulate = config.getoption("--emulate")
     backend_lib = config.getoption("--backend-lib")
     return RunOptions(
+        shard=_shard(config.getoption("--shard"), config.getoption("--shard-timings")),
+        adb_servers=_adb_servers(config.getoption("--adb-server")),
         device_options=tuple(config.getoption("--device")),
         soc_filter=_socs(config.getoption("--soc"), "--soc"),
         emulate=_socs([emulate], "--emulate") if emulate else DEFAULT_EMULATED,

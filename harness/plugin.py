@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import harness.checks  # noqa: F401  (registers the built-in checks)
-from harness import options as run_options, verdicts
+from harness import options as run_options, shard, verdicts
 from harness.context import RunContext
 from harness.paths import REPO_ROOT
 from harness.pipeline import card, cases
@@ -45,7 +45,8 @@ def _wants_devices(config: pytest.Config) -> bool:
     harness's own tests (which start what they need) and `--help` do not."""
     if config.option.help:
         return False
-    explicit = config.getoption("--device") or config.getoption("--emulate") or os.environ.get("ANDROID_SERIAL")
+    explicit = (config.getoption("--device") or config.getoption("--emulate") or config.getoption("--adb-server")
+                or os.environ.get("ANDROID_SERIAL"))
     suites = REPO_ROOT / "suites"
     return bool(explicit) or any(Path(str(arg).split("::")[0]).resolve().is_relative_to(suites) for arg in config.args)
 
@@ -96,8 +97,15 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize("case", [pytest.param(c, id=c.id, marks=pytest.mark.xdist_group(c.id)) for c in selected])
 
 
+@pytest.hookimpl(trylast=True)  # after -k and -m, so a shard is a part of the selection
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    manifest = config.stash[OPTIONS].known_failures
+    options = config.stash[OPTIONS]
+    if options.shard is not None:
+        kept, deselected = shard.partition(items, options.shard)
+        if deselected:
+            config.hook.pytest_deselected(items=deselected)
+            items[:] = kept
+    manifest = options.known_failures
     try:
         verdicts.expect_known_failures(items, manifest)
     except (ValueError, TypeError) as error:

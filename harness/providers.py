@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Protocol
 
 from harness.device import discovery, kinds
+from harness.device.adb import AdbServer
 from harness.device.device import DeviceError
 from harness.device.pool import DeviceSpec
 from harness.options import RunOptions
@@ -27,8 +28,7 @@ FAULTS_ENV = "QNNSUITE_EMULATOR_FAULTS"  # reliability tests: {"SOC": {switch: v
 
 @dataclass(frozen=True)
 class ProvidedDevices:
-    adb_port: int
-    devices: tuple[DeviceSpec, ...]
+    devices: tuple[DeviceSpec, ...]  # each names its adb server
     emulated_pids: dict[str, int] = field(default_factory=dict)  # serial -> emulator process (tests pull plugs)
     started_pids: tuple[int, ...] = ()  # every process the provider started
 
@@ -40,16 +40,18 @@ class DeviceProvider(Protocol):
 
 
 class AttachedDevices:
-    """Devices already attached to the user's adb server; nothing to start or stop."""
+    """Devices already attached to the user's adb server, or to several hosts' servers (--adb-server);
+    nothing to start or stop. A server that does not answer is one line, and the others are used."""
 
-    def __init__(self, serials: list[str]) -> None:
-        self._serials = serials
+    def __init__(self, serials: list[str], servers: list[AdbServer]) -> None:
+        self._serials, self._servers = serials, servers
 
     def start(self) -> ProvidedDevices:
-        port = discovery.default_server_port()
-        specs = tuple(DeviceSpec(d.serial, d.soc, d.htp_arch, d.abi, d.model, kinds.kind_for_abi(d.abi))
-                      for d in discovery.select(discovery.client(port), self._serials))
-        return ProvidedDevices(port, specs)
+        clients = discovery.reachable(self._servers)
+        specs = tuple(DeviceSpec(d.serial, d.soc, d.htp_arch, d.abi, d.model, kinds.kind_for_abi(d.abi),
+                                 d.server)
+                      for d in discovery.select_across(clients, self._serials))
+        return ProvidedDevices(specs)
 
     def stop(self) -> None:
         pass
@@ -78,9 +80,10 @@ class EmulatedFleet:
         for info in fleet.devices:
             if faults_by_soc.get(info.soc):
                 fleet.set_faults(info.serial, **faults_by_soc[info.soc])
+        server = AdbServer("127.0.0.1", fleet.adb_port).address
         specs = tuple(DeviceSpec(info.serial, info.soc, soc_table.lookup(info.soc).htp_arch, kinds.HOST_ABI,
-                                 f"Emulated {info.soc}", kinds.EmulatedKind.name) for info in fleet.devices)
-        return ProvidedDevices(fleet.adb_port, specs, {i.serial: i.pid for i in fleet.devices}, tuple(fleet.started_pids))
+                                 f"Emulated {info.soc}", kinds.EmulatedKind.name, server) for info in fleet.devices)
+        return ProvidedDevices(specs, {i.serial: i.pid for i in fleet.devices}, tuple(fleet.started_pids))
 
     def stop(self) -> None:
         if self._fleet is not None:
@@ -88,6 +91,9 @@ class EmulatedFleet:
 
 
 def provider_for(options: RunOptions, toolchain: Toolchain, work_dir: Path) -> DeviceProvider:
-    """Attached devices when serials are given (--device or ANDROID_SERIAL), else an emulated fleet."""
+    """Attached devices when serials are given (--device or ANDROID_SERIAL) or servers named (--adb-server:
+    then every ready device of theirs unless --device narrows), else an emulated fleet."""
     serials = discovery.requested_serials(list(options.device_options))
-    return AttachedDevices(serials) if serials else EmulatedFleet(options, toolchain, work_dir)
+    if not serials and not options.adb_servers:
+        return EmulatedFleet(options, toolchain, work_dir)
+    return AttachedDevices(serials or ["all"], list(options.adb_servers) or [discovery.default_server()])

@@ -68,11 +68,12 @@ class ConformanceReporter:
         if self._baseline is not None:
             verdict = report.gate(self.records, self._baseline, self._options.allow_missing)
         toolchain = prepare(self._options.qnn_sdk)
-        environments = environment.per_soc(self._context, toolchain, self._started, _now())
+        shard = self._options.shard.label if self._options.shard else None
+        environments = environment.per_soc(self._context, toolchain, self._started, _now(), shard)
         provenance = environment.provenance_per_soc(self._context, toolchain)
         folders = report.write_run(self.records, environments, self._options.report_dir, self._context.run_id,
                                    check_registry.columns(), verdict, provenance)
-        self._lines = [report.summary_line(self.records, soc, folders[soc] / "report.html") for soc in sorted(folders)]
+        self._lines = [report.summary_line(self.records, soc, folders[soc] / "report.html", shard) for soc in sorted(folders)]
         self._lines += [line for soc in sorted(folders) for line in provenance.get(soc, {}).get("warnings", [])]
         self._lines += self._notes
         for soc in sorted(folders):

@@ -244,7 +244,7 @@ class CaseStore:
         for attempt in range(1 + MAX_RETRIES):
             try:
                 with self._pool.acquire(case.soc, holder=f"{self._worker}:{case.id}") as (device, workspace):
-                    outcome.device_serial, outcome.device_kind = device.serial, self._pool.spec(device.serial).kind
+                    outcome.device_serial, outcome.device_kind = device.label, self._pool.spec(device.label).kind
                     outcome.run = run_case(device, workspace, case.id, outcome.artifact.pte, outcome.steps, local,
                                            output_count=len(outcome.reference[0]), timeout_s=self._runner_timeout_s,
                                            method_index=outcome.artifact.facts.method_index)

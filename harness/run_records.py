@@ -8,7 +8,7 @@ controller is no longer that process (gone, or its pid reused by another start) 
 processes that are still the recorded ones are killed, its work folder is removed and its record deleted.
 Processes are known by pid and start time, never by name.
 
-A run on attached devices (phones) also records their serials: a killed run leaves its folder on each
+A run on attached devices (phones) also records them (server/serial): a killed run leaves its folder on each
 phone (`/data/local/tmp/qnnsuite/<run id>`, payload and programs). Its record then becomes a leftover
 list (`leftovers/<run id>.json`), and each later run removes the folders on the phones it has
 (harness/session.py), ticking them off until none is left.

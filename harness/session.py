@@ -69,7 +69,7 @@ class RunSession:
             options = self._options
             given = kinds.payload_inputs(toolchain.sdk, options.runner, options.backend_lib, options.android_ndk)
             kinds.check_payloads([(d.kind, d.abi, d.htp_arch) for d in provided.devices], given)
-            context = RunContext(run_id, provided.adb_port, provided.devices, provided.emulated_pids,
+            context = RunContext(run_id, provided.devices, provided.emulated_pids,
                                  provided.started_pids, work_dir)
             self.context = self._with_lowering_server(context, socket_path)
         except (DeviceError, SdkError, ToolchainError, FleetError, InterposerBuildError) as error:
@@ -77,7 +77,8 @@ class RunSession:
             shutil.rmtree(work_dir, ignore_errors=True)
             raise RunStartError(str(error)) from error
         self._publish(self.context)
-        attached = tuple(spec.serial for spec in self.context.devices if spec.serial not in self.context.emulated_pids)
+        # By label (server/serial): the next run must find the folder on the same host's device.
+        attached = tuple(spec.label for spec in self.context.devices if spec.serial not in self.context.emulated_pids)
         run_records.record(run_id, work_dir, self.context.started_pids, devices=attached)
         self._remove_killed_runs_folders(set(attached))
         if health_check and not self._options.compile_only:
@@ -85,20 +86,20 @@ class RunSession:
             self._publish(self.context)
         return self.context
 
-    def _remove_killed_runs_folders(self, serials: set[str]) -> None:
+    def _remove_killed_runs_folders(self, labels: set[str]) -> None:
         """The folders killed earlier runs of this user left on these devices (harness/run_records.py)."""
         context = self.context
-        for run_id, serial in run_records.leftover_folders(serials):
-            spec = next(spec for spec in context.devices if spec.serial == serial)
-            lines = pool.remove_run_folders([spec], context.adb_port, run_id)
+        for run_id, label in run_records.leftover_folders(labels):
+            spec = next(spec for spec in context.devices if spec.label == label)
+            lines = pool.remove_run_folders([spec], run_id)
             if not lines:
-                run_records.leftover_removed(run_id, serial)
-                print(f"qnnsuite: removed {serial}:{pool.WORKSPACE_ROOT}/{run_id}, left by a killed run", file=sys.stderr)
+                run_records.leftover_removed(run_id, label)
+                print(f"qnnsuite: removed {label}:{pool.WORKSPACE_ROOT}/{run_id}, left by a killed run", file=sys.stderr)
 
     def _checked(self, context: RunContext, toolchain: Toolchain, given: kinds.PayloadInputs) -> RunContext:
         """The context with the devices that failed their health check quarantined, and every device's provenance."""
         options = self._options
-        results = health.HealthCheck(context.devices, context.adb_port, context.run_id, toolchain, context.work_dir,
+        results = health.HealthCheck(context.devices, context.run_id, toolchain, context.work_dir,
                                      given, options.runner_timeout_s, options.cache_dir,
                                      context.lowering_server).run()
         for line in health.report_lines(results, len(context.devices)):
@@ -126,7 +127,7 @@ class RunSession:
         """keep_work_dir: leave the host work folder (and say where), e.g. when the reports could not be written."""
         context, keep = self.context, self._options.keep_workspace
         if context is not None and not keep:  # while the devices still answer
-            for line in pool.remove_run_folders(list(context.devices), context.adb_port, context.run_id):
+            for line in pool.remove_run_folders(list(context.devices), context.run_id):
                 print(line, file=sys.stderr)
         self._stop_processes()
         if self._previous_sigterm is not None:

@@ -12,14 +12,37 @@ missing server is an error, and connections time out instead of waiting forever.
 from __future__ import annotations
 
 import contextlib
+import re
 import socket
 import threading
+from dataclasses import dataclass
 from typing import Iterator, Optional
 
 import adbutils
 
 
 CONNECT_TIMEOUT_S = 10.0  # a request's own timeout, when it has none
+_HOST = re.compile(r"[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]")  # a name, an IPv4 address or a bracketed IPv6 one
+
+
+@dataclass(frozen=True, order=True)
+class AdbServer:
+    """One adb server a run takes devices from: the local one, or another host's (`adb -a` listens on all)."""
+
+    host: str
+    port: int
+
+    @property
+    def address(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    @classmethod
+    def parse(cls, text: str, option: str) -> AdbServer:
+        """`HOST:PORT` (also `tcp:HOST:PORT`, as ADB_SERVER_SOCKET spells it); ValueError names option."""
+        host, _, port = text.strip().removeprefix("tcp:").rpartition(":")
+        if not _HOST.fullmatch(host) or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"{option} {text!r}: write the adb server as HOST:PORT, e.g. 192.168.1.20:5037")
+        return cls(host.strip("[]"), int(port))
 
 
 class _ServerConnection(adbutils.AdbConnection):

@@ -24,6 +24,7 @@ from typing import Iterator, Protocol
 import adbutils
 from filelock import FileLock
 
+from harness.device.adb import AdbServer
 from harness.device.sync import SyncRefused, SyncSession
 from harness.qnn import soc as soc_table
 from harness.user_state import UnsafeStateDir, open_append, state_dir
@@ -85,6 +86,11 @@ def shell_line(argv: list[str]) -> str:
     return shlex.join(argv)
 
 
+def device_label(server: str, serial: str) -> str:
+    """How reports, locks and the summary name a device: its adb server and serial (serials repeat across hosts)."""
+    return f"{server}/{serial}"
+
+
 def safe_pull_name(name: str) -> bool:
     """Whether a name a device listed can be a file in the local pull folder (not `..`, no `/`, no NUL)."""
     return name not in ("", ".", "..") and not any(char in name for char in "/\\\0")
@@ -116,6 +122,8 @@ def detect_soc(device: ReportsIdentity) -> str:
 class Device:
     def __init__(self, serial: str, client: adbutils.AdbClient) -> None:
         self.serial = serial
+        self.server = AdbServer(client.host, client.port).address
+        self.label = device_label(self.server, serial)
         self._client = client
         self._adb = client.device(serial)
         self._workspaces: set[str] = set()
@@ -345,13 +353,14 @@ class Device:
         """One user of this device at a time, across xdist workers and separate pytest runs.
 
         With wait=False a busy device raises filelock.Timeout at once. Each hold is appended to
-        <lock dir>/<serial>.uses.jsonl so overlap can be measured.
+        <lock dir>/<server>_<port>_<serial>.uses.jsonl so overlap can be measured (the server is part of the
+        name: two hosts' servers may each have a device of one serial).
         """
         try:
             directory = lock_dir()
         except UnsafeStateDir as unsafe:
             raise DeviceError(f"device {self.serial}: cannot lock it: {unsafe}") from unsafe
-        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", self.serial)
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", self.label)
         with FileLock(str(directory / f"{safe}.lock"), timeout=-1 if wait else 0):
             started = time.time()
             try:

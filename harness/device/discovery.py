@@ -1,12 +1,18 @@
-"""Turning `--device` options into checked Device objects on a given adb server."""
+"""Turning `--adb-server` and `--device` options into checked Device objects, over one or many adb servers.
+
+A device is known by its server and serial (`HOST:PORT/SERIAL`): two hosts' servers may each have a
+phone of one serial (the same model flashed alike, or `emulator-5554` on both), so a serial found on two
+servers must be written with its server.
+"""
 from __future__ import annotations
 
 import os
 import socket
+import sys
 
 import adbutils
 
-from harness.device.adb import AdbClient
+from harness.device.adb import AdbClient, AdbServer
 from harness.device.device import Device, DeviceError
 
 STATE_ADVICE = {
@@ -18,21 +24,32 @@ STATE_ADVICE = {
 }
 
 
-def default_server_port() -> int:
-    return int(os.environ.get("ANDROID_ADB_SERVER_PORT", "5037"))
+DEFAULT_PORT = 5037
+
+
+def default_server() -> AdbServer:
+    """The server adb itself would use: ADB_SERVER_SOCKET=tcp:HOST:PORT, else ANDROID_ADB_SERVER_PORT, else 5037."""
+    try:
+        if socket_spec := os.environ.get("ADB_SERVER_SOCKET"):
+            return AdbServer.parse(socket_spec, "ADB_SERVER_SOCKET")
+        return AdbServer.parse(f"127.0.0.1:{os.environ.get('ANDROID_ADB_SERVER_PORT', DEFAULT_PORT)}", "ANDROID_ADB_SERVER_PORT")
+    except ValueError as error:
+        raise DeviceError(f"{error} (or unset it)") from error
 
 
 def server_listening(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket() as probe:
-        probe.settimeout(1)
-        return probe.connect_ex((host, port)) == 0
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
 
 
-def client(port: int) -> AdbClient:
-    if not server_listening(port):
-        raise DeviceError(f"no adb server on 127.0.0.1:{port}: start one with `adb -P {port} start-server` "
-                          f"(or set ANDROID_ADB_SERVER_PORT to the port yours uses)")
-    return AdbClient(host="127.0.0.1", port=port)
+def client(server: AdbServer) -> AdbClient:
+    if not server_listening(server.port, server.host):
+        raise DeviceError(f"no adb server answers on {server.address}: start it there with `adb -a -P {server.port} "
+                          f"server nodaemon` (or drop --adb-server {server.address})")
+    return AdbClient(host=server.host, port=server.port)
 
 
 def requested_serials(options: list[str]) -> list[str]:
@@ -49,13 +66,65 @@ def requested_serials(options: list[str]) -> list[str]:
     return serials
 
 
+def reachable(servers: list[AdbServer]) -> list[AdbClient]:
+    """Clients of the servers that answer; each one that does not is one line on stderr, and the run goes
+    on with the others unless none is left."""
+    clients, unreachable = [], []
+    for server in servers:
+        try:
+            clients.append(client(server))
+        except DeviceError as error:
+            unreachable.append(error)
+    if not clients:  # one line for the run's end, whatever the number of servers
+        if len(unreachable) == 1:
+            raise unreachable[0]
+        raise DeviceError(f"none of the adb servers {', '.join(s.address for s in servers)} answers: start them "
+                          f"(`adb -a -P PORT server nodaemon` on each host) or fix --adb-server")
+    for error in unreachable:
+        print(f"qnnsuite: {error}; going on without it", file=sys.stderr)
+    return clients
+
+
+def select_across(clients: list[AdbClient], requested: list[str]) -> list[Device]:
+    """Checked devices for `SERIAL` or `HOST:PORT/SERIAL` values (or `all`) over every server's devices."""
+    listings = {address_of(adb): {info.serial: info.state for info in adb.list()} for adb in clients}
+    if requested == ["all"]:
+        ready = {server: [s for s, state in states.items() if state == "device"] for server, states in listings.items()}
+        if not any(ready.values()):
+            raise DeviceError(f"--device all: no device is attached and ready on {', '.join(listings)}: check `adb devices`")
+        return [device for adb in clients for device in select(adb, ready[address_of(adb)])]
+    by_server: dict[str, list[str]] = {}
+    for value in requested:
+        server, serial = _locate(listings, value)
+        by_server.setdefault(server, []).append(serial)
+    return [device for adb in clients for device in select(adb, by_server.get(address_of(adb), []))]
+
+
+def address_of(adb: adbutils.AdbClient) -> str:
+    return AdbServer(adb.host, adb.port).address
+
+
+def _locate(listings: dict[str, dict[str, str]], value: str) -> tuple[str, str]:
+    """(server address, serial) of one --device value; a bare serial must be on exactly one server."""
+    server, slash, serial = value.partition("/")
+    if slash:
+        if server not in listings:
+            raise DeviceError(f"--device {value}: {server} is not a reachable adb server of this run; "
+                              f"name it with --adb-server {server}")
+        return server, serial
+    holding = [server for server, states in listings.items() if value in states]
+    if len(holding) > 1:
+        raise DeviceError(f"device {value} is on {len(holding)} adb servers ({', '.join(holding)}): write it as "
+                          f"{holding[0]}/{value} to say which")
+    if not holding and len(listings) > 1:
+        attached = ", ".join(f"{server}/{s} ({st})" for server, states in listings.items() for s, st in states.items())
+        raise DeviceError(f"unknown device serial {value}: attached are {attached or 'none'}; check `adb devices`")
+    return (holding or list(listings))[0], value
+
+
 def select(adb: adbutils.AdbClient, serials: list[str]) -> list[Device]:
-    """Checked devices for the serials (or every ready device for `all`)."""
+    """Checked devices for these serials of one server (`all` is resolved over every server: select_across)."""
     states = {info.serial: info.state for info in adb.list()}
-    if serials == ["all"]:
-        serials = [serial for serial, state in states.items() if state == "device"]
-        if not serials:
-            raise DeviceError("--device all: no device is attached and ready: check `adb devices`")
     devices = []
     for serial in serials:
         state = states.get(serial)

@@ -32,7 +32,7 @@ HEALTH_TIMEOUT_S = 60.0
 
 @dataclass
 class HealthResults:
-    """serial -> quarantine line (failed devices only), and serial -> provenance (every device)."""
+    """label (server/serial) -> quarantine line (failed devices only), and label -> provenance (every device)."""
 
     quarantined: dict[str, str] = field(default_factory=dict)
     provenance: dict[str, dict] = field(default_factory=dict)
@@ -60,17 +60,17 @@ def verdict(outcome: CaseOutcome) -> str | None:
 
 
 def quarantine_line(spec: DeviceSpec, cause: str) -> str:
-    return (f"device {spec.serial} ({spec.soc}) quarantined: it failed the health check (a one-op program): "
+    return (f"device {spec.label} ({spec.soc}) quarantined: it failed the health check (a one-op program): "
             f"{cause}")
 
 
 class HealthCheck:
     """One run's health checks; `run()` visits every device in parallel and returns what it found."""
 
-    def __init__(self, specs: tuple[DeviceSpec, ...], adb_port: int, run_id: str, toolchain: Toolchain,
+    def __init__(self, specs: tuple[DeviceSpec, ...], run_id: str, toolchain: Toolchain,
                  work_dir: Path, given: PayloadInputs, runner_timeout_s: float, cache_dir: Path | None,
                  lowering_server: Path | None) -> None:
-        self._specs, self._adb_port, self._run_id = specs, adb_port, run_id
+        self._specs, self._run_id = specs, run_id
         self._toolchain, self._work_dir, self._given = toolchain, work_dir, given
         self._timeout_s = min(runner_timeout_s, HEALTH_TIMEOUT_S)
         self._cache_dir, self._lowering_server = cache_dir, lowering_server
@@ -91,7 +91,7 @@ class HealthCheck:
     def _visit(self, index: int, spec: DeviceSpec) -> None:
         worker = f"health-{index}"  # its own host and device folders, even for two devices of one SoC
         given = self._given
-        pool = DevicePool([spec], self._adb_port, self._run_id, worker, self._toolchain.sdk, given.runner,
+        pool = DevicePool([spec], self._run_id, worker, self._toolchain.sdk, given.runner,
                           given.backend_lib, given.trace_interposer)
         store = CaseStore(self._toolchain, pool, self._work_dir, worker, lambda tags: STEPS, self._timeout_s,
                           self._cache_dir, self._lowering_server)
@@ -110,17 +110,17 @@ class HealthCheck:
         finally:
             pool.close(keep=False)
         with self._lock:
-            self._results.provenance[spec.serial] = {"serial": spec.serial, "soc": spec.soc, **found,
+            self._results.provenance[spec.label] = {"serial": spec.serial, "device": spec.label, "soc": spec.soc, **found,
                                                     "health": cause or status}
             if cause is not None:
                 line = quarantine_line(spec, cause)
-                self._results.quarantined[spec.serial] = line
+                self._results.quarantined[spec.label] = line
                 self._results.lines.append(f"qnnsuite: {line}")
 
     def _provenance(self, pool: DevicePool, spec: DeviceSpec) -> dict:
         try:
             payload = kinds.of(spec.kind).payload(spec.abi, spec.htp_arch, self._given)
-            device = pool.device(spec.serial)
+            device = pool.device(spec.label)
             return provenance.measure(device, spec.kind, payload, f"{WORKSPACE_ROOT}/{self._run_id}/payload",
                                       self._toolchain.sdk)
         except Exception as error:  # provenance not measured is said in the report, never a quarantine

@@ -18,8 +18,8 @@ from typing import Iterator
 from filelock import Timeout
 
 from harness.device import kinds
-from harness.device.adb import AdbClient
-from harness.device.device import WORKSPACE_ROOT, Device, DeviceError, DeviceLost, shell_line
+from harness.device.adb import AdbClient, AdbServer
+from harness.device.device import WORKSPACE_ROOT, Device, DeviceError, DeviceLost, device_label, shell_line
 from harness.device.execute import Workspace, prepare_workspace
 from harness.qnn.interposer import REAL_LIBRARY_NAME
 from harness.qnn.sdk import QnnSdk
@@ -41,33 +41,43 @@ class DeviceSpec:
     abi: str
     model: str
     kind: str  # harness.device.kinds: "emulated" or "phone"
+    server: str  # the adb server it is attached to, HOST:PORT
+
+    @property
+    def label(self) -> str:
+        """server/serial: the device's name in reports, locks and the pool (serials repeat across servers)."""
+        return device_label(self.server, self.serial)
+
+    def client(self) -> AdbClient:
+        server = AdbServer.parse(self.server, "server")
+        return AdbClient(host=server.host, port=server.port)
 
 
 @dataclass
 class DevicePool:
     specs: list[DeviceSpec]
-    adb_port: int
     run_id: str
     worker: str
     sdk: QnnSdk
     runner: Path | None = None
     backend_lib: Path | None = None
     trace_interposer: Path | None = None  # built for phones with --android-ndk
-    _devices: dict[str, Device] = field(default_factory=dict)
-    _prepared: dict[str, Workspace] = field(default_factory=dict)  # serial -> this worker's workspace
-    _lost: dict[str, str] = field(default_factory=dict)  # serial -> the line that said so
-    quarantined: dict[str, str] = field(default_factory=dict)  # serial -> its health check's line (no cases)
+    _devices: dict[str, Device] = field(default_factory=dict)  # by label (server/serial)
+    _prepared: dict[str, Workspace] = field(default_factory=dict)  # label -> this worker's workspace
+    _lost: dict[str, str] = field(default_factory=dict)  # label -> the line that said so
+    quarantined: dict[str, str] = field(default_factory=dict)  # label -> its health check's line (no cases)
 
     def socs(self) -> list[str]:
         return sorted({spec.soc for spec in self.specs})
 
-    def spec(self, serial: str) -> DeviceSpec:
-        return next(spec for spec in self.specs if spec.serial == serial)
+    def spec(self, label: str) -> DeviceSpec:
+        return next(spec for spec in self.specs if spec.label == label)
 
-    def device(self, serial: str) -> Device:
-        if serial not in self._devices:
-            self._devices[serial] = Device(serial, AdbClient(host="127.0.0.1", port=self.adb_port))
-        return self._devices[serial]
+    def device(self, label: str) -> Device:
+        if label not in self._devices:
+            spec = self.spec(label)
+            self._devices[label] = Device(spec.serial, spec.client())
+        return self._devices[label]
 
     @contextlib.contextmanager
     def acquire(self, soc: str, holder: str) -> Iterator[tuple[Device, Workspace]]:
@@ -78,15 +88,15 @@ class DevicePool:
         candidates = [spec for spec in self.specs if spec.soc == soc]
         if not candidates:
             raise DeviceError(f"no device for SoC {soc} in this run: attach one or drop it with --soc")
-        if all(spec.serial in self.quarantined for spec in candidates):
-            raise DeviceQuarantined(self.quarantined[candidates[0].serial])
-        candidates = [spec for spec in candidates if spec.serial not in self.quarantined]
+        if all(spec.label in self.quarantined for spec in candidates):
+            raise DeviceQuarantined(self.quarantined[candidates[0].label])
+        candidates = [spec for spec in candidates if spec.label not in self.quarantined]
         while True:
-            alive = [spec for spec in candidates if spec.serial not in self._lost]
+            alive = [spec for spec in candidates if spec.label not in self._lost]
             if not alive:
-                raise DeviceLost(self._lost[candidates[0].serial])
+                raise DeviceLost(self._lost[candidates[0].label])
             for spec in alive:
-                device = self.device(spec.serial)
+                device = self.device(spec.label)
                 with contextlib.ExitStack() as hold:
                     try:
                         hold.enter_context(device.exclusive(holder, wait=len(alive) == 1))
@@ -96,16 +106,16 @@ class DevicePool:
                     return
             time.sleep(LOCK_POLL_S)
 
-    def mark_lost(self, serial: str, line: str) -> None:
+    def mark_lost(self, label: str, line: str) -> None:
         """From now on this device's cases fail at once with the line that lost it."""
-        self._lost[serial] = line
+        self._lost[label] = line
 
-    def back_online(self, serial: str, within_s: float) -> bool:
+    def back_online(self, label: str, within_s: float) -> bool:
         """Whether a dropped device reconnects (adb retries a dropped TCP/USB link by itself)."""
         deadline = time.monotonic() + within_s
         while time.monotonic() < deadline:
             try:
-                if self.device(serial).shell("echo ok", timeout_s=5).output.strip() == "ok":
+                if self.device(label).shell("echo ok", timeout_s=5).output.strip() == "ok":
                     return True
             except DeviceError:
                 pass
@@ -114,37 +124,36 @@ class DevicePool:
 
     def _workspace(self, device: Device, spec: DeviceSpec) -> Workspace:
         """Called with the device held, so no other worker pushes the payload at the same time."""
-        if spec.serial not in self._prepared:
+        if spec.label not in self._prepared:
             payload = f"{WORKSPACE_ROOT}/{self.run_id}/payload"
             device.shell(shell_line(["mkdir", "-p", payload]))
             given = kinds.PayloadInputs(self.sdk, self.runner, self.backend_lib, self.trace_interposer)
             files = kinds.of(spec.kind).payload(spec.abi, spec.htp_arch, given)
             prepare_workspace(device, payload, files)
             traced = any(item.remote_name == REAL_LIBRARY_NAME for item in files)
-            self._prepared[spec.serial] = Workspace(device.workspace(f"{self.run_id}/{self.worker}"), payload, traced)
-        return self._prepared[spec.serial]
+            self._prepared[spec.label] = Workspace(device.workspace(f"{self.run_id}/{self.worker}"), payload, traced)
+        return self._prepared[spec.label]
 
     def close(self, keep: bool) -> list[str]:
         """Remove this worker's workspaces (or list them when kept); returns lines to print."""
         lines = []
-        for serial, device in self._devices.items():
+        for label, device in self._devices.items():
             if keep:
-                lines += [f"kept workspace {serial}:{path}" for path in device.workspaces]
+                lines += [f"kept workspace {label}:{path}" for path in device.workspaces]
                 continue
-            if serial in self._lost:
+            if label in self._lost:
                 continue
-            lines += [f"could not remove workspace {serial}:{path} (device gone)" for path in device.remove_workspaces()]
+            lines += [f"could not remove workspace {label}:{path} (device gone)" for path in device.remove_workspaces()]
         return lines
 
 
-def remove_run_folders(specs: list[DeviceSpec], adb_port: int, run_id: str) -> list[str]:
+def remove_run_folders(specs: list[DeviceSpec], run_id: str) -> list[str]:
     """Remove the run's folder (shared payload included) from every device; returns lines for those that
     could not be cleaned (device gone)."""
     lines = []
     for spec in specs:
         try:
-            Device(spec.serial, AdbClient(host="127.0.0.1", port=adb_port)).shell(
-                shell_line(["rm", "-rf", f"{WORKSPACE_ROOT}/{run_id}"]), timeout_s=30)
+            Device(spec.serial, spec.client()).shell(shell_line(["rm", "-rf", f"{WORKSPACE_ROOT}/{run_id}"]), timeout_s=30)
         except DeviceError:
-            lines.append(f"could not remove {spec.serial}:{WORKSPACE_ROOT}/{run_id} (device gone)")
+            lines.append(f"could not remove {spec.label}:{WORKSPACE_ROOT}/{run_id} (device gone)")
     return lines

@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 from harness.device import discovery, kinds
+from harness.device.device import DeviceError
 from harness.emulator import phone
 from harness.emulator.launcher import EmulatorFleet, FleetError
 from harness.qnn import soc as soc_table
@@ -59,7 +60,11 @@ def main(args: argparse.Namespace) -> int:
         return 1
     if not socs:
         return 0
-    port = args.adb_port or discovery.default_server_port()
+    try:
+        port = args.adb_port or discovery.default_server().port  # served on this host's loopback in any case
+    except DeviceError as error:
+        print(f"emulate: {error}", file=sys.stderr)
+        return 2
     try:  # as the run's own emulated devices get it (harness/providers.py), or a phone's
         device_env = (phone.device_environment(toolchain, dict(os.environ)) if args.as_phone
                       else kinds.EmulatedKind.heap_environment(toolchain.child_env()))

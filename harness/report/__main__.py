@@ -1,9 +1,12 @@
-"""`python -m harness.report diff A B`: what changed between two runs, failing on regressions.
+"""`python -m harness.report diff A B`: what changed between two runs, failing on regressions; and
+`python -m harness.report merge DIR... --out DIR`: shards' reports as one run's (harness/report/merge.py).
 
-A and B are report.json files or run folders. Prints one line per check whose verdict changed
+diff: A and B are report.json files or run folders. Prints one line per check whose verdict changed
 (regressions, new failures and known failures that now pass are marked); exits 1 if B regressed against A
 or has a new failure,
 2 on unreadable input, else 0.
+merge: exits 2 when the parts cannot be merged (one line says why), 1 when --baseline is given and the
+merged run fails its gate (gate.json beside each report.json names the checks), else 0.
 """
 from __future__ import annotations
 
@@ -11,7 +14,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from harness.report import merge as merging
 from harness.report.gate import BaselineError, changes, compare, load
+from harness.report.writer import summary_line
 
 
 def diff(before_path: Path, after_path: Path) -> int:
@@ -29,13 +34,39 @@ def diff(before_path: Path, after_path: Path) -> int:
     return 1 if result.regressions or result.new_failures else 0
 
 
+def merge(folders: list[Path], out: Path, baseline: Path | None, allow_missing: bool) -> int:
+    try:
+        merged = merging.merge(folders, out, baseline, allow_missing)
+    except merging.MergeError as error:
+        print(f"merge: {error}", file=sys.stderr)
+        return 2
+    socs = sorted({record.soc for record in merged.records})
+    print(f"merged {len(folders)} run(s) into {out}")
+    for soc in socs:
+        print(summary_line(merged.records, soc, out / soc / "report.html"))
+    verdict = merged.verdict
+    if verdict is None:
+        return 0
+    print(f"gate against {baseline}: " + ("no regressions" if verdict.ok else "FAILED"))
+    for line in verdict.lines():
+        print(f"  {line}")
+    return 0 if verdict.ok else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.report", description="Compare conformance reports.")
     commands = parser.add_subparsers(dest="command", required=True)
     command = commands.add_parser("diff", help="print checks whose verdict changed from A to B; exit 1 on regressions")
     command.add_argument("before", type=Path, metavar="A", help="baseline: a report.json or a run folder")
     command.add_argument("after", type=Path, metavar="B", help="candidate: a report.json or a run folder")
+    command = commands.add_parser("merge", help="merge shard run folders into one per-SoC report folder")
+    command.add_argument("folders", type=Path, nargs="+", metavar="DIR", help="a shard's run folder (reports/<run>)")
+    command.add_argument("--out", type=Path, required=True, metavar="DIR", help="new folder for <SOC>/report.json etc.")
+    command.add_argument("--baseline", type=Path, metavar="PATH", help="gate the merged run against this report or run")
+    command.add_argument("--allow-missing", action="store_true", help="gate: baseline checks absent here do not fail it")
     args = parser.parse_args(argv)
+    if args.command == "merge":
+        return merge(args.folders, args.out, args.baseline, args.allow_missing)
     return diff(args.before, args.after)
 
 

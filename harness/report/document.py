@@ -87,6 +87,14 @@ def build(records: list[CheckRecord], environment: dict, run_id: str, soc: str, 
     return json_safe(document)
 
 
+def records_of(document: dict) -> list[CheckRecord]:
+    """The check records a document was built from (build's inverse, up to the case-wide timings each
+    record carries): what a merge rebuilds documents from, so merged reports are built like run reports."""
+    return [CheckRecord.from_dict({**{name: case.get(name) for name in CASE_FIELDS}, **check, "check": name,
+                                   "timings_s": case.get("timings_s") or {}})
+            for case, name, check in checks_of(document)]
+
+
 def checks_of(document: dict) -> list[tuple[dict, str, dict]]:
     """(case, check name, check) for every check of the document, in report order."""
     return [(case, name, check) for case in document["cases"] for name, check in case["checks"].items()]

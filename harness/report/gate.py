@@ -129,14 +129,15 @@ def of_document(document: dict) -> dict[Key, Outcome]:
             for case, name, check in checks_of(document)}
 
 
-def load(path: Path) -> dict[Key, Outcome]:
-    """Outcomes of a report.json, or of every report.json under a folder (a run, or one SoC of it)."""
+def read_documents(path: Path) -> list[tuple[Path, dict]]:
+    """(file, document) of a report.json, or of every report.json under a folder (a run, or one SoC of
+    it); one SoC per folder, so a folder holding two runs is refused rather than silently mixed."""
     if not path.exists():
         raise BaselineError(f"{path} does not exist: pass a report.json or a run folder such as reports/latest")
     files = [path] if path.is_file() else sorted(path.rglob("report.json"))
     if not files:
         raise BaselineError(f"no report.json under {path}: pass a report.json or a run folder such as reports/latest")
-    outcomes: dict[Key, Outcome] = {}
+    documents: list[tuple[Path, dict]] = []
     origin: dict[str, Path] = {}
     for file in files:
         try:
@@ -149,6 +150,14 @@ def load(path: Path) -> dict[Key, Outcome]:
         if soc in origin:
             raise BaselineError(f"{path} holds two reports for {soc} ({origin[soc]} and {file}): pass one run folder")
         origin[soc] = file
+        documents.append((file, document))
+    return documents
+
+
+def load(path: Path) -> dict[Key, Outcome]:
+    """Outcomes of a report.json, or of every report.json under a folder (a run, or one SoC of it)."""
+    outcomes: dict[Key, Outcome] = {}
+    for _, document in read_documents(path):
         outcomes.update(of_document(document))
     return outcomes
 

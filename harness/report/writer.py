@@ -31,34 +31,42 @@ def write_run(records: list[CheckRecord], environments: dict[str, dict], report_
     {soc: folder}. A run without records writes nothing and keeps `latest`. provenance: per SoC."""
     folders = {}
     for soc in sorted({record.soc for record in records}):
-        document = build(records, environments.get(soc, {"soc": soc}), run_id, soc, columns,
-                         (provenance or {}).get(soc))
-        folder = report_root / run_id / soc
-        folder.mkdir(parents=True, exist_ok=True)
-        mine = gate.for_soc(soc) if gate is not None else None
-        write_atomically(folder / "report.json", json.dumps(document, indent=1, allow_nan=False) + "\n")
-        write_atomically(folder / "junit.xml", junit.render(document))
-        # A lone surrogate (from a name or a log) is written as its escape rather than failing the file.
-        write_atomically(folder / "summary.md", markdown.render(document, mine, layout.sizes(folder)), errors="backslashreplace")
-        write_atomically(folder / "report.html", page.render(document), errors="backslashreplace")
-        if mine is not None:
-            write_atomically(folder / "gate.json", json.dumps({"ok": mine.ok, "checks": mine.entries()}, indent=1) + "\n")
-        folders[soc] = folder
+        folders[soc] = report_root / run_id / soc
+        write_soc(records, environments.get(soc, {"soc": soc}), folders[soc], run_id, soc, columns, gate,
+                  (provenance or {}).get(soc))
     if folders:
         _point_latest(report_root, run_id)
     return folders
 
 
+def write_soc(records: list[CheckRecord], environment: dict, folder: Path, run_id: str, soc: str,
+              columns: list[Column], gate: GateResult | None = None, provenance: dict | None = None) -> None:
+    """One SoC's files in folder (a run's, or a merge's), each written whole or not at all."""
+    document = build(records, environment, run_id, soc, columns, provenance)
+    folder.mkdir(parents=True, exist_ok=True)
+    mine = gate.for_soc(soc) if gate is not None else None
+    write_atomically(folder / "report.json", json.dumps(document, indent=1, allow_nan=False) + "\n")
+    write_atomically(folder / "junit.xml", junit.render(document))
+    # A lone surrogate (from a name or a log) is written as its escape rather than failing the file.
+    write_atomically(folder / "summary.md", markdown.render(document, mine, layout.sizes(folder)), errors="backslashreplace")
+    write_atomically(folder / "report.html", page.render(document), errors="backslashreplace")
+    if mine is not None:
+        write_atomically(folder / "gate.json", json.dumps({"ok": mine.ok, "checks": mine.entries()}, indent=1) + "\n")
+
+
 SPOKEN = {"infra_error": "infrastructure errors", "not_measured": "not measured"}  # the summary line's words
 
 
-def summary_line(records: list[CheckRecord], soc: str, html: Path | None = None) -> str:
-    """e.g. `SM8650: 120 passed, 3 failed, 10 xfailed, 5 skipped -> reports/<run>/SM8650/report.html`
-    (zero counts other than passed and failed are left out)."""
-    counts = tally([record for record in records if record.soc == soc])
+def summary_line(records: list[CheckRecord], soc: str, html: Path | None = None, shard: str | None = None) -> str:
+    """e.g. `SM8650 (shard 1/2): 120 passed, 3 failed, 10 xfailed on 127.0.0.1:5037/R5CW -> reports/<run>/SM8650/report.html`
+    (zero counts other than passed and failed are left out; the devices are those that ran a case)."""
+    mine = [record for record in records if record.soc == soc]
+    counts = tally(mine)
     shown = ", ".join(f"{n} {SPOKEN.get(verdict, verdict)}" for verdict, n in counts.items()
                       if verdict != "total" and (n or verdict in ("passed", "failed")))
-    return f"{soc}: {shown}" + (f" -> {_relative(html)}" if html else "")
+    devices = sorted({record.device_serial for record in mine if record.device_serial})
+    return (f"{soc}" + (f" (shard {shard})" if shard else "") + f": {shown}"
+            + (f" on {', '.join(devices)}" if devices else "") + (f" -> {_relative(html)}" if html else ""))
 
 
 def _relative(path: Path) -> str:

@@ -19,7 +19,7 @@ import pytest
 
 from harness.context import RunContext
 from harness.device import discovery, kinds
-from harness.device.adb import AdbClient
+from harness.device.adb import AdbClient, AdbServer
 from harness.device.device import PROBE_TIMEOUT_S, WORKSPACE_ROOT, Device, DeviceError, DeviceLost
 from harness.device.execute import RunnerFailed, Workspace, run_case
 from harness.device.payload import EMULATED_RUNNER, RUNNER_NAME
@@ -93,8 +93,8 @@ def test_bad_devices_each_get_one_line(fleet):
     gone = fleet.add_device("SM8650", offline=True)
     with pytest.raises(DeviceError, match="is offline: reconnect it"):
         discovery.select(client, [gone.serial])
-    with pytest.raises(DeviceError, match="no adb server on 127.0.0.1:1:"):
-        discovery.client(1)
+    with pytest.raises(DeviceError, match="no adb server answers on 127.0.0.1:1:"):
+        discovery.client(AdbServer("127.0.0.1", 1))
 
 
 def _failed_run(fleet, device, tmp_path, fault: str, timeout_s: float) -> str:
@@ -179,8 +179,8 @@ def _descendants(roots: list[int]) -> list[int]:
 
 def test_payload_goes_to_a_device_once_per_run(fleet):
     info = fleet.devices[0]
-    specs = [DeviceSpec(info.serial, info.soc, 75, "x86_64", "Emulated", kind="emulated")]
-    workers = [DevicePool(specs, fleet.adb_port, "payload-run", worker, sdk=WHEEL_SDK) for worker in ("gw0", "gw1")]
+    specs = [DeviceSpec(info.serial, info.soc, 75, "x86_64", "Emulated", kind="emulated", server=f"127.0.0.1:{fleet.adb_port}")]
+    workers = [DevicePool(specs, "payload-run", worker, sdk=WHEEL_SDK) for worker in ("gw0", "gw1")]
     runner = info.root / "data/local/tmp/qnnsuite/payload-run/payload" / RUNNER_NAME
     written = []
     for pool in workers:
@@ -192,7 +192,7 @@ def test_payload_goes_to_a_device_once_per_run(fleet):
     for pool in workers:
         assert pool.close(keep=False) == []
     assert runner.exists(), "workers leave the shared payload to the controller"
-    assert remove_run_folders(specs, fleet.adb_port, "payload-run") == []
+    assert remove_run_folders(specs, "payload-run") == []
     assert not runner.parent.parent.exists()
 
 
@@ -266,6 +266,7 @@ def test_the_folder_a_killed_run_left_on_a_phone_is_removed_by_the_next_run(tmp_
     info = fleet.devices[0]
     device = Device(info.serial, adbutils.AdbClient(host="127.0.0.1", port=fleet.adb_port))
     killed, other = "20261201-010101-999", "20261201-010101-998"
+    label = f"127.0.0.1:{fleet.adb_port}/{info.serial}"  # records name a device by server and serial
     for run_id in (killed, other):
         device.shell(f"mkdir -p {WORKSPACE_ROOT}/{run_id}/payload && echo x > {WORKSPACE_ROOT}/{run_id}/payload/f")
     state = tmp_path / "state"
@@ -274,12 +275,12 @@ def test_the_folder_a_killed_run_left_on_a_phone_is_removed_by_the_next_run(tmp_
     runs.mkdir(parents=True, mode=0o700)
     (state / "qnnsuite").chmod(0o700)
     (runs / f"{killed}.json").write_text(json.dumps({"run_id": killed, "controller": [_dead_pid(), 1], "work_dir": "",
-                                                      "processes": [], "devices": [info.serial]}))
+                                                      "processes": [], "devices": [label]}))
     env = {"ANDROID_ADB_SERVER_PORT": str(fleet.adb_port), "SCENARIO_SOCS": info.soc, "SCENARIO_CASES": "1",
            "XDG_RUNTIME_DIR": str(state)}
     completed = _scenario(tmp_path, "--device", info.serial, "-s", env=env)
     assert completed.returncode == 0, completed.stdout[-3000:]
-    assert f"removed {info.serial}:{WORKSPACE_ROOT}/{killed}, left by a killed run" in completed.stdout + completed.stderr
+    assert f"removed {label}:{WORKSPACE_ROOT}/{killed}, left by a killed run" in completed.stdout + completed.stderr
     listed = device.shell(f"ls {WORKSPACE_ROOT}").output.split()
     assert killed not in listed and other in listed, listed
     assert list((state / "qnnsuite" / "leftovers").iterdir()) == []

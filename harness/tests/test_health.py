@@ -262,7 +262,7 @@ def test_health_check_quarantines_only_devices_at_fault(monkeypatch, tmp_path):
     monkeypatch.setattr(health.CaseStore, "executed", executed)
     toolchain = SimpleNamespace(sdk=QnnSdk(root=tmp_path / "no-sdk", origin=WHEEL_ORIGIN))
     given = PayloadInputs(toolchain.sdk, None, None, None)
-    results = health.HealthCheck(specs, 1, "run1", toolchain, tmp_path, given, 300, None, None).run()
+    results = health.HealthCheck(specs, "run1", toolchain, tmp_path, given, 300, None, None).run()
     assert set(results.quarantined) == {"S2", "S3"}, results.quarantined
     assert results.quarantined["S2"].endswith("quarantined: it failed the health check (a one-op program): "
                                               "runner on S2 exited 1 (last words: no)")

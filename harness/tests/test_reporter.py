@@ -16,8 +16,8 @@ from harness.tests.test_report import make_records, typed
 
 
 def _reporter(tmp_path: Path) -> ConformanceReporter:
-    options = SimpleNamespace(qnn_sdk=None, report_dir=tmp_path / "reports", baseline=None, allow_missing=False)
-    context = RunContext("run1", 5037, (), {}, (), tmp_path / "work")
+    options = SimpleNamespace(qnn_sdk=None, report_dir=tmp_path / "reports", baseline=None, allow_missing=False, shard=None)
+    context = RunContext("run1", (), {}, (), tmp_path / "work")
     (tmp_path / "work").mkdir()
     return ConformanceReporter(options, context, None)
 

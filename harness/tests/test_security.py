@@ -213,8 +213,9 @@ def test_tmpdir_with_space_quote_semicolon_and_command_substitution(mode: str, t
     try:
         device = harness_device(fleet)
         assert device.shell("mkdir -p /data/local/tmp/qnnsuite/run1/gw0 && echo made").output == "made\n"
-        spec = DeviceSpec(device.serial, "SM8650", 75, "x86_64", "Emulated SM8650", kind="emulated")
-        assert remove_run_folders([spec], fleet.adb_port, "run1") == []
+        spec = DeviceSpec(device.serial, "SM8650", 75, "x86_64", "Emulated SM8650", kind="emulated",
+                          server=f"127.0.0.1:{fleet.adb_port}")
+        assert remove_run_folders([spec], "run1") == []
         assert not (fleet.devices[0].root / "data/local/tmp/qnnsuite/run1").exists()  # it did remove
         assert device.shell("rm -rf /data/local/tmp/qnnsuite").exit_code == 0
     finally:

@@ -1,0 +1,165 @@
+"""`python -m harness.report merge DIR... --out DIR`: the reports of shards (CI jobs, hosts) as one run's.
+
+Each DIR is a run folder (reports/<run>/ with <SOC>/report.json). The merge is refused, in one line, when
+the parts cannot be one run: a different executorch, torch, torchao or QNN build (their verdicts would
+not be comparable), a case present twice (a shard merged twice, or two slices that overlap), or shards
+that do not fit (a mix of counts, an index twice or missing, a sharded run with an unsharded one).
+The merged documents are rebuilt from the parts' check records by the same code as a run's
+(harness/report/document.py, writer.py), so a merge of shards 1/2 and 2/2 reads like the unsharded run
+and `--baseline` and `diff` take it as they take any run. Reproduction bundles are copied along.
+"""
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.record import CheckRecord
+from harness.report.document import Column, records_of
+from harness.report.gate import BaselineError, GateResult, compare, load, of_records, read_documents
+from harness.report.writer import write_soc
+from harness.repro.layout import REPRO_DIR
+
+VERSION_KEYS = ("executorch", "torch", "torchao", "qnn_build_id")  # what the verdicts depend on
+JOINED_KEYS = ("host", "device_serial", "device_model")  # where each part ran, listed in the merge
+UNSHARDED = "unsharded"
+
+
+class MergeError(ValueError):
+    """Reports that cannot be merged; the message names the parts and what to do."""
+
+
+@dataclass(frozen=True)
+class Part:
+    folder: Path
+    documents: list[dict]  # one per SoC
+
+    @property
+    def shard(self) -> str:
+        labels = {document["environment"].get("shard") or UNSHARDED for document in self.documents}
+        if len(labels) > 1:
+            raise MergeError(f"{self.folder} mixes reports of shards {', '.join(sorted(labels))}: pass one run's folder")
+        return labels.pop()
+
+
+def read_parts(folders: list[Path]) -> list[Part]:
+    try:
+        return [Part(folder, [document for _, document in read_documents(folder)]) for folder in folders]
+    except BaselineError as error:
+        raise MergeError(str(error)) from error
+
+
+def check_versions(parts: list[Part]) -> None:
+    for key in VERSION_KEYS:
+        seen: dict[str, Path] = {}
+        for part in parts:
+            for document in part.documents:
+                seen.setdefault(str(document["environment"].get(key)), part.folder)
+        if len(seen) > 1:
+            found = " and ".join(f"{key} {value} in {folder}" for value, folder in seen.items())
+            raise MergeError(f"cannot merge a mix of versions: {found}; merge only runs of one executorch, torch "
+                             f"and QNN build (rerun the odd part with the others' versions)")
+
+
+def check_shards(parts: list[Part]) -> None:
+    labels = [part.shard for part in parts]
+    sharded = sorted(label for label in labels if label != UNSHARDED)
+    if not sharded:
+        return
+    if len(sharded) < len(labels):
+        plain = parts[labels.index(UNSHARDED)].folder
+        raise MergeError(f"{plain} is an unsharded run and the others are shards: merge the shards of one run only")
+    counts = {label.split("/")[1] for label in sharded}
+    if len(counts) > 1:
+        raise MergeError(f"shards of different counts ({', '.join(sharded)}): merge the shards of one "
+                         f"--shard INDEX/COUNT split")
+    count = int(counts.pop())
+    indices = [int(label.split("/")[0]) for label in sharded]
+    missing = sorted(set(range(1, count + 1)) - set(indices))
+    if len(indices) != len(set(indices)) or missing:
+        twice = sorted({i for i in indices if indices.count(i) > 1})
+        problem = (f"shard {', '.join(f'{i}/{count}' for i in twice)} given twice" if twice
+                   else f"shard {', '.join(f'{i}/{count}' for i in missing)} missing")
+        raise MergeError(f"the shards given are {', '.join(sharded)}: {problem}; pass every shard's run folder once")
+
+
+def _columns(parts: list[Part], soc: str) -> list[Column]:
+    """Every part's columns, each part's order kept (each part shows the registry's order, minus checks
+    it had no record of): a new name goes after its predecessor in the part that has it."""
+    merged: list[Column] = []
+    for part in parts:
+        for document in part.documents:
+            if document["soc"] != soc:
+                continue
+            columns = list(document.get("checks") or ())
+            for i, column in enumerate(columns):
+                names = [c["name"] for c in merged]
+                if column["name"] in names:
+                    continue
+                before = columns[i - 1]["name"] if i and columns[i - 1]["name"] in names else None
+                after = next((names.index(c["name"]) for c in columns[i + 1:] if c["name"] in names), len(merged))
+                merged.insert(names.index(before) + 1 if before else after, column)
+    return merged
+
+
+def _environment(documents: list[tuple[Part, dict]], run_id: str) -> dict:
+    """The first part's environment, with every part's hosts and devices, the whole time span, and which
+    runs (and shards) the merge is made of."""
+    environments = [document["environment"] for _, document in documents]
+    merged = {key: value for key, value in environments[0].items() if key != "shard"}
+    for key in JOINED_KEYS:
+        values = [str(v) for env in environments for v in str(env.get(key, "")).split(", ") if env.get(key)]
+        if values:
+            merged[key] = ", ".join(dict.fromkeys(values))
+    for key, pick in (("started", min), ("finished", max)):
+        if all(env.get(key) for env in environments):
+            merged[key] = pick(str(env[key]) for env in environments)
+    merged["run_id"] = run_id
+    merged["merged_from"] = ", ".join(f"{env.get('run_id')}" + (f" (shard {env['shard']})" if env.get("shard") else "")
+                                      for env in environments)
+    return merged
+
+
+def merged_records(parts: list[Part]) -> dict[str, list[tuple[Part, dict]]]:
+    """Each SoC's documents, refusing a case that two parts hold."""
+    owner: dict[tuple[str, str], Path] = {}
+    by_soc: dict[str, list[tuple[Part, dict]]] = {}
+    for part in parts:
+        for document in part.documents:
+            for case in document["cases"]:
+                key = (document["soc"], case["case_id"])
+                if key in owner:
+                    raise MergeError(f"case {case['case_id']} is in both {owner[key]} and {part.folder}: merge each "
+                                     f"shard once, and only runs of disjoint selections")
+                owner[key] = part.folder
+            by_soc.setdefault(document["soc"], []).append((part, document))
+    return by_soc
+
+
+@dataclass(frozen=True)
+class Merged:
+    records: list[CheckRecord]  # every part's, for the summary lines
+    verdict: GateResult | None  # None without a baseline
+
+
+def merge(folders: list[Path], out: Path, baseline: Path | None = None, allow_missing: bool = False) -> Merged:
+    """Write the merged per-SoC reports to out/<SOC>/ (and gate.json when a baseline is given)."""
+    if out.exists() and any(out.iterdir()):
+        raise MergeError(f"--out {out} is not empty: name a new folder, so no old report is mixed in")
+    parts = read_parts(folders)
+    check_versions(parts)
+    check_shards(parts)
+    by_soc = merged_records(parts)
+    records: dict[str, list[CheckRecord]] = {soc: [r for _, d in docs for r in records_of(d)] for soc, docs in by_soc.items()}
+    every = [record for soc_records in records.values() for record in soc_records]
+    try:
+        verdict = compare(load(baseline), of_records(every), allow_missing) if baseline is not None else None
+    except BaselineError as error:
+        raise MergeError(f"--baseline: {error}") from error
+    for soc, documents in sorted(by_soc.items()):
+        folder = out / soc
+        for part, _ in documents:
+            if (part.folder / soc / REPRO_DIR).is_dir():
+                shutil.copytree(part.folder / soc / REPRO_DIR, folder / REPRO_DIR, dirs_exist_ok=True, symlinks=True)
+        write_soc(records[soc], _environment(documents, out.name), folder, out.name, soc, _columns(parts, soc), verdict)
+    return Merged(every, verdict)
