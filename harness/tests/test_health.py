@@ -47,6 +47,9 @@ def shared_cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("artifact-cache")
 
 
+SERVER = "127.0.0.1:5037"
+
+
 def _suite(tmp_path: Path, cache: Path, faults: dict) -> tuple[subprocess.CompletedProcess, Path]:
     reports = tmp_path / "reports"
     command = [sys.executable, "-m", "pytest", "suites", "-p", "no:cacheprovider", "-q", "-W", "ignore", "-rfE",
@@ -223,8 +226,8 @@ def test_a_pushed_file_that_differs_on_the_device_warns(tmp_path):
 
 
 def test_provenance_goes_into_report_json_valid_against_the_schema_and_the_html(tmp_path):
-    spec = DeviceSpec("S1", "SM8650", 75, "arm64-v8a", "Pixel", "phone")
-    context = RunContext("run1", 5037, (spec,), {}, (), tmp_path, provenance={"S1": _found(tmp_path, "v2.50.0.260801000000")})
+    spec = DeviceSpec("S1", "SM8650", 75, "arm64-v8a", "Pixel", "phone", SERVER)
+    context = RunContext("run1", (spec,), {}, (), tmp_path, provenance={spec.label: _found(tmp_path, "v2.50.0.260801000000")})
     toolchain = SimpleNamespace(probe=SimpleNamespace(build_id=HOST_BUILD))
     per_soc = provenance_per_soc(context, toolchain)
     assert len(per_soc["SM8650"]["warnings"]) == 1
@@ -246,7 +249,7 @@ def test_provenance_goes_into_report_json_valid_against_the_schema_and_the_html(
 def test_health_check_quarantines_only_devices_at_fault(monkeypatch, tmp_path):
     """Stubbed runs: a lowering failure is not the device's (not checked, takes cases); a failed run and
     a surprise each quarantine their device alone, with one line naming it."""
-    specs = tuple(DeviceSpec(f"S{i}", soc, 75, "x86_64", "m", "emulated") for i, soc in enumerate(("SM8650",) * 4))
+    specs = tuple(DeviceSpec(f"S{i}", soc, 75, "x86_64", "m", "emulated", SERVER) for i, soc in enumerate(("SM8650",) * 4))
     fates = {"S0": "ok", "S1": "no program", "S2": "runner failed", "S3": "surprise"}
 
     def executed(store, case):
@@ -263,14 +266,14 @@ def test_health_check_quarantines_only_devices_at_fault(monkeypatch, tmp_path):
     toolchain = SimpleNamespace(sdk=QnnSdk(root=tmp_path / "no-sdk", origin=WHEEL_ORIGIN))
     given = PayloadInputs(toolchain.sdk, None, None, None)
     results = health.HealthCheck(specs, "run1", toolchain, tmp_path, given, 300, None, None).run()
-    assert set(results.quarantined) == {"S2", "S3"}, results.quarantined
-    assert results.quarantined["S2"].endswith("quarantined: it failed the health check (a one-op program): "
+    assert set(results.quarantined) == {f"{SERVER}/S2", f"{SERVER}/S3"}, results.quarantined
+    assert results.quarantined[f"{SERVER}/S2"].endswith("quarantined: it failed the health check (a one-op program): "
                                               "runner on S2 exited 1 (last words: no)")
-    assert results.quarantined["S3"].endswith("RuntimeError: adb went strange")
-    assert results.provenance["S0"]["health"] == "passed"
-    assert results.provenance["S1"]["health"].startswith("not checked: its program could not be lowered")
+    assert results.quarantined[f"{SERVER}/S3"].endswith("RuntimeError: adb went strange")
+    assert results.provenance[f"{SERVER}/S0"]["health"] == "passed"
+    assert results.provenance[f"{SERVER}/S1"]["health"].startswith("not checked: its program could not be lowered")
     assert all("\n" not in line for line in results.lines) and len(results.lines) == 3, results.lines
-    unreachable = results.provenance["S0"]  # no adb server on port 1: its hashes cannot be taken, and it says so
+    unreachable = results.provenance[f"{SERVER}/S0"]  # no adb server on port 1: its hashes cannot be taken, and it says so
     assert unreachable["problem"] and unreachable["runner"]["device_sha256"] is None and unreachable["runner"]["sha256"]
 
 
@@ -282,13 +285,14 @@ def test_the_terminal_summary_warns_once_where_device_and_host_qnn_builds_differ
     toolchain = SimpleNamespace(probe=SimpleNamespace(build_id=HOST_BUILD, bridge_device_config=False),
                                 sdk=SimpleNamespace(root=tmp_path, origin="QNN_SDK_ROOT"))
     monkeypatch.setattr(reporter_module, "prepare", lambda sdk: toolchain)
-    spec = DeviceSpec("S1", "SM8650", 75, "arm64-v8a", "Pixel", "phone")
-    context = RunContext("run1", 5037, (spec,), {}, (), tmp_path / "work",
-                         provenance={"S1": _found(tmp_path, device_build)})
-    options = SimpleNamespace(qnn_sdk=None, report_dir=tmp_path / "reports", baseline=None, allow_missing=False)
+    spec = DeviceSpec("S1", "SM8650", 75, "arm64-v8a", "Pixel", "phone", SERVER)
+    context = RunContext("run1", (spec,), {}, (), tmp_path / "work",
+                         provenance={spec.label: _found(tmp_path, device_build)})
+    options = SimpleNamespace(qnn_sdk=None, report_dir=tmp_path / "reports", baseline=None, allow_missing=False,
+                              shard=None)
     reporter = reporter_module.ConformanceReporter(options, context, None)
     for record in make_records(cards={"counter_add": ("counter",)}, socs=("SM8650",)):
         reporter.pytest_runtest_logreport(SimpleNamespace(nodeid=record["nodeid"], **{REPORT_ATTRIBUTE: record}))
     reporter.pytest_sessionfinish(SimpleNamespace(exitstatus=0))
     warnings = [line for line in reporter._lines if line.startswith("warning: ")]
-    assert len(warnings) == warned and all("device S1 runs QNN v2.50.0.260801000000" in line for line in warnings)
+    assert len(warnings) == warned and all(f"device {SERVER}/S1 runs QNN v2.50.0.260801000000" in line for line in warnings)
