@@ -15,9 +15,8 @@ import traceback
 from pathlib import Path
 
 from harness.files import write_bytes_atomically
-from harness.pipeline.facts import (ExportFacts, LoweringError, LoweringFacts, LoweringRequest, PartitionFacts,
-                                    ProgramFacts, QuantizeFacts)
-from harness.vocabulary import FLOAT_DTYPE, Mode
+from harness.pipeline.facts import LoweringError, LoweringFacts, LoweringRequest, PartitionFacts, ProgramFacts, quantizes
+from harness.vocabulary import Mode
 
 # Failures of the machine rather than of the case (ENOSPC, EMFILE, out of memory): reported, never cached.
 ENVIRONMENTAL = (OSError, MemoryError)
@@ -38,7 +37,7 @@ def main(argv: list[str]) -> int:
 
     try:
         from harness.pipeline import card as card_registry
-        from harness.pipeline import stages
+        from harness.pipeline import prepared, stages
         from harness.pipeline.eager import build_model
 
         card = card_registry.find(request.card)
@@ -46,16 +45,16 @@ def main(argv: list[str]) -> int:
         calibration = card.steps(request.steps)
         example = calibration[0]
         stage_done("import_and_build")
-        facts.export = ExportFacts(**stages.export_facts(card, model, example))
-        stage_done("export")
+        shared = prepared.obtain(Path(request.prepared_dir) if request.prepared_dir else None, card, model,
+                                 request.dtype, calibration, quantizes(request.dtype, request.mode), stage_done)
+        facts.export, facts.quantize = shared.facts.export, shared.facts.quantize
+        facts.exported, facts.quantized = shared.exported, shared.quantized
         if request.mode is Mode.META_LLAMA:
             _lower_meta_llama(request, card, len(model.layers), facts)
             stage_done("export_llama")
         else:
-            if request.dtype != FLOAT_DTYPE:
-                model, quantize_facts = stages.quantize(card, model, request.dtype, calibration)
-                facts.quantize = QuantizeFacts(**quantize_facts)
-                stage_done("quantize")
+            if shared.module is not None:
+                model = shared.module
             edge = stages.lower(model, example, request.soc, request.dtype, request.mode.skip_mutable_buffer)
             facts.partitions = PartitionFacts.of(stages.partition_facts(edge, card.mutated_buffers))
             stage_done("lower")
