@@ -24,6 +24,8 @@ class RunContext:
     started_pids: tuple[int, ...]  # every process the run started (emulators, adb server)
     work_dir: Path  # host-side scratch of this run (artifacts, pulled outputs)
     lowering_server: Path | None = None  # socket of the run's lowering server (None: each case in a fresh Python)
+    # The lowering server's process, once the controller started it (None: the run needed none, or not yet)
+    lowering_server_pid: int | None = None
 
     def socs(self, soc_filter: tuple[str, ...]) -> list[str]:
         socs = sorted({spec.soc for spec in self.devices})
@@ -40,7 +42,8 @@ class RunContext:
         data = json.loads(text)
         return cls(data["run_id"], data["adb_port"], tuple(DeviceSpec(**spec) for spec in data["devices"]),
                    data["emulated_pids"], tuple(data["started_pids"]), Path(data["work_dir"]),
-                   Path(data["lowering_server"]) if data.get("lowering_server") else None)
+                   Path(data["lowering_server"]) if data.get("lowering_server") else None,
+                   data.get("lowering_server_pid"))
 
 
 def new_run_id() -> str:

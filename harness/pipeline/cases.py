@@ -1,10 +1,14 @@
 """The case matrices a check runs over: card x dtype x mode x SoC."""
 from __future__ import annotations
 
+import re
+
 from harness.pipeline.card import ModelCard
 from harness.vocabulary import MATRIX_MODES, Case, Mode
 
 META_LLAMA_TAG = "meta_llama"  # cards built by executorch's Meta llama flow (harness/pipeline/meta_llama.py)
+# A check test's case in its node id: test_x[CASE], and under --dist loadgroup test_x[CASE]@GROUP
+CASE_PARAMETER = re.compile(r"\[([^\[\]]+)\](?:@[^\[\]]*)?$")
 
 
 def matrix(cards: list[ModelCard], dtypes: tuple[str, ...], socs: list[str]) -> list[Case]:
@@ -22,3 +26,8 @@ def meta_llama_matrix(cards: list[ModelCard], dtypes: tuple[str, ...], socs: lis
 def with_meta_llama(cards: list[ModelCard], dtypes: tuple[str, ...], socs: list[str]) -> list[Case]:
     """The standard matrix plus the Meta llama flow's cases: device checks compare both with eager."""
     return matrix(cards, dtypes, socs) + meta_llama_matrix(cards, dtypes, socs)
+
+
+def case_ids(nodeids: list[str]) -> set[str]:
+    """The case ids of collected check tests (what the controller sees of a collection under xdist)."""
+    return {found.group(1) for found in map(CASE_PARAMETER.search, nodeids) if found}

@@ -1,5 +1,5 @@
 """A card in a dtype is exported and quantized once for all its SoCs and buffer modes, and its programs are
-the ones a case that exports and quantizes on its own makes.
+the ones a case that exports and quantizes on its own makes; a warm run starts no lowering server.
 
 The run-level tests are child `pytest suites --compile-only` runs (real lowerings, emulated SM8650 and
 SM8750) over one card in one quantized dtype: 2 SoCs x 2 modes, four cases; their counts come from the
@@ -68,6 +68,7 @@ def _facts(facts: LoweringFacts) -> LoweringFacts:
 def test_a_cold_run_exports_and_quantizes_a_card_and_dtype_once(cold):
     run, _ = cold
     assert _work(run) == {"export": 1, "quantize": 1, "lower": 4, "cases": 4}, run.output[-2000:]
+    assert run.context.lowering_server_pid is not None, "a cold run lowers through the lowering server"
 
 
 def test_shared_programs_are_the_per_case_ones(cold, toolchain, tmp_path):
@@ -101,3 +102,10 @@ def test_a_damaged_prepared_program_is_made_again(cold, toolchain, tmp_path):
     assert f"prepared program {entry.name} is damaged ({PROGRAM} is not the program its facts describe)" in again.log
     healthy = lower_case(case, toolchain, tmp_path / "lowered-healthy", STEPS, prepared_dir=copy)
     assert healthy.ok and not healthy.facts.quantized and not healthy.facts.exported, "the remade entry is used"
+
+
+def test_a_warm_run_starts_no_lowering_server(cold, tmp_path):
+    run, cache_dir = cold
+    warm = _suite(tmp_path, cache_dir)
+    assert _work(warm) == {"export": 0, "quantize": 0, "lower": 0, "cases": 4}, warm.output[-2000:]
+    assert warm.context.lowering_server_pid is None, "every case was cached: no lowering server"
