@@ -15,7 +15,8 @@ import traceback
 from pathlib import Path
 
 from harness.files import write_bytes_atomically
-from harness.pipeline.facts import LoweringError, LoweringFacts, LoweringRequest, PartitionFacts, ProgramFacts, quantizes
+from harness.pipeline.facts import (LoweringError, LoweringFacts, LoweringRequest, PartitionFacts, ProgramFacts,
+                                    quantizes)
 from harness.vocabulary import Mode
 
 # Failures of the machine rather than of the case (ENOSPC, EMFILE, out of memory): reported, never cached.

@@ -76,7 +76,8 @@ def _compute(directory: Path | None, card: ModelCard, model: torch.nn.Module, dt
     data = buffer.getvalue()
     write_bytes_atomically(directory / PROGRAM, data)
     stage_done("quantize")
-    facts = PreparedFacts(export, QuantizeFacts(**quantize_facts), ProgramFacts(hashlib.sha256(data).hexdigest(), len(data)))
+    program = ProgramFacts(hashlib.sha256(data).hexdigest(), len(data))
+    facts = PreparedFacts(export, QuantizeFacts(**quantize_facts), program)
     facts.write(directory / FACTS)
     return Prepared(facts, _load(data), exported=True, quantized=True)
 
