@@ -12,9 +12,14 @@ CASE_PARAMETER = re.compile(r"\[([^\[\]]+)\](?:@[^\[\]]*)?$")
 
 
 def matrix(cards: list[ModelCard], dtypes: tuple[str, ...], socs: list[str]) -> list[Case]:
-    """Every card in every dtype it supports, in both buffer modes (Meta llama flow cards aside)."""
-    return [Case(card, dtype, mode, soc) for soc in socs for card in cards if META_LLAMA_TAG not in card.tags
-            for dtype in dtypes if dtype in card.dtypes for mode in MATRIX_MODES]
+    """Every card in every dtype it supports, in both buffer modes (Meta llama flow cards aside).
+
+    Mode and SoC vary slowest: the cases that share a card and dtype's prepared program (harness/pipeline/
+    prepared.py) are far apart in the order xdist hands them out, so while the first of them prepares it the
+    other worker lowers another card or dtype instead of waiting on its lock (measured with the mode varying
+    fastest: the second worker waited out the first's export and quantization, and -n 2 gained nothing)."""
+    return [Case(card, dtype, mode, soc) for mode in MATRIX_MODES for soc in socs for card in cards
+            if META_LLAMA_TAG not in card.tags for dtype in dtypes if dtype in card.dtypes]
 
 
 def meta_llama_matrix(cards: list[ModelCard], dtypes: tuple[str, ...], socs: list[str]) -> list[Case]:
