@@ -37,7 +37,7 @@ LOWERING = Service("lowering_server", "harness.pipeline.lower_job", (
     "executorch.exir.passes.init_mutable_pass", "executorch.backends.qualcomm.quantizer.quantizer",
     "executorch.backends.qualcomm.utils.utils", "executorch.backends.qualcomm._passes.qnn_pass_manager",
     "executorch.extension.llm.export.partitioner_lib", "harness.pipeline.stages", "harness.pipeline.eager",
-))
+), server_entry="harness.pipeline.lower_job:server_entry")  # torch.export warmed up before any fork
 RUNNER = Service("runner_server", "harness.emulator.host_runner", (
     "numpy", "torch", "executorch.extension.pybindings.portable_lib",
 ), server_entry="harness.emulator.runner_confinement:server_entry")  # requests stay inside the device
