@@ -27,6 +27,8 @@ class RunContext:
     # (its cases are infrastructure errors), and serial -> what it runs programs with (harness/device/provenance.py).
     quarantined: dict[str, str] = field(default_factory=dict)
     provenance: dict[str, dict] = field(default_factory=dict)
+    # The lowering server's process, once the controller started it (None: the run needed none, or not yet)
+    lowering_server_pid: int | None = None
 
     def socs(self, soc_filter: tuple[str, ...]) -> list[str]:
         socs = sorted({spec.soc for spec in self.devices})
@@ -44,7 +46,7 @@ class RunContext:
         return cls(data["run_id"], tuple(DeviceSpec(**spec) for spec in data["devices"]),
                    data["emulated_pids"], tuple(data["started_pids"]), Path(data["work_dir"]),
                    Path(data["lowering_server"]) if data.get("lowering_server") else None,
-                   data.get("quarantined") or {}, data.get("provenance") or {})
+                   data.get("quarantined") or {}, data.get("provenance") or {}, data.get("lowering_server_pid"))
 
 
 def new_run_id() -> str:

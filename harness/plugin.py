@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import harness.checks  # noqa: F401  (registers the built-in checks)
-from harness import options as run_options, shard, verdicts
+from harness import check_registry, options as run_options, shard, verdicts
 from harness.context import RunContext
 from harness.paths import REPO_ROOT
 from harness.pipeline import card, cases
@@ -22,6 +22,7 @@ from harness.report.gate import BaselineError, load
 from harness.reporter import ConformanceReporter
 from harness.session import RunSession, RunStartError
 from harness.stash import CONTEXT, OPTIONS
+from harness.vocabulary import Case
 
 pytest_plugins = ["harness.fixtures"]
 
@@ -90,11 +91,36 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     spec = getattr(metafunc.function, "check_spec", None)
     if spec is None or "case" not in metafunc.fixturenames:
         return
-    config = metafunc.config
+    selected = _cases_of(spec, metafunc.config)
+    metafunc.parametrize("case", [pytest.param(c, id=c.id, marks=pytest.mark.xdist_group(c.id)) for c in selected])
+
+
+def _cases_of(spec: check_registry.CheckSpec, config: pytest.Config) -> list[Case]:
     options, context = config.stash[OPTIONS], config.stash.get(CONTEXT, None)
     socs = context.socs(options.soc_filter) if context else []
-    selected = (spec.matrix or cases.matrix)(card.cards(), options.dtypes, socs)
-    metafunc.parametrize("case", [pytest.param(c, id=c.id, marks=pytest.mark.xdist_group(c.id)) for c in selected])
+    return (spec.matrix or cases.matrix)(card.cards(), options.dtypes, socs)
+
+
+def _start_lowering_for(config: pytest.Config, nodeids: list[str]) -> None:
+    """The controller, once it knows the collected tests: the lowering server if a case misses the cache."""
+    session = config.stash.get(SESSION, None)
+    if session is None:
+        return
+    known = {case.id: case for spec in check_registry.specs() for case in _cases_of(spec, config)}
+    ids = cases.case_ids(nodeids)
+    session.start_lowering_server_if_needed([known[case_id] for case_id in sorted(ids) if case_id in known])
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    config = session.config  # without xdist; under it the workers collect (the hook below)
+    if not _is_worker(config) and not config.pluginmanager.has_plugin("dsession"):
+        _start_lowering_for(config, [item.nodeid for item in session.items])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids: list[str]) -> None:
+    """xdist schedules no test before this returns; every worker collects the same ids (the first decides)."""
+    _start_lowering_for(node.config, list(ids))
 
 
 @pytest.hookimpl(trylast=True)  # after -k and -m, so a shard is a part of the selection

@@ -31,6 +31,7 @@ class CheckRecord:
     delegates: int | None = None
     retries: int = 0
     cached_lowering: bool = False
+    work: dict[str, int] = field(default_factory=dict)  # the case's exports, quantizations, lowerings in this run
     timings_s: dict[str, float] = field(default_factory=dict)
     duration_s: float = 0.0
     check_s: float | None = None

@@ -203,23 +203,21 @@ class CaseStore:
         """Workers asking for the same key wait for the one that lowers it, then read its result. A cached
         entry is served only when its facts parse and its program is the one they describe; a failure of the
         machine (no space, no memory, a killed lowering) is reported but not kept for later runs."""
-        if self._cache_dir is None:
-            directory = self._work_dir / "artifacts" / case.id
-        else:
-            directory = self._cache_dir / cache.key(case, steps, self._toolchain)
+        directory = lowering_directory(case, steps, self._toolchain, self._cache_dir, self._work_dir)
+        prepared = (self._cache_dir or self._work_dir / "artifacts") / "prepared" / cache.prepared_key(case, steps)
         directory.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(directory) + ".lock"):
             cached = self._cached(case, directory)
             if cached is not None:
                 return cached
-            artifact = lower_case(case, self._toolchain, directory, steps, self._lowering_server)
+            artifact = lower_case(case, self._toolchain, directory, steps, self._lowering_server, prepared)
             if not artifact.facts.cacheable:
                 (directory / "facts.json").unlink(missing_ok=True)  # the next run lowers it again
             return artifact
 
     def _cached(self, case: Case, directory: Path) -> LoweredArtifact | None:
         facts_path, log_path = directory / "facts.json", directory / "lower.log"
-        if not (facts_path.exists() and log_path.exists()):
+        if not is_lowered(directory):
             return None
         try:
             facts = LoweringFacts.read(facts_path)
@@ -273,6 +271,18 @@ class CaseStore:
                 outcome.run_error = f"device run failed unexpectedly: {type(error).__name__}: {error}"
                 break
         outcome.timings_s["device_total"] = time.perf_counter() - started
+
+
+def lowering_directory(case: Case, steps: int, toolchain: Toolchain, cache_dir: Path | None, work_dir: Path) -> Path:
+    """Where the case's lowering is kept: by content key in the cache, else in this run's work folder."""
+    if cache_dir is None:
+        return work_dir / "artifacts" / case.id
+    return cache_dir / cache.key(case, steps, toolchain)
+
+
+def is_lowered(directory: Path) -> bool:
+    """Whether a lowering finished there (whether it is sound is checked when it is served)."""
+    return (directory / "facts.json").exists() and (directory / "lower.log").exists()
 
 
 def _program_problem(pte: Path, facts: LoweringFacts) -> str | None:

@@ -3,7 +3,13 @@ lowering server, its devices (through a provider) and its host work folder; and,
 health check and provenance (harness/device/health.py), so no worker repeats them.
 
 The plugin calls start() at configure and stop() at unconfigure; workers only ever see the RunContext
-that start() returns. Stopping removes the run's folder from every device while the devices still answer,
+that start() returns. The lowering server is started after collection, and only when a collected case is
+not in the artifact cache (a warm run needs none: it would cost seconds of imports and memory for nothing).
+The controller decides and starts it, not the first worker that misses: a server must be the controller's
+child to die with the run (pdeathsig), to be in the run's record (what a killed run left) and to outlive
+any one worker. xdist schedules no test before the controller has seen a collection, so the server is up
+before any case asks; a case nobody foresaw (a damaged cache entry) is lowered in a fresh Python, as
+without a server. Stopping removes the run's folder from every device while the devices still answer,
 then stops the lowering server and the provider, then removes the work folder.
 """
 from __future__ import annotations
@@ -16,6 +22,7 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
+from typing import Iterable
 
 from harness import run_records
 from harness.context import RunContext, new_run_id
@@ -29,7 +36,9 @@ from harness.providers import DeviceProvider, provider_for
 from harness.qnn.interposer import InterposerBuildError
 from harness.qnn.sdk import SdkError
 from harness.qnn.toolchain import Toolchain, ToolchainError, prepare
+from harness.results import is_lowered, lowering_directory
 from harness.user_state import UnsafeStateDir
+from harness.vocabulary import Case
 
 
 class RunStartError(RuntimeError):
@@ -47,6 +56,9 @@ class RunSession:
         self._provider: DeviceProvider | None = None
         self._previous_sigterm: object = None
         self._lowering_server: subprocess.Popen[bytes] | None = None
+        self._toolchain: Toolchain | None = None
+        self._lowering_decided = False
+        self._attached: tuple[str, ...] = ()  # labels of the devices this run did not start (phones)
         self.context: RunContext | None = None
 
     def start(self, health_check: bool = True) -> RunContext:
@@ -61,24 +73,24 @@ class RunSession:
         run_id = new_run_id()
         work_dir = Path(tempfile.mkdtemp(prefix=f"qnnsuite-{run_id}-"))
         try:
-            toolchain = prepare(self._options.qnn_sdk)
-            socket_path = work_dir / "lower.sock"
-            self._lowering_server = fork_server.spawn_server(LOWERING, socket_path, toolchain.child_env())
+            toolchain = self._toolchain = prepare(self._options.qnn_sdk)
             self._provider = provider_for(self._options, toolchain, work_dir)
             provided = self._provider.start()
             options = self._options
             given = kinds.payload_inputs(toolchain.sdk, options.runner, options.backend_lib, options.android_ndk)
             kinds.check_payloads([(d.kind, d.abi, d.htp_arch) for d in provided.devices], given)
-            context = RunContext(run_id, provided.devices, provided.emulated_pids,
-                                 provided.started_pids, work_dir)
-            self.context = self._with_lowering_server(context, socket_path)
+            # Where the lowering server serves once started (start_lowering_server_if_needed); until then,
+            # or without it, a client lowers in a fresh Python.
+            self.context = RunContext(run_id, provided.devices, provided.emulated_pids, provided.started_pids,
+                                      work_dir, lowering_server=work_dir / "lower.sock")
         except (DeviceError, SdkError, ToolchainError, FleetError, InterposerBuildError) as error:
             self._stop_processes()
             shutil.rmtree(work_dir, ignore_errors=True)
             raise RunStartError(str(error)) from error
         self._publish(self.context)
         # By label (server/serial): the next run must find the folder on the same host's device.
-        attached = tuple(spec.label for spec in self.context.devices if spec.serial not in self.context.emulated_pids)
+        attached = self._attached = tuple(spec.label for spec in self.context.devices
+                                          if spec.serial not in self.context.emulated_pids)
         run_records.record(run_id, work_dir, self.context.started_pids, devices=attached)
         self._remove_killed_runs_folders(set(attached))
         if health_check and not self._options.compile_only:
@@ -106,16 +118,28 @@ class RunSession:
             print(line, file=sys.stderr, flush=True)
         return dataclasses.replace(context, quarantined=results.quarantined, provenance=results.provenance)
 
-    def _with_lowering_server(self, context: RunContext, socket_path: Path) -> RunContext:
-        """The context with its lowering server, once that accepts cases; without it (slower, same results)
-        if it never came up."""
+    def start_lowering_server_if_needed(self, cases: Iterable[Case]) -> None:
+        """Start the lowering server (once per run, before any case is lowered) if one of the collected cases
+        is not in the artifact cache; the run's record and run-context.json then name it."""
+        if self._lowering_decided or self.context is None or self._toolchain is None:
+            return
+        self._lowering_decided = True
+        options, context = self._options, self.context
+        missing = [case for case in cases if not is_lowered(lowering_directory(
+            case, len(case.card.steps(options.steps_for(case.card.tags))), self._toolchain, options.cache_dir,
+            context.work_dir))]
+        if not missing:
+            return
+        socket_path = context.lowering_server
+        self._lowering_server = fork_server.spawn_server(LOWERING, socket_path, self._toolchain.child_env())
         try:
             fork_server.wait_until_serving(self._lowering_server, socket_path)
         except fork_server.ForkServerError as error:
             print(f"qnnsuite: {error}; lowering each case in a fresh Python instead (slower)", file=sys.stderr)
-            return context
-        return dataclasses.replace(context, lowering_server=socket_path,
-                                   started_pids=(*context.started_pids, self._lowering_server.pid))
+        self.context = dataclasses.replace(context, lowering_server_pid=self._lowering_server.pid,
+                                           started_pids=(*context.started_pids, self._lowering_server.pid))
+        self._publish(self.context)
+        run_records.record(context.run_id, context.work_dir, self.context.started_pids, devices=self._attached)
 
     def _publish(self, context: RunContext) -> None:
         """The run's devices and processes, beside its reports (what ran where; what to look for after)."""

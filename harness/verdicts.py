@@ -101,5 +101,6 @@ def _record(item: pytest.Item, report: pytest.TestReport, draft: CheckDraft, ver
         dtype=case.dtype, mode=case.mode.value, soc=case.soc, verdict=verdict, message=_message(report, draft, verdict),
         known_failure=known, evidence=draft.evidence, device_serial=outcome.device_serial,
         delegates=outcome.artifact.delegate_count, retries=outcome.retries, cached_lowering=outcome.artifact.cached,
+        work=outcome.artifact.work,
         timings_s={**outcome.timings_s, "lower_wall": round(outcome.artifact.wall_s, 3)},
         duration_s=round(report.duration, 3), check_s=draft.check_s)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.files import write_atomically
-from harness.vocabulary import Mode
+from harness.vocabulary import FLOAT_DTYPE, Mode
 
 SCHEMA_VERSION = 1
 
@@ -28,6 +28,11 @@ def _checked(data: Any, path: Path | str) -> dict:
     return data
 
 
+def quantizes(dtype: str, mode: Mode) -> bool:
+    """Whether the suite quantizes a case before lowering it (the Meta llama flow quantizes by itself)."""
+    return dtype != FLOAT_DTYPE and mode is not Mode.META_LLAMA
+
+
 @dataclass(frozen=True)
 class LoweringRequest:
     card: str  # the card's reference, module:name (the child imports the module to find it)
@@ -36,6 +41,8 @@ class LoweringRequest:
     soc: str
     steps: int  # calibration length
     out_dir: str
+    # The card x dtype's shared export and quantization (harness/pipeline/prepared.py); "": this case's own
+    prepared_dir: str = ""
     schema_version: int = SCHEMA_VERSION
 
     def write(self, path: Path) -> None:
@@ -107,6 +114,10 @@ class LoweringFacts:
     program: ProgramFacts | None = None
     without_convert_bmm_error: str | None = None  # meta llama only: why the flow did not lower with the pass off
     method_index: int = 0  # the runner's --method_index of forward (the Meta llama flow adds metadata methods)
+    # Whether this lowering computed the export facts / the quantization itself (False: another case of its
+    # card and dtype did, and this one read them from the prepared program); what a run's work counts sum.
+    exported: bool = False
+    quantized: bool = False
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -131,6 +142,7 @@ class LoweringFacts:
                                                 if data["partitions_without_convert_bmm"] else None),
                 without_convert_bmm_error=data.get("without_convert_bmm_error"),
                 method_index=int(data.get("method_index", 0)),
+                exported=bool(data.get("exported", False)), quantized=bool(data.get("quantized", False)),
                 program=ProgramFacts(**data["program"]) if data["program"] else None)
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as error:
             raise FactsError(f"{path}: unreadable facts ({type(error).__name__}: {error})") from error
@@ -138,3 +150,28 @@ class LoweringFacts:
     @classmethod
     def crashed(cls, message: str) -> LoweringFacts:
         return cls(error=LoweringError("LoweringCrashed", message, environmental=True))
+
+
+@dataclass(frozen=True)
+class PreparedFacts:
+    """A card x dtype's export facts and quantization, shared by its lowerings for every SoC and mode;
+    program describes program.pt2 (the quantized program, None for fp16) so it is checked before use."""
+
+    export: ExportFacts
+    quantize: QuantizeFacts | None
+    program: ProgramFacts | None
+    schema_version: int = SCHEMA_VERSION
+
+    def write(self, path: Path) -> None:
+        """Last of the entry's files, and atomically: a prepared.json that exists is a finished entry."""
+        write_atomically(path, json.dumps(asdict(self), indent=1))
+
+    @classmethod
+    def read(cls, path: Path) -> PreparedFacts:
+        try:
+            data = _checked(json.loads(path.read_text()), path)
+            return cls(export=ExportFacts(**data["export"]),
+                       quantize=QuantizeFacts(**data["quantize"]) if data["quantize"] else None,
+                       program=ProgramFacts(**data["program"]) if data["program"] else None)
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as error:
+            raise FactsError(f"{path}: unreadable prepared facts ({type(error).__name__}: {error})") from error

@@ -45,17 +45,27 @@ class LoweredArtifact:
         return "lowering produced no model.pte" + (f" (QNN: {self.qnn_errors[0]})" if self.qnn_errors else "")
 
     @property
+    def work(self) -> dict[str, int]:
+        """What this run computed for the case (nothing when read from the cache): the counts a run's report
+        sums, so a benchmark can tell that each card and dtype was exported and quantized once."""
+        fresh = not self.cached
+        return {"export": int(fresh and self.facts.exported), "quantize": int(fresh and self.facts.quantized),
+                "lower": int(fresh)}
+
+    @property
     def delegate_count(self) -> int:
         return len(self.facts.partitions.delegates) if self.facts.partitions else 0
 
 
 def lower_case(case: Case, toolchain: Toolchain, directory: Path, steps: int,
-               server: Path | None = None) -> LoweredArtifact:
+               server: Path | None = None, prepared_dir: Path | None = None) -> LoweredArtifact:
     """Lower in a process of its own: a child of the run's lowering server (harness/process/services.py)
-    when there is one, else a fresh `python -m harness.pipeline.lower_job`."""
+    when there is one, else a fresh `python -m harness.pipeline.lower_job`. prepared_dir: the card and
+    dtype's shared export and quantization (harness/pipeline/prepared.py; None: the case's own)."""
     directory.mkdir(parents=True, exist_ok=True)
     request_path = directory / "request.json"
-    LoweringRequest(case.card.reference, case.dtype, case.mode, case.soc, steps, str(directory)).write(request_path)
+    LoweringRequest(case.card.reference, case.dtype, case.mode, case.soc, steps, str(directory),
+                    str(prepared_dir) if prepared_dir else "").write(request_path)
     for stale in ("model.pte", "facts.json"):
         (directory / stale).unlink(missing_ok=True)
     log_path = directory / "lower.log"

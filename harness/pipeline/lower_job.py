@@ -13,11 +13,12 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Callable
 
 from harness.files import write_bytes_atomically
-from harness.pipeline.facts import (ExportFacts, LoweringError, LoweringFacts, LoweringRequest, PartitionFacts,
-                                    ProgramFacts, QuantizeFacts)
-from harness.vocabulary import FLOAT_DTYPE, Mode
+from harness.pipeline.facts import (LoweringError, LoweringFacts, LoweringRequest, PartitionFacts, ProgramFacts,
+                                    quantizes)
+from harness.vocabulary import Mode
 
 # Failures of the machine rather than of the case (ENOSPC, EMFILE, out of memory): reported, never cached.
 ENVIRONMENTAL = (OSError, MemoryError)
@@ -38,7 +39,7 @@ def main(argv: list[str]) -> int:
 
     try:
         from harness.pipeline import card as card_registry
-        from harness.pipeline import stages
+        from harness.pipeline import prepared, stages
         from harness.pipeline.eager import build_model
 
         card = card_registry.find(request.card)
@@ -46,16 +47,16 @@ def main(argv: list[str]) -> int:
         calibration = card.steps(request.steps)
         example = calibration[0]
         stage_done("import_and_build")
-        facts.export = ExportFacts(**stages.export_facts(card, model, example))
-        stage_done("export")
+        shared = prepared.obtain(Path(request.prepared_dir) if request.prepared_dir else None, card, model,
+                                 request.dtype, calibration, quantizes(request.dtype, request.mode), stage_done)
+        facts.export, facts.quantize = shared.facts.export, shared.facts.quantize
+        facts.exported, facts.quantized = shared.exported, shared.quantized
         if request.mode is Mode.META_LLAMA:
             _lower_meta_llama(request, card, len(model.layers), facts)
             stage_done("export_llama")
         else:
-            if request.dtype != FLOAT_DTYPE:
-                model, quantize_facts = stages.quantize(card, model, request.dtype, calibration)
-                facts.quantize = QuantizeFacts(**quantize_facts)
-                stage_done("quantize")
+            if shared.module is not None:
+                model = shared.module
             edge = stages.lower(model, example, request.soc, request.dtype, request.mode.skip_mutable_buffer)
             facts.partitions = PartitionFacts.of(stages.partition_facts(edge, card.mutated_buffers))
             stage_done("lower")
@@ -69,6 +70,46 @@ def main(argv: list[str]) -> int:
                                     environmental=isinstance(error, ENVIRONMENTAL))
     facts.write(out_dir / "facts.json")
     return 0
+
+
+def server_entry() -> Callable[[list[str]], int]:
+    """Called once when the lowering server starts (harness/process/services.py): a tiny stateful module
+    exported, quantized and exported again, so that every forked child starts with these paths warmed up.
+
+    A process's first export, quantization and lowering of a quantized program cost more than its next ones
+    (caches and lazy initialisation filled on first use). A lowering that reads its card's prepared program
+    neither exports nor quantizes before it lowers, so without this each child paid those first-use costs
+    inside the lowering (measured: 1.2-1.5 s more per quantized case, all of the prepared program's saving).
+    Its tensors have two elements, below any parallel kernel's grain: no thread pool starts, and no thread
+    may (a forked child would lack it): checked, or the server does not start.
+    """
+    import os
+
+    import torch
+    from executorch.backends.qualcomm.quantizer.quantizer import QnnQuantizer
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+    from tqdm import tqdm
+
+    class Warm(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("state", torch.zeros(2))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.state.add_(x)
+            return self.state.clone()
+
+    tqdm.monitor_interval = 0  # no progress-bar monitor thread (torch._dynamo makes a tqdm)
+    threads = len(os.listdir("/proc/self/task"))
+    example = (torch.ones(2),)
+    torch.export.export(Warm(), example, strict=True).run_decompositions({})
+    prepared = prepare_pt2e(torch.export.export(Warm(), example).module(), QnnQuantizer())
+    prepared(*example)
+    torch.export.export(convert_pt2e(prepared), example, strict=True).run_decompositions({})
+    started = len(os.listdir("/proc/self/task")) - threads
+    if started:
+        raise RuntimeError(f"warming the lowering up started {started} thread(s), which forked children would lack")
+    return main
 
 
 def _lower_meta_llama(request: LoweringRequest, card, n_layers: int, facts: LoweringFacts) -> None:

@@ -1,7 +1,7 @@
 """The suite's two fork services, declared once: what each keeps imported and what each request runs.
 
-- lowering_server: one per run, started by the controller (harness/session.py) with the toolchain's
-  child_env. A fresh `python -m harness.pipeline.lower_job` spent about 5 s importing torch, executorch's exir,
+- lowering_server: at most one per run, started by the controller (harness/session.py) with the toolchain's
+  child_env once collection shows a case the artifact cache lacks. A fresh `python -m harness.pipeline.lower_job` spent about 5 s importing torch, executorch's exir,
   the QNN quantizer and partitioner before lowering anything, on cases whose export, quantization and lowering
   take 2-9 s. Every case still gets a process of its own (a crash fails one case; the QNN log printed by C++
   to fd 2 is captured per case; no program is run in the process that lowered it), it just starts imported.
@@ -37,7 +37,7 @@ LOWERING = Service("lowering_server", "harness.pipeline.lower_job", (
     "executorch.exir.passes.init_mutable_pass", "executorch.backends.qualcomm.quantizer.quantizer",
     "executorch.backends.qualcomm.utils.utils", "executorch.backends.qualcomm._passes.qnn_pass_manager",
     "executorch.extension.llm.export.partitioner_lib", "harness.pipeline.stages", "harness.pipeline.eager",
-))
+), server_entry="harness.pipeline.lower_job:server_entry")  # torch.export warmed up before any fork
 RUNNER = Service("runner_server", "harness.emulator.host_runner", (
     "numpy", "torch", "executorch.extension.pybindings.portable_lib",
 ), server_entry="harness.emulator.runner_confinement:server_entry")  # requests stay inside the device

@@ -32,8 +32,8 @@ BUNDLE = Path(__file__).resolve().parent
 # The suite modules a bundle carries, by the name the copied code imports them with. The bundle's
 # file is suite/<name>.py; the order is the order they are loaded in (each imports only earlier ones).
 SUITE_MODULES = ("harness.vocabulary", "harness.files", "harness.pipeline.facts", "harness.pipeline.eager", "harness.numerics",
-                 "harness.pipeline.stages", "harness.pipeline.mutbuf", "harness.pipeline.meta_llama",
-                 "harness.pipeline.lower_job",
+                 "harness.pipeline.stages", "harness.pipeline.prepared", "harness.pipeline.mutbuf",
+                 "harness.pipeline.meta_llama", "harness.pipeline.lower_job",
                  "harness.emulator.host_runner")
 SHIM = "harness.pipeline.card"  # what card modules import ModelCard and register from
 HOST_LIBRARY = "libQnnHtp.so"

@@ -1,0 +1,111 @@
+"""A card in a dtype is exported and quantized once for all its SoCs and buffer modes, and its programs are
+the ones a case that exports and quantizes on its own makes; a warm run starts no lowering server.
+
+The run-level tests are child `pytest suites --compile-only` runs (real lowerings, emulated SM8650 and
+SM8750) over one card in one quantized dtype: 2 SoCs x 2 modes, four cases; their counts come from the
+report.json work fields the harness records.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fixtures import zoo  # noqa: F401  (registers the cards)
+from harness.paths import REPO_ROOT
+from harness.pipeline import cache
+from harness.pipeline import card as cards
+from harness.pipeline.facts import LoweringFacts
+from harness.pipeline.lower import lower_case
+from harness.pipeline.prepared import FACTS, PROGRAM
+from harness.results import CaseStore
+from harness.tests.test_lower_server import _comparable, _without_signatures
+from harness.tests.test_reliability import SuiteRun
+from harness.vocabulary import Case, Mode
+
+pytestmark = pytest.mark.qnn
+CARD, DTYPE, SOCS, STEPS = "counter_add", "8a8w", ("SM8650", "SM8750"), 4
+CASES = [Case(cards.find(f"fixtures.zoo:{CARD}"), DTYPE, mode, soc) for soc in SOCS for mode in (Mode.DELEGATE, Mode.SKIP)]
+
+
+def _work(run: SuiteRun) -> dict[str, int]:
+    """The run's exports, quantizations and lowerings: the sum of its cases' work fields in report.json."""
+    totals = {"export": 0, "quantize": 0, "lower": 0, "cases": 0}
+    for soc in SOCS:
+        for case in run.report(soc)["cases"]:
+            totals["cases"] += 1
+            for stage in ("export", "quantize", "lower"):
+                totals[stage] += case["work"][stage]
+    return totals
+
+
+def _suite(tmp_path: Path, cache_dir: Path) -> SuiteRun:
+    reports = tmp_path / "reports"
+    command = [sys.executable, "-m", "pytest", "suites", "-p", "no:cacheprovider", "-q", "-W", "ignore",
+               "--emulate", ",".join(SOCS), "--dtype", DTYPE, "-k", f"{CARD}-", "-n", "2", "--compile-only",
+               "--cache-dir", str(cache_dir), "--report-dir", str(reports)]
+    completed = subprocess.run(command, cwd=REPO_ROOT, env={**os.environ, "COLUMNS": "400"}, capture_output=True,
+                               text=True, timeout=900)
+    assert completed.returncode in (0, 1), completed.stdout[-3000:] + completed.stderr[-3000:]
+    return SuiteRun(completed, reports)
+
+
+@pytest.fixture(scope="module")
+def cold(tmp_path_factory) -> tuple[SuiteRun, Path]:
+    root = tmp_path_factory.mktemp("cold")
+    return _suite(root, root / "cache"), root / "cache"
+
+
+def _facts(facts: LoweringFacts) -> LoweringFacts:
+    """What the checks read: the facts less times, the program's hash and which case computed the stages."""
+    return dataclasses.replace(_comparable(facts), exported=False, quantized=False)
+
+
+def test_a_cold_run_exports_and_quantizes_a_card_and_dtype_once(cold):
+    run, _ = cold
+    assert _work(run) == {"export": 1, "quantize": 1, "lower": 4, "cases": 4}, run.output[-2000:]
+    assert run.context.lowering_server_pid is not None, "a cold run lowers through the lowering server"
+
+
+def test_shared_programs_are_the_per_case_ones(cold, toolchain, tmp_path):
+    """Each of the run's four programs equals the one lowered by a case that exports and quantizes on its
+    own (today's per-case path, prepared_dir None), bytes apart from the QNN context signature; so do
+    the facts the checks read (export, annotation, folded buffer reads), apart from who computed them."""
+    _, cache_dir = cold
+    for case in CASES:
+        shared = CaseStore(toolchain, None, tmp_path / "work", "gw0", lambda tags: STEPS, 60.0, cache_dir, None)
+        served = shared.lowered(case).artifact
+        assert served.cached and served.ok, served.failure
+        alone = lower_case(case, toolchain, tmp_path / case.id, STEPS)
+        assert alone.ok and alone.facts.exported and alone.facts.quantized, alone.failure
+        assert _without_signatures(served.pte.read_bytes()) == _without_signatures(alone.pte.read_bytes()), case.id
+        assert _facts(served.facts) == _facts(alone.facts), case.id
+        assert served.facts.quantize is not None and served.facts.export is not None
+
+
+def test_a_damaged_prepared_program_is_made_again(cold, toolchain, tmp_path):
+    """A truncated program.pt2 is not lowered from: the lowering says so and quantizes again."""
+    _, cache_dir = cold
+    case = CASES[0]
+    entry = cache_dir / "prepared" / cache.prepared_key(case, STEPS)
+    copy = tmp_path / "prepared" / entry.name
+    copy.mkdir(parents=True)
+    for name in (FACTS, PROGRAM):
+        (copy / name).write_bytes((entry / name).read_bytes())
+    (copy / PROGRAM).write_bytes((entry / PROGRAM).read_bytes()[:1000])
+    again = lower_case(case, toolchain, tmp_path / "lowered", STEPS, prepared_dir=copy)
+    assert again.ok and again.facts.quantized and again.facts.exported, again.failure
+    assert f"prepared program {entry.name} is damaged ({PROGRAM} is not the program its facts describe)" in again.log
+    healthy = lower_case(case, toolchain, tmp_path / "lowered-healthy", STEPS, prepared_dir=copy)
+    assert healthy.ok and not healthy.facts.quantized and not healthy.facts.exported, "the remade entry is used"
+
+
+def test_a_warm_run_starts_no_lowering_server(cold, tmp_path):
+    run, cache_dir = cold
+    warm = _suite(tmp_path, cache_dir)
+    assert _work(warm) == {"export": 0, "quantize": 0, "lower": 0, "cases": 4}, warm.output[-2000:]
+    assert warm.context.lowering_server_pid is None, "every case was cached: no lowering server"
