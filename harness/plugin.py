@@ -103,12 +103,9 @@ def _cases_of(spec: check_registry.CheckSpec, config: pytest.Config) -> list[Cas
 
 def _start_lowering_for(config: pytest.Config, nodeids: list[str]) -> None:
     """The controller, once it knows the collected tests: the lowering server if a case misses the cache."""
-    session = config.stash.get(SESSION, None)
-    if session is None:
-        return
-    known = {case.id: case for spec in check_registry.specs() for case in _cases_of(spec, config)}
-    ids = cases.case_ids(nodeids)
-    session.start_lowering_server_if_needed([known[case_id] for case_id in sorted(ids) if case_id in known])
+    if (session := config.stash.get(SESSION, None)) is not None:
+        candidates = [case for spec in check_registry.specs() for case in _cases_of(spec, config)]
+        session.start_lowering_server_if_needed(cases.collected(nodeids, candidates))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -37,3 +37,9 @@ def with_meta_llama(cards: list[ModelCard], dtypes: tuple[str, ...], socs: list[
 def case_ids(nodeids: list[str]) -> set[str]:
     """The case ids of collected check tests (what the controller sees of a collection under xdist)."""
     return {found.group(1) for found in map(CASE_PARAMETER.search, nodeids) if found}
+
+
+def collected(nodeids: list[str], candidates: list[Case]) -> list[Case]:
+    """The candidate cases that collected check tests name, in id order."""
+    known, ids = {case.id: case for case in candidates}, case_ids(nodeids)
+    return [known[case_id] for case_id in sorted(ids) if case_id in known]
