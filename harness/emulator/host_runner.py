@@ -26,7 +26,6 @@ import sys
 import time
 from pathlib import Path
 
-from harness.emulator.device_fs import active_faults
 # Set on an emulated phone's commands (harness/emulator/phone_runtime.py PHONE_ENV). Spelled here, not
 # imported: repro bundles run this file alone, without the harness (harness/repro/standalone.py).
 PHONE_ENV = "QNNSUITE_EMULATED_PHONE"
@@ -53,7 +52,11 @@ def read_faults() -> dict:
     path = os.environ.get("EMULATED_FAULTS_FILE")
     if path and Path(path).is_file():
         try:
-            return active_faults(json.loads(Path(path).read_text() or "{}"))
+            faults = json.loads(Path(path).read_text() or "{}")
+            # In force only once the device took its first programs (harness/emulator/device_fs.py active_faults;
+            # spelled here, not imported: a repro bundle runs this file alone, without the harness).
+            pending = faults.get("after_programs")
+            return {} if isinstance(pending, int) and pending > 0 else faults
         except json.JSONDecodeError:
             return {}
     return {}
