@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from harness.files import write_atomically
 from harness.vocabulary import FLOAT_DTYPE, Mode
@@ -26,6 +26,17 @@ def _checked(data: Any, path: Path | str) -> dict:
     if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION:
         raise FactsError(f"{path}: not of schema_version {SCHEMA_VERSION}")
     return data
+
+
+T = TypeVar("T")
+
+
+def _read(path: Path, what: str, build: Callable[[dict], T]) -> T:
+    """A facts file of this schema, built into its dataclass; any damage is one FactsError naming the file."""
+    try:
+        return build(_checked(json.loads(path.read_text()), path))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as error:
+        raise FactsError(f"{path}: unreadable {what} ({type(error).__name__}: {error})") from error
 
 
 def quantizes(dtype: str, mode: Mode) -> bool:
@@ -130,22 +141,18 @@ class LoweringFacts:
 
     @classmethod
     def read(cls, path: Path) -> LoweringFacts:
-        try:
-            data = _checked(json.loads(path.read_text()), path)
-            return cls(
-                timings_s=dict(data["timings_s"]),
-                error=LoweringError(**data["error"]) if data["error"] else None,
-                export=ExportFacts(**data["export"]) if data["export"] else None,
-                quantize=QuantizeFacts(**data["quantize"]) if data["quantize"] else None,
-                partitions=PartitionFacts.of(data["partitions"]) if data["partitions"] else None,
-                partitions_without_convert_bmm=(PartitionFacts.of(data["partitions_without_convert_bmm"])
-                                                if data["partitions_without_convert_bmm"] else None),
-                without_convert_bmm_error=data.get("without_convert_bmm_error"),
-                method_index=int(data.get("method_index", 0)),
-                exported=bool(data.get("exported", False)), quantized=bool(data.get("quantized", False)),
-                program=ProgramFacts(**data["program"]) if data["program"] else None)
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as error:
-            raise FactsError(f"{path}: unreadable facts ({type(error).__name__}: {error})") from error
+        return _read(path, "facts", lambda data: cls(
+            timings_s=dict(data["timings_s"]),
+            error=LoweringError(**data["error"]) if data["error"] else None,
+            export=ExportFacts(**data["export"]) if data["export"] else None,
+            quantize=QuantizeFacts(**data["quantize"]) if data["quantize"] else None,
+            partitions=PartitionFacts.of(data["partitions"]) if data["partitions"] else None,
+            partitions_without_convert_bmm=(PartitionFacts.of(data["partitions_without_convert_bmm"])
+                                            if data["partitions_without_convert_bmm"] else None),
+            without_convert_bmm_error=data.get("without_convert_bmm_error"),
+            method_index=int(data.get("method_index", 0)),
+            exported=bool(data.get("exported", False)), quantized=bool(data.get("quantized", False)),
+            program=ProgramFacts(**data["program"]) if data["program"] else None))
 
     @classmethod
     def crashed(cls, message: str) -> LoweringFacts:
@@ -168,10 +175,7 @@ class PreparedFacts:
 
     @classmethod
     def read(cls, path: Path) -> PreparedFacts:
-        try:
-            data = _checked(json.loads(path.read_text()), path)
-            return cls(export=ExportFacts(**data["export"]),
-                       quantize=QuantizeFacts(**data["quantize"]) if data["quantize"] else None,
-                       program=ProgramFacts(**data["program"]) if data["program"] else None)
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as error:
-            raise FactsError(f"{path}: unreadable prepared facts ({type(error).__name__}: {error})") from error
+        return _read(path, "prepared facts", lambda data: cls(
+            export=ExportFacts(**data["export"]),
+            quantize=QuantizeFacts(**data["quantize"]) if data["quantize"] else None,
+            program=ProgramFacts(**data["program"]) if data["program"] else None))

@@ -17,6 +17,7 @@ from pathlib import Path
 import adbutils
 import pytest
 
+from harness import run_records
 from harness.context import RunContext
 from harness.device import discovery, kinds
 from harness.device.adb import AdbClient, AdbServer
@@ -228,12 +229,8 @@ def _overlaps(uses: list[dict]) -> int:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    status = Path(f"/proc/{pid}/status")
-    return status.exists() and "State:\tZ" not in status.read_text()
+    """Running and not a zombie (run_records knows a process by its start time, None once it is gone)."""
+    return run_records.start_time(pid) is not None
 
 
 def test_four_workers_on_two_devices_never_overlap(tmp_path):

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from harness import run_records
 from harness.context import RunContext
 from harness.paths import REPO_ROOT
 
@@ -59,8 +60,8 @@ class SuiteRun:
 
 
 def _alive(pid: int) -> bool:
-    status = Path(f"/proc/{pid}/status")
-    return status.exists() and "State:\tZ" not in status.read_text()
+    """Running and not a zombie (run_records knows a process by its start time, None once it is gone)."""
+    return run_records.start_time(pid) is not None
 
 
 def _suite(tmp_path: Path, cache: Path, faults: dict | None = None, *extra: str, env: dict | None = None) -> SuiteRun:
@@ -204,13 +205,6 @@ def test_sigkill_of_pytest_leaves_no_adb_server_or_device(tmp_path, shared_cache
         time.sleep(0.2)
     assert [pid for pid in context.started_pids if _alive(pid)] == [], "left running after SIGKILL of pytest"
     shutil.rmtree(context.work_dir, ignore_errors=True)  # a killed run cannot clean its host folder
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def test_private_adb_server_killed_mid_run_starts_nothing_on_5037(tmp_path, shared_cache):

@@ -311,13 +311,19 @@ def test_gate_names_exactly_the_injected_regression(clean_run):
                               "mutbuf 0 changed address between executes"]
 
 
-def test_gate_names_a_known_failure_that_now_passes(clean_run):
+def _known_failure_changed(clean_run, **change: str) -> tuple[dict, object]:
+    """clean_run with its known failure counter_nonzero_init 8a8w delegated state (SM8750) changed, gated
+    against itself as written: (the changed record, the gate result)."""
     records, root, _ = clean_run
     now = [dict(r) for r in records]
-    fixed = _find(now, "counter_nonzero_init", "8a8w", "delegate_mutbuf", "state", "SM8750")
-    assert fixed["verdict"] == "xfailed"
-    fixed.update(verdict="passed", known_failure="", message="")
-    result = gate(typed(now), root / "run1")
+    changed = _find(now, "counter_nonzero_init", "8a8w", "delegate_mutbuf", "state", "SM8750")
+    assert changed["verdict"] == "xfailed"
+    changed.update(known_failure="", **change)
+    return changed, gate(typed(now), root / "run1")
+
+
+def test_gate_names_a_known_failure_that_now_passes(clean_run):
+    fixed, result = _known_failure_changed(clean_run, verdict="passed", message="")
     assert not result.ok and result.regressions == ()
     assert [c.key for c in result.fixed_known_failures] == [("SM8750", fixed["case_id"], "state")]
     assert len(result.lines()) == 1 and "update the known-failures manifest" in result.lines()[0]
@@ -438,12 +444,7 @@ def test_gate_lists_infrastructure_errors_apart_and_fails_on_them(clean_run):
 
 
 def test_a_known_failure_that_fails_differently_is_a_new_failure(clean_run):
-    records, root, _ = clean_run
-    now = [dict(r) for r in records]
-    different = _find(now, "counter_nonzero_init", "8a8w", "delegate_mutbuf", "state", "SM8750")
-    assert different["verdict"] == "xfailed"
-    different.update(verdict="failed", known_failure="", message="state differs from eager at step 2")
-    result = gate(typed(now), root / "run1")
+    different, result = _known_failure_changed(clean_run, verdict="failed", message="state differs from eager at step 2")
     assert [c.key for c in result.new_failures] == [("SM8750", different["case_id"], "state")]
     assert result.lines() == [f"new failure: SM8750 {different['case_id']} state xfailed -> failed: "
                               "state differs from eager at step 2"]
