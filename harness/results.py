@@ -18,7 +18,7 @@ from filelock import FileLock
 from harness.device import kinds
 from harness.device.device import DeviceError, DeviceFrozen, DeviceLost
 from harness.device.execute import DeviceRun, RunnerFailed, run_case
-from harness.device.pool import DevicePool, DeviceQuarantined
+from harness.device.pool import DevicePool
 from harness import numerics
 from harness.pipeline import cache, eager, mutbuf
 from harness.pipeline.facts import FactsError, LoweringFacts
@@ -249,22 +249,19 @@ class CaseStore:
                     outcome.timings_s.update(outcome.run.timings_s)
                 break
             except DeviceLost as lost:
-                serial = outcome.device_serial
-                retry = serial and attempt < MAX_RETRIES and not isinstance(lost, DeviceFrozen)
-                if retry and self._pool.back_online(serial, RECONNECT_WAIT_S):
+                label = outcome.device_serial  # the pool's name of the device, server/serial
+                retry = label and attempt < MAX_RETRIES and not isinstance(lost, DeviceFrozen)
+                if retry and self._pool.back_online(label, RECONNECT_WAIT_S):
                     outcome.retries += 1
                     continue
-                if serial:
-                    self._pool.mark_lost(serial, str(lost))
+                if label:
+                    self._pool.mark_lost(label, str(lost))
                 outcome.run_error, outcome.run_error_is_infrastructure = str(lost), True
-                break
-            except DeviceQuarantined as quarantined:
-                outcome.run_error, outcome.run_error_is_infrastructure = str(quarantined), True
                 break
             except RunnerFailed as failed:
                 outcome.run_error, outcome.device_log = str(failed), failed.device_log
                 break
-            except DeviceError as error:
+            except DeviceError as error:  # the device's failure, e.g. quarantined by its health check, disk full
                 outcome.run_error, outcome.run_error_is_infrastructure = str(error), True
                 break
             except Exception as error:  # any other surprise still fails this case alone, in one line
