@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -162,6 +164,8 @@ def test_keep_workspace_prints_where_it_is(tmp_path, shared_cache):
     shutil.rmtree(run.context.work_dir)  # the emulated devices' storage: this test's to clean up
 
 
+PASSED_DOT = re.compile(r"(^|\n)[sxXFE]*\.")  # a passed check on pytest's progress line
+
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_ctrl_c_or_sigterm_in_a_parallel_run(tmp_path, shared_cache, stop):
     """SIGTERM (a cancelled CI job) ends the run as Ctrl-C does: what finished is reported, nothing is left."""
@@ -169,15 +173,29 @@ def test_ctrl_c_or_sigterm_in_a_parallel_run(tmp_path, shared_cache, stop):
     command = [sys.executable, "-m", "pytest", "suites", "-p", "no:cacheprovider", "-q", "-W", "ignore",
                "--emulate", f"{HEALTHY},{FAULTY}", "--dtype", "fp16", "-k", "kv_gather_written or kv_index_put",
                "-n", "2", "--cache-dir", str(shared_cache), "--report-dir", str(reports)]
+    # SIGINT as a terminal's Ctrl-C finds it: a shell without job control starts background jobs with SIGINT
+    # ignored, and a run under such a job inherited that (measured: the run went on after the signal).
     child = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             env={**os.environ, "QNNSUITE_EMULATOR_FAULTS": json.dumps({FAULTY: {"after_programs": 1,
-                                                                                                  "runner_hang": True}})})
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and not list(reports.glob("*/run-context.json")):
+                             env={**os.environ, "PYTHONUNBUFFERED": "1",
+                                  "QNNSUITE_EMULATOR_FAULTS": json.dumps({FAULTY: {"after_programs": 1,
+                                                                                   "runner_hang": True}})},
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    printed: list[str] = []
+    reader = threading.Thread(target=lambda: printed.extend(iter(lambda: child.stdout.read(1), "")), daemon=True)
+    reader.start()
+    # Some checks finished (pytest's progress dots; a fixed sleep was too short on a loaded machine), and
+    # others are hanging on the faulty device.
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and not PASSED_DOT.search("".join(printed).rpartition("bringing up nodes...")[2]):
         time.sleep(0.5)
-    time.sleep(25)  # let some cases finish and others hang on the faulty device
+    time.sleep(5)
     child.send_signal(stop)
-    output, _ = child.communicate(timeout=120)
+    try:
+        child.wait(timeout=120)
+        reader.join(timeout=10)
+    finally:
+        child.kill()  # a run that did not stop must not outlive the test (what it started dies with it)
+    output = "".join(printed)
     assert child.returncode == pytest.ExitCode.INTERRUPTED, output[-3000:]
     assert "KeyboardInterrupt" in output
     run = SuiteRun(subprocess.CompletedProcess(command, child.returncode, output, ""), reports)
