@@ -204,13 +204,13 @@ class CaseStore:
         entry is served only when its facts parse and its program is the one they describe; a failure of the
         machine (no space, no memory, a killed lowering) is reported but not kept for later runs."""
         directory = lowering_directory(case, steps, self._toolchain, self._cache_dir, self._work_dir)
-        prepared = (self._cache_dir or self._work_dir / "artifacts") / "prepared" / cache.prepared_key(case, steps)
+        shared = (self._cache_dir or self._work_dir / "artifacts") / "prepared"
         directory.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(directory) + ".lock"):
             cached = self._cached(case, directory)
             if cached is not None:
                 return cached
-            artifact = lower_case(case, self._toolchain, directory, steps, self._lowering_server, prepared)
+            artifact = lower_case(case, self._toolchain, directory, steps, self._lowering_server, shared)
             if not artifact.facts.cacheable:
                 (directory / "facts.json").unlink(missing_ok=True)  # the next run lowers it again
             return artifact

@@ -59,7 +59,8 @@ if [ "$command" = doctor ]; then
 fi
 "$venv/bin/python" -m harness setup
 if [ "$command" = tests ]; then
-  exec "$venv/bin/python" -m pytest harness/tests "$@"
+  # The slowest tests by name, so a CI log says where its time went (the budget is 30 minutes).
+  exec "$venv/bin/python" -m pytest harness/tests --durations=25 "$@"
 fi
 # Every core unless told otherwise: a newcomer's first run is not serial (-n / --numprocesses / -p no:xdist win).
 workers=(-n auto)

@@ -1,13 +1,13 @@
 """Content keys for lowered artifacts, so a case is lowered once and reused across checks, workers
-and runs until something that shapes the result changes; and for prepared programs (a card's export and
-quantization in one dtype, harness/pipeline/prepared.py), shared by that card and dtype's lowerings.
+and runs until something that shapes the result changes; and for what lowerings share
+(harness/pipeline/prepared.py): a card's export facts, and its quantized program in one dtype.
 
 A lowering's key covers the card (its module's source and name), dtype, mode (which implies the lowering path),
 SoC, the calibration length, the harness code that lowers, the QNN build, whether the device-config bridge is
 on and the interposer's source, and the executorch / torch / torchao builds under test by content (a
 wheel's RECORD, an editable checkout's commit and changes: harness/versions.py build_identity). Anything else (device, run id) cannot change a .pte and stays out of it.
-A prepared program's key is the same less what only lowering reads: SoC, mode (but whether it is quantized),
-the QNN build, the bridge and the interposer.
+A quantized program's key is the same less what only lowering reads: SoC, mode (but whether it is quantized),
+the QNN build, the bridge and the interposer; a card's export facts' key is that less the dtype.
 """
 from __future__ import annotations
 
@@ -26,22 +26,29 @@ LOWERING_SOURCES = ("stages.py", "lower_job.py", "eager.py", "facts.py", "prepar
 
 
 def key(case: Case, steps: int, toolchain: Toolchain) -> str:
-    parts = [case.mode.value, case.soc, toolchain.probe.build_id,
+    parts = [case.dtype, case.mode.value, case.soc, toolchain.probe.build_id,
              "bridge" if toolchain.probe.bridge_device_config else "no bridge", INTERPOSER_SOURCE.read_text()]
     return f"{case.id}-{_digest(case, steps, parts)}"
 
 
-def prepared_key(case: Case, steps: int) -> str:
-    """One key for every SoC and mode of the case's card and dtype."""
-    quantized = quantizes(case.dtype, case.mode)
-    return f"{case.card.name}-{case.dtype}-{_digest(case, steps, ['quantized' if quantized else 'not quantized'])}"
+def exported_key(case: Case, steps: int) -> str:
+    """One key for every dtype, SoC and mode of the case's card: its export facts."""
+    return f"{case.card.name}-export-{_digest(case, steps, ['export'])}"
+
+
+def prepared_key(case: Case, steps: int) -> str | None:
+    """One key for every SoC and mode of the case's card and dtype: its quantized program (None: the case is
+    not quantized by the suite)."""
+    if not quantizes(case.dtype, case.mode):
+        return None
+    return f"{case.card.name}-{case.dtype}-{_digest(case, steps, [case.dtype, 'quantized'])}"
 
 
 def _digest(case: Case, steps: int, specific: list[str]) -> str:
     card_module = sys.modules.get(case.card.module)
     card_source = inspect.getsource(card_module) if card_module else case.card.module
     here = Path(__file__).parent
-    parts = [case.card.name, card_source, case.dtype, str(steps), *specific,
+    parts = [case.card.name, card_source, str(steps), *specific,
              *(f"{name} {package_version(name)} {build_identity(name)}" for name in ("executorch", "torch", "torchao")),
              *((here / name).read_text() for name in LOWERING_SOURCES)]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:20]

@@ -52,7 +52,9 @@ class LoweringRequest:
     soc: str
     steps: int  # calibration length
     out_dir: str
-    # The card x dtype's shared export and quantization (harness/pipeline/prepared.py); "": this case's own
+    # What the case shares with its card's other cases (harness/pipeline/prepared.py): the card's export
+    # facts, and the card x dtype's quantized program; "": this case's own, made in memory
+    exported_dir: str = ""
     prepared_dir: str = ""
     schema_version: int = SCHEMA_VERSION
 
@@ -126,7 +128,7 @@ class LoweringFacts:
     without_convert_bmm_error: str | None = None  # meta llama only: why the flow did not lower with the pass off
     method_index: int = 0  # the runner's --method_index of forward (the Meta llama flow adds metadata methods)
     # Whether this lowering computed the export facts / the quantization itself (False: another case of its
-    # card and dtype did, and this one read them from the prepared program); what a run's work counts sum.
+    # card (and dtype) did, and this one read them from the shared entry); what a run's work counts sum.
     exported: bool = False
     quantized: bool = False
     schema_version: int = SCHEMA_VERSION
@@ -160,13 +162,27 @@ class LoweringFacts:
 
 
 @dataclass(frozen=True)
-class PreparedFacts:
-    """A card x dtype's export facts and quantization, shared by its lowerings for every SoC and mode;
-    program describes program.pt2 (the quantized program, None for fp16) so it is checked before use."""
+class ExportedFacts:
+    """A card's export facts, shared by its lowerings in every dtype, SoC and mode (the file of its entry)."""
 
     export: ExportFacts
-    quantize: QuantizeFacts | None
-    program: ProgramFacts | None
+    schema_version: int = SCHEMA_VERSION
+
+    def write(self, path: Path) -> None:
+        write_atomically(path, json.dumps(asdict(self), indent=1))
+
+    @classmethod
+    def read(cls, path: Path) -> ExportedFacts:
+        return _read(path, "export facts", lambda data: cls(export=ExportFacts(**data["export"])))
+
+
+@dataclass(frozen=True)
+class PreparedFacts:
+    """A card x dtype's quantization, shared by its lowerings for every SoC and mode; program describes
+    program.pt2 (the quantized program) so it is checked before use."""
+
+    quantize: QuantizeFacts
+    program: ProgramFacts
     schema_version: int = SCHEMA_VERSION
 
     def write(self, path: Path) -> None:
@@ -176,6 +192,4 @@ class PreparedFacts:
     @classmethod
     def read(cls, path: Path) -> PreparedFacts:
         return _read(path, "prepared facts", lambda data: cls(
-            export=ExportFacts(**data["export"]),
-            quantize=QuantizeFacts(**data["quantize"]) if data["quantize"] else None,
-            program=ProgramFacts(**data["program"]) if data["program"] else None))
+            quantize=QuantizeFacts(**data["quantize"]), program=ProgramFacts(**data["program"])))

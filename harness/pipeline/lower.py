@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import IO
 
 from harness.paths import REPO_ROOT
+from harness.pipeline import cache
 from harness.process import fork_client
 from harness.process.services import LOWERING
 from harness.pipeline.facts import FactsError, LoweringFacts, LoweringRequest
@@ -58,14 +59,20 @@ class LoweredArtifact:
 
 
 def lower_case(case: Case, toolchain: Toolchain, directory: Path, steps: int,
-               server: Path | None = None, prepared_dir: Path | None = None) -> LoweredArtifact:
+               server: Path | None = None, shared_root: Path | None = None) -> LoweredArtifact:
     """Lower in a process of its own: a child of the run's lowering server (harness/process/services.py)
-    when there is one, else a fresh `python -m harness.pipeline.lower_job`. prepared_dir: the card and
-    dtype's shared export and quantization (harness/pipeline/prepared.py; None: the case's own)."""
+    when there is one, else a fresh `python -m harness.pipeline.lower_job`. shared_root: where the entries
+    of what a card's lowerings share live (its export facts, its quantized program per dtype:
+    harness/pipeline/prepared.py), by content key; None: the case makes its own."""
     directory.mkdir(parents=True, exist_ok=True)
     request_path = directory / "request.json"
+    exported = prepared = ""
+    if shared_root is not None:
+        exported = str(shared_root / cache.exported_key(case, steps))
+        quantized = cache.prepared_key(case, steps)
+        prepared = str(shared_root / quantized) if quantized else ""
     LoweringRequest(case.card.reference, case.dtype, case.mode, case.soc, steps, str(directory),
-                    str(prepared_dir) if prepared_dir else "").write(request_path)
+                    exported, prepared).write(request_path)
     for stale in ("model.pte", "facts.json"):
         (directory / stale).unlink(missing_ok=True)
     log_path = directory / "lower.log"

@@ -47,9 +47,10 @@ def main(argv: list[str]) -> int:
         calibration = card.steps(request.steps)
         example = calibration[0]
         stage_done("import_and_build")
-        shared = prepared.obtain(Path(request.prepared_dir) if request.prepared_dir else None, card, model,
+        shared = prepared.obtain(Path(request.exported_dir) if request.exported_dir else None,
+                                 Path(request.prepared_dir) if request.prepared_dir else None, card, model,
                                  request.dtype, calibration, quantizes(request.dtype, request.mode), stage_done)
-        facts.export, facts.quantize = shared.facts.export, shared.facts.quantize
+        facts.export, facts.quantize = shared.export, shared.quantize
         facts.exported, facts.quantized = shared.exported, shared.quantized
         if request.mode is Mode.META_LLAMA:
             _lower_meta_llama(request, card, len(model.layers), facts)

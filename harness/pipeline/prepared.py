@@ -1,11 +1,13 @@
-"""A card's export and quantization in one dtype, done once and shared by its lowerings for every SoC and mode.
+"""What a card's lowerings share: its export facts (once per card) and its quantized program in one dtype
+(once per card x dtype), made by the first lowering that needs them and read by the others.
 
 Runs inside the lowering child (harness.pipeline.lower_job). Neither stage depends on the SoC or the buffer
-mode (stages.export_facts and stages.quantize take neither; the QnnQuantizer has no per-SoC config), so a cold
-run did each four times over. The entry is a folder keyed by content (harness/pipeline/cache.py prepared_key):
-program.pt2 (the quantized program, torch.export.save; none for fp16, which lowers the eager model) and
-prepared.json (the facts, written last), made under a file lock so workers needing the same card and dtype
-wait for the one that makes it.
+mode (stages.export_facts and stages.quantize take neither; the QnnQuantizer has no per-SoC config), and the
+export facts not on the dtype either (every dtype lowers the same eager model), so a cold run did the export
+sixteen times and each quantization four times over. Each entry is a folder keyed by content
+(harness/pipeline/cache.py exported_key and prepared_key): export.json for a card; program.pt2 (the
+quantized program, torch.export.save) and prepared.json (its facts, written last) for a card x dtype. Each
+is made under a file lock, so workers needing the same entry wait for the one that makes it.
 
 Why on disk rather than kept in a process that forks the lowerings: the quantized module exists only after
 calibration ran tensor ops, and a fork server must not run any (its children would inherit a torch thread
@@ -20,8 +22,9 @@ import hashlib
 import io
 import sys
 from dataclasses import dataclass
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 from filelock import FileLock
@@ -29,77 +32,100 @@ from filelock import FileLock
 from harness.files import write_bytes_atomically
 from harness.pipeline import stages
 from harness.pipeline.card import ModelCard
-from harness.pipeline.facts import ExportFacts, FactsError, PreparedFacts, ProgramFacts, QuantizeFacts
+from harness.pipeline.facts import ExportedFacts, ExportFacts, FactsError, PreparedFacts, ProgramFacts, QuantizeFacts
 
 PROGRAM = "program.pt2"
 FACTS = "prepared.json"
+EXPORT_FACTS = "export.json"
 
 
 @dataclass
 class Prepared:
-    facts: PreparedFacts
+    export: ExportFacts
+    quantize: QuantizeFacts | None
     module: torch.nn.Module | None  # the quantized program to lower (None: lower the eager model)
-    exported: bool  # the export facts were computed here, not read from the entry
+    exported: bool  # the export facts were computed here, not read from the card's entry
     quantized: bool  # likewise the quantization
 
 
-def obtain(directory: Path | None, card: ModelCard, model: torch.nn.Module, dtype: str, calibration: list[tuple],
-           quantizes: bool, stage_done: Callable[[str], None]) -> Prepared:
-    """The entry in directory, made now if it is missing or damaged; directory None: this case's own,
-    in memory, lowered from the quantized module itself (as every case was before entries were shared)."""
-    if directory is None:
-        return _compute(None, card, model, dtype, calibration, quantizes, stage_done)
-    directory.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(directory) + ".lock"):
-        found = _read(directory, quantizes)
+def obtain(exported_dir: Path | None, prepared_dir: Path | None, card: ModelCard, model: torch.nn.Module, dtype: str,
+           calibration: list[tuple], quantizes: bool, stage_done: Callable[[str], None]) -> Prepared:
+    """The card's export facts and (quantizes) its quantized program in dtype, from their entries, made now
+    where missing or damaged; a directory None: this case's own, in memory (the quantized module lowered
+    itself, as every case was before entries were shared)."""
+    export, exported = _export(exported_dir, card, model, calibration[0], stage_done)
+    if not quantizes:
+        return Prepared(export, None, None, exported=exported, quantized=False)
+    if prepared_dir is None:
+        converted, facts = stages.quantize(card, model, dtype, calibration)
+        stage_done("quantize")
+        return Prepared(export, QuantizeFacts(**facts), converted, exported=exported, quantized=True)
+    with _locked(prepared_dir):
+        found = _read_program(prepared_dir)
         if found is not None:
             stage_done("read_prepared")
-            return found
-        return _compute(directory, card, model, dtype, calibration, quantizes, stage_done)
-
-
-def _compute(directory: Path | None, card: ModelCard, model: torch.nn.Module, dtype: str, calibration: list[tuple],
-             quantizes: bool, stage_done: Callable[[str], None]) -> Prepared:
-    export = ExportFacts(**stages.export_facts(card, model, calibration[0]))
-    stage_done("export")
-    if not quantizes:
-        facts = PreparedFacts(export, None, None)
-        if directory is not None:
-            facts.write(directory / FACTS)
-        return Prepared(facts, None, exported=True, quantized=False)
-    converted, quantize_facts = stages.quantize(card, model, dtype, calibration)
-    if directory is None:
+            facts, module = found
+            return Prepared(export, facts.quantize, module, exported=exported, quantized=False)
+        facts, module = _quantize(prepared_dir, card, model, dtype, calibration)
         stage_done("quantize")
-        return Prepared(PreparedFacts(export, QuantizeFacts(**quantize_facts), None), converted, True, True)
+        return Prepared(export, facts.quantize, module, exported=exported, quantized=True)
+
+
+@contextmanager
+def _locked(directory: Path) -> Iterator[None]:
+    directory.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(directory) + ".lock"):
+        yield
+
+
+def _export(directory: Path | None, card: ModelCard, model: torch.nn.Module, example: tuple,
+            stage_done: Callable[[str], None]) -> tuple[ExportFacts, bool]:
+    """The card's export facts and whether they were computed here."""
+    if directory is None:
+        facts = ExportFacts(**stages.export_facts(card, model, example))
+        stage_done("export")
+        return facts, True
+    with _locked(directory):
+        path = directory / EXPORT_FACTS
+        if path.exists():
+            try:
+                found = ExportedFacts.read(path).export
+                stage_done("read_exported")
+                return found, False
+            except FactsError as error:
+                print(f"qnnsuite: export facts {directory.name} are damaged ({error}); exporting again", file=sys.stderr)
+        facts = ExportFacts(**stages.export_facts(card, model, example))
+        ExportedFacts(facts).write(path)
+        stage_done("export")
+        return facts, True
+
+
+def _quantize(directory: Path, card: ModelCard, model: torch.nn.Module, dtype: str,
+              calibration: list[tuple]) -> tuple[PreparedFacts, torch.nn.Module]:
+    converted, quantize_facts = stages.quantize(card, model, dtype, calibration)
     buffer = io.BytesIO()
     torch.export.save(torch.export.export(converted, calibration[0], strict=True), buffer)
     data = buffer.getvalue()
     write_bytes_atomically(directory / PROGRAM, data)
-    stage_done("quantize")
-    program = ProgramFacts(hashlib.sha256(data).hexdigest(), len(data))
-    facts = PreparedFacts(export, QuantizeFacts(**quantize_facts), program)
+    facts = PreparedFacts(QuantizeFacts(**quantize_facts), ProgramFacts(hashlib.sha256(data).hexdigest(), len(data)))
     facts.write(directory / FACTS)
-    return Prepared(facts, _load(data), exported=True, quantized=True)
+    return facts, _load(data)
 
 
-def _read(directory: Path, quantizes: bool) -> Prepared | None:
+def _read_program(directory: Path) -> tuple[PreparedFacts, torch.nn.Module] | None:
     """The entry if it is complete and its program is the one its facts describe; None (said in the
     lowering's log) if it must be made again."""
     if not (directory / FACTS).exists():
         return None
     try:
         facts = PreparedFacts.read(directory / FACTS)
-        if not quantizes:
-            return Prepared(facts, None, exported=False, quantized=False)
-        if facts.program is None or facts.quantize is None:
-            raise FactsError("it holds no quantized program")
         data = (directory / PROGRAM).read_bytes()
         if len(data) != facts.program.bytes or hashlib.sha256(data).hexdigest() != facts.program.sha256:
             raise FactsError(f"{PROGRAM} is not the program its facts describe")
     except (FactsError, OSError) as error:
         print(f"qnnsuite: prepared program {directory.name} is damaged ({error}); preparing it again", file=sys.stderr)
         return None
-    return Prepared(facts, _load(data), exported=False, quantized=False)
+    return facts, _load(data)
 
 
 def _load(data: bytes) -> torch.nn.Module:

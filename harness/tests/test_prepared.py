@@ -1,9 +1,10 @@
-"""A card in a dtype is exported and quantized once for all its SoCs and buffer modes, and its programs are
-the ones a case that exports and quantizes on its own makes; a warm run starts no lowering server.
+"""A card's export facts are computed once for all its dtypes, SoCs and buffer modes and its quantization once
+per dtype, and its programs are the ones a case that exports and quantizes on its own makes; a warm run
+starts no lowering server.
 
 The run-level tests are child `pytest suites --compile-only` runs (real lowerings, emulated SM8650 and
-SM8750) over one card in one quantized dtype: 2 SoCs x 2 modes, four cases; their counts come from the
-report.json work fields the harness records.
+SM8750) over one card in a quantized dtype and fp16: 2 dtypes x 2 SoCs x 2 modes, eight cases; their counts
+come from the report.json work fields the harness records.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from harness.pipeline import cache
 from harness.pipeline import card as cards
 from harness.pipeline.facts import LoweringFacts
 from harness.pipeline.lower import lower_case
-from harness.pipeline.prepared import FACTS, PROGRAM
+from harness.pipeline.prepared import EXPORT_FACTS, FACTS, PROGRAM
 from harness.results import CaseStore
 from harness.tests.test_lower_server import _comparable, _without_signatures
 from harness.tests.test_reliability import SuiteRun
@@ -46,7 +47,7 @@ def _work(run: SuiteRun) -> dict[str, int]:
 def _suite(tmp_path: Path, cache_dir: Path) -> SuiteRun:
     reports = tmp_path / "reports"
     command = [sys.executable, "-m", "pytest", "suites", "-p", "no:cacheprovider", "-q", "-W", "ignore",
-               "--emulate", ",".join(SOCS), "--dtype", DTYPE, "-k", f"{CARD}-", "-n", "2", "--compile-only",
+               "--emulate", ",".join(SOCS), "--dtype", DTYPE, "--dtype", "fp16", "-k", f"{CARD}-", "-n", "2", "--compile-only",
                "--cache-dir", str(cache_dir), "--report-dir", str(reports)]
     completed = subprocess.run(command, cwd=REPO_ROOT, env={**os.environ, "COLUMNS": "400"}, capture_output=True,
                                text=True, timeout=900)
@@ -65,15 +66,15 @@ def _facts(facts: LoweringFacts) -> LoweringFacts:
     return dataclasses.replace(_comparable(facts), exported=False, quantized=False)
 
 
-def test_a_cold_run_exports_and_quantizes_a_card_and_dtype_once(cold):
+def test_a_cold_run_exports_a_card_once_and_quantizes_it_once_per_dtype(cold):
     run, _ = cold
-    assert _work(run) == {"export": 1, "quantize": 1, "lower": 4, "cases": 4}, run.output[-2000:]
+    assert _work(run) == {"export": 1, "quantize": 1, "lower": 8, "cases": 8}, run.output[-2000:]
     assert run.context.lowering_server_pid is not None, "a cold run lowers through the lowering server"
 
 
 def test_shared_programs_are_the_per_case_ones(cold, toolchain, tmp_path):
     """Each of the run's four programs equals the one lowered by a case that exports and quantizes on its
-    own (today's per-case path, prepared_dir None), bytes apart from the QNN context signature; so do
+    own (today's per-case path, shared_root None), bytes apart from the QNN context signature; so do
     the facts the checks read (export, annotation, folded buffer reads), apart from who computed them."""
     _, cache_dir = cold
     for case in CASES:
@@ -97,15 +98,29 @@ def test_a_damaged_prepared_program_is_made_again(cold, toolchain, tmp_path):
     for name in (FACTS, PROGRAM):
         (copy / name).write_bytes((entry / name).read_bytes())
     (copy / PROGRAM).write_bytes((entry / PROGRAM).read_bytes()[:1000])
-    again = lower_case(case, toolchain, tmp_path / "lowered", STEPS, prepared_dir=copy)
+    again = lower_case(case, toolchain, tmp_path / "lowered", STEPS, shared_root=copy.parent)
     assert again.ok and again.facts.quantized and again.facts.exported, again.failure
     assert f"prepared program {entry.name} is damaged ({PROGRAM} is not the program its facts describe)" in again.log
-    healthy = lower_case(case, toolchain, tmp_path / "lowered-healthy", STEPS, prepared_dir=copy)
+    healthy = lower_case(case, toolchain, tmp_path / "lowered-healthy", STEPS, shared_root=copy.parent)
     assert healthy.ok and not healthy.facts.quantized and not healthy.facts.exported, "the remade entry is used"
+
+
+def test_damaged_export_facts_are_computed_again(cold, toolchain, tmp_path):
+    """An export.json that does not parse is not read: the lowering says so, exports again and rewrites it."""
+    _, cache_dir = cold
+    case = Case(CASES[0].card, "fp16", Mode.DELEGATE, "SM8650")
+    entry = tmp_path / "prepared" / cache.exported_key(case, STEPS)
+    entry.mkdir(parents=True)
+    (entry / EXPORT_FACTS).write_text('{"schema_version": 1, "export": {"buffers_to')
+    again = lower_case(case, toolchain, tmp_path / "lowered", STEPS, shared_root=entry.parent)
+    assert again.ok and again.facts.exported and again.facts.export is not None, again.failure
+    assert f"export facts {entry.name} are damaged" in again.log
+    shared = cache_dir / "prepared" / cache.exported_key(case, STEPS) / EXPORT_FACTS
+    assert (entry / EXPORT_FACTS).read_text() == shared.read_text(), "the rewritten entry is the cold run's"
 
 
 def test_a_warm_run_starts_no_lowering_server(cold, tmp_path):
     run, cache_dir = cold
     warm = _suite(tmp_path, cache_dir)
-    assert _work(warm) == {"export": 0, "quantize": 0, "lower": 0, "cases": 4}, warm.output[-2000:]
+    assert _work(warm) == {"export": 0, "quantize": 0, "lower": 0, "cases": 8}, warm.output[-2000:]
     assert warm.context.lowering_server_pid is None, "every case was cached: no lowering server"
