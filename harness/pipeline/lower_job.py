@@ -47,17 +47,16 @@ def main(argv: list[str]) -> int:
         calibration = card.steps(request.steps)
         example = calibration[0]
         stage_done("import_and_build")
-        shared = prepared.obtain(Path(request.exported_dir) if request.exported_dir else None,
-                                 Path(request.prepared_dir) if request.prepared_dir else None, card, model,
-                                 request.dtype, calibration, quantizes(request.dtype, request.mode), stage_done)
-        facts.export, facts.quantize = shared.export, shared.quantize
-        facts.exported, facts.quantized = shared.exported, shared.quantized
+        facts.export, facts.exported = prepared.export_facts(_path(request.exported_dir), card, model, example,
+                                                             stage_done)
+        if quantizes(request.dtype, request.mode):
+            shared = prepared.quantized(_path(request.prepared_dir), card, model, request.dtype, calibration,
+                                        stage_done)
+            facts.quantize, facts.quantized, model = shared.facts, shared.made, shared.module
         if request.mode is Mode.META_LLAMA:
             _lower_meta_llama(request, card, len(model.layers), facts)
             stage_done("export_llama")
         else:
-            if shared.module is not None:
-                model = shared.module
             edge = stages.lower(model, example, request.soc, request.dtype, request.mode.skip_mutable_buffer)
             facts.partitions = PartitionFacts.of(stages.partition_facts(edge, card.mutated_buffers))
             stage_done("lower")
@@ -71,6 +70,10 @@ def main(argv: list[str]) -> int:
                                     environmental=isinstance(error, ENVIRONMENTAL))
     facts.write(out_dir / "facts.json")
     return 0
+
+
+def _path(text: str) -> Path | None:
+    return Path(text) if text else None
 
 
 def server_entry() -> Callable[[list[str]], int]:

@@ -40,47 +40,17 @@ EXPORT_FACTS = "export.json"
 
 
 @dataclass
-class Prepared:
-    export: ExportFacts
-    quantize: QuantizeFacts | None
-    module: torch.nn.Module | None  # the quantized program to lower (None: lower the eager model)
-    exported: bool  # the export facts were computed here, not read from the card's entry
-    quantized: bool  # likewise the quantization
+class Quantized:
+    facts: QuantizeFacts
+    module: torch.nn.Module  # the quantized program to lower
+    made: bool  # quantized here, not read from the card and dtype's entry
 
 
-def obtain(exported_dir: Path | None, prepared_dir: Path | None, card: ModelCard, model: torch.nn.Module, dtype: str,
-           calibration: list[tuple], quantizes: bool, stage_done: Callable[[str], None]) -> Prepared:
-    """The card's export facts and (quantizes) its quantized program in dtype, from their entries, made now
-    where missing or damaged; a directory None: this case's own, in memory (the quantized module lowered
-    itself, as every case was before entries were shared)."""
-    export, exported = _export(exported_dir, card, model, calibration[0], stage_done)
-    if not quantizes:
-        return Prepared(export, None, None, exported=exported, quantized=False)
-    if prepared_dir is None:
-        converted, facts = stages.quantize(card, model, dtype, calibration)
-        stage_done("quantize")
-        return Prepared(export, QuantizeFacts(**facts), converted, exported=exported, quantized=True)
-    with _locked(prepared_dir):
-        found = _read_program(prepared_dir)
-        if found is not None:
-            stage_done("read_prepared")
-            facts, module = found
-            return Prepared(export, facts.quantize, module, exported=exported, quantized=False)
-        facts, module = _quantize(prepared_dir, card, model, dtype, calibration)
-        stage_done("quantize")
-        return Prepared(export, facts.quantize, module, exported=exported, quantized=True)
-
-
-@contextmanager
-def _locked(directory: Path) -> Iterator[None]:
-    directory.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(directory) + ".lock"):
-        yield
-
-
-def _export(directory: Path | None, card: ModelCard, model: torch.nn.Module, example: tuple,
-            stage_done: Callable[[str], None]) -> tuple[ExportFacts, bool]:
-    """The card's export facts and whether they were computed here."""
+def export_facts(directory: Path | None, card: ModelCard, model: torch.nn.Module, example: tuple,
+                 stage_done: Callable[[str], None]) -> tuple[ExportFacts, bool]:
+    """The card's export facts from its entry, computed now (and written) if missing or damaged, and whether
+    they were computed here; directory None: this case's own. Asked before quantizing, so a quantization
+    that fails leaves the export check its facts."""
     if directory is None:
         facts = ExportFacts(**stages.export_facts(card, model, example))
         stage_done("export")
@@ -98,6 +68,32 @@ def _export(directory: Path | None, card: ModelCard, model: torch.nn.Module, exa
         ExportedFacts(facts).write(path)
         stage_done("export")
         return facts, True
+
+
+def quantized(directory: Path | None, card: ModelCard, model: torch.nn.Module, dtype: str, calibration: list[tuple],
+              stage_done: Callable[[str], None]) -> Quantized:
+    """The card's quantized program in dtype from its entry, made now if missing or damaged; directory None:
+    this case's own, in memory (the quantized module lowered itself, as every case was before entries
+    were shared)."""
+    if directory is None:
+        converted, facts = stages.quantize(card, model, dtype, calibration)
+        stage_done("quantize")
+        return Quantized(QuantizeFacts(**facts), converted, made=True)
+    with _locked(directory):
+        found = _read_program(directory)
+        if found is not None:
+            stage_done("read_prepared")
+            return Quantized(found[0].quantize, found[1], made=False)
+        entry, module = _quantize(directory, card, model, dtype, calibration)
+        stage_done("quantize")
+        return Quantized(entry.quantize, module, made=True)
+
+
+@contextmanager
+def _locked(directory: Path) -> Iterator[None]:
+    directory.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(directory) + ".lock"):
+        yield
 
 
 def _quantize(directory: Path, card: ModelCard, model: torch.nn.Module, dtype: str,

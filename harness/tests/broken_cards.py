@@ -37,6 +37,12 @@ class UndeclaredBuffer(torch.nn.Module):
         return self.actual * 1
 
 
+def _steps_changing_shape(n: int) -> list[tuple[torch.Tensor, ...]]:
+    """The first step (what export traces) is (1, 8), the later ones (1, 9): quantization's calibration
+    runs the exported graph on them and fails, export does not."""
+    return [(torch.ones(1, 8 if index == 0 else 9),) for index in range(n)]
+
+
 class CrashesTheProcess(torch.nn.Module):
     """Kills its own process when built: to the harness, a crash in executorch's C++ looks like this."""
 
@@ -55,5 +61,7 @@ class FillsTheDisk(torch.nn.Module):
 
 SPLIT = register(ModelCard("split_by_unsupported_op", SplitByUnsupportedOp, _steps, ("state",), module=__name__))
 MISDECLARED = register(ModelCard("misdeclared_buffer", UndeclaredBuffer, _steps, ("declared",), module=__name__))
+UNCALIBRATABLE = register(ModelCard("fails_in_calibration", UndeclaredBuffer, _steps_changing_shape, ("actual",),
+                                    module=__name__))
 CRASHING = register(ModelCard("crashes_the_process", CrashesTheProcess, _steps, ("state",), module=__name__))
 DISK_FULL = register(ModelCard("fills_the_disk", FillsTheDisk, _steps, ("state",), module=__name__))

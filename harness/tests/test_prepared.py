@@ -20,10 +20,11 @@ from fixtures import zoo  # noqa: F401  (registers the cards)
 from harness.paths import REPO_ROOT
 from harness.pipeline import cache
 from harness.pipeline import card as cards
-from harness.pipeline.facts import LoweringFacts
+from harness.pipeline.facts import ExportFacts, LoweringFacts
 from harness.pipeline.lower import lower_case
 from harness.pipeline.prepared import EXPORT_FACTS, FACTS, PROGRAM
 from harness.results import CaseStore
+from harness.tests import broken_cards
 from harness.tests.test_lower_server import _comparable, _without_signatures
 from harness.tests.test_reliability import SuiteRun
 from harness.vocabulary import Case, Mode
@@ -117,6 +118,16 @@ def test_damaged_export_facts_are_computed_again(cold, toolchain, tmp_path):
     assert f"export facts {entry.name} are damaged" in again.log
     shared = cache_dir / "prepared" / cache.exported_key(case, STEPS) / EXPORT_FACTS
     assert (entry / EXPORT_FACTS).read_text() == shared.read_text(), "the rewritten entry is the cold run's"
+
+
+def test_a_failed_quantization_keeps_the_export_facts(toolchain, tmp_path):
+    """The export check reads the export facts even when quantizing fails (a quantizer defect must not also
+    fail the export check): with shared entries and without."""
+    case = Case(broken_cards.UNCALIBRATABLE, DTYPE, Mode.DELEGATE, "SM8650")
+    for name, root in (("own", None), ("shared", tmp_path / "prepared")):
+        failed = lower_case(case, toolchain, tmp_path / name, STEPS, shared_root=root)
+        assert failed.facts.error is not None and "quantize" not in failed.facts.timings_s, (name, failed.log[-2000:])
+        assert failed.facts.export == ExportFacts(["actual"], ["actual"]), name
 
 
 def test_a_warm_run_starts_no_lowering_server(cold, tmp_path):
