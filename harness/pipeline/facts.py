@@ -106,6 +106,25 @@ class LoweringError:
     environmental: bool = False
 
 
+# Failures of the machine rather than of the case (ENOSPC, EMFILE, out of memory): reported, never cached.
+ENVIRONMENTAL = (OSError, MemoryError)
+
+
+def lowering_error(error: Exception, traceback_text: str) -> LoweringError:
+    text = str(error).strip()
+    return LoweringError(type(error).__name__, text.splitlines()[0] if text else "", traceback_text,
+                         environmental=isinstance(error, ENVIRONMENTAL))
+
+
+class QuantizationFailed(Exception):
+    """A card and dtype's quantization failed, in this lowering (made) or in the one that made its shared
+    entry; error is that failure as it was recorded, so every case of the card and dtype reports the same."""
+
+    def __init__(self, error: LoweringError, made: bool) -> None:
+        super().__init__(f"{error.type}: {error.message}")
+        self.error, self.made = error, made
+
+
 @dataclass(frozen=True)
 class ProgramFacts:
     """The model.pte that was written, so a cached one is checked before it is served."""
@@ -178,11 +197,13 @@ class ExportedFacts:
 
 @dataclass(frozen=True)
 class PreparedFacts:
-    """A card x dtype's quantization, shared by its lowerings for every SoC and mode; program describes
-    program.pt2 (the quantized program) so it is checked before use."""
+    """A card x dtype's quantization, shared by its lowerings for every SoC and mode: its facts and program
+    (program.pt2, checked against program before use), or the error it failed with (error; neither of the
+    others), so a quantizer defect is met once per card and dtype and reported alike by all its cases."""
 
-    quantize: QuantizeFacts
-    program: ProgramFacts
+    quantize: QuantizeFacts | None
+    program: ProgramFacts | None
+    error: LoweringError | None = None
     schema_version: int = SCHEMA_VERSION
 
     def write(self, path: Path) -> None:
@@ -191,5 +212,11 @@ class PreparedFacts:
 
     @classmethod
     def read(cls, path: Path) -> PreparedFacts:
-        return _read(path, "prepared facts", lambda data: cls(
-            quantize=QuantizeFacts(**data["quantize"]), program=ProgramFacts(**data["program"])))
+        def build(data: dict) -> PreparedFacts:
+            facts = cls(quantize=QuantizeFacts(**data["quantize"]) if data["quantize"] else None,
+                        program=ProgramFacts(**data["program"]) if data["program"] else None,
+                        error=LoweringError(**data["error"]) if data.get("error") else None)
+            if facts.error is None and (facts.quantize is None or facts.program is None):
+                raise KeyError("quantize or program")
+            return facts
+        return _read(path, "prepared facts", build)

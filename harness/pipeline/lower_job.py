@@ -16,12 +16,10 @@ from pathlib import Path
 from typing import Callable
 
 from harness.files import write_bytes_atomically
-from harness.pipeline.facts import (LoweringError, LoweringFacts, LoweringRequest, PartitionFacts, ProgramFacts,
-                                    quantizes)
+from harness.pipeline.facts import (LoweringFacts, LoweringRequest, PartitionFacts, ProgramFacts, QuantizationFailed,
+                                    lowering_error, quantizes)
 from harness.vocabulary import Mode
 
-# Failures of the machine rather than of the case (ENOSPC, EMFILE, out of memory): reported, never cached.
-ENVIRONMENTAL = (OSError, MemoryError)
 
 
 def main(argv: list[str]) -> int:
@@ -64,10 +62,10 @@ def main(argv: list[str]) -> int:
             stage_done("serialize")
         program = (out_dir / "model.pte").read_bytes()  # either way: what the cache checks before serving it
         facts.program = ProgramFacts(hashlib.sha256(program).hexdigest(), len(program))
+    except QuantizationFailed as failed:  # here, or in the case that made the card and dtype's entry
+        facts.error, facts.quantized = failed.error, failed.made
     except Exception as error:
-        text = str(error).strip()
-        facts.error = LoweringError(type(error).__name__, text.splitlines()[0] if text else "", traceback.format_exc(),
-                                    environmental=isinstance(error, ENVIRONMENTAL))
+        facts.error = lowering_error(error, traceback.format_exc())
     facts.write(out_dir / "facts.json")
     return 0
 

@@ -6,7 +6,8 @@ mode (stages.export_facts and stages.quantize take neither; the QnnQuantizer has
 export facts not on the dtype either (every dtype lowers the same eager model), so a cold run did the export
 sixteen times and each quantization four times over. Each entry is a folder keyed by content
 (harness/pipeline/cache.py exported_key and prepared_key): export.json for a card; program.pt2 (the
-quantized program, torch.export.save) and prepared.json (its facts, written last) for a card x dtype. Each
+quantized program, torch.export.save) and prepared.json (its facts, or the error quantizing failed with,
+written last) for a card x dtype. Each
 is made under a file lock, so workers needing the same entry wait for the one that makes it.
 
 Why on disk rather than kept in a process that forks the lowerings: the quantized module exists only after
@@ -21,10 +22,11 @@ from __future__ import annotations
 import hashlib
 import io
 import sys
-from dataclasses import dataclass
+import traceback
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, TypeVar
 
 import torch
 from filelock import FileLock
@@ -32,8 +34,10 @@ from filelock import FileLock
 from harness.files import write_bytes_atomically
 from harness.pipeline import stages
 from harness.pipeline.card import ModelCard
-from harness.pipeline.facts import ExportedFacts, ExportFacts, FactsError, PreparedFacts, ProgramFacts, QuantizeFacts
+from harness.pipeline.facts import (ENVIRONMENTAL, ExportedFacts, ExportFacts, FactsError, PreparedFacts, ProgramFacts,
+                                    QuantizationFailed, QuantizeFacts, lowering_error)
 
+T = TypeVar("T")
 PROGRAM = "program.pt2"
 FACTS = "prepared.json"
 EXPORT_FACTS = "export.json"
@@ -74,19 +78,37 @@ def quantized(directory: Path | None, card: ModelCard, model: torch.nn.Module, d
               stage_done: Callable[[str], None]) -> Quantized:
     """The card's quantized program in dtype from its entry, made now if missing or damaged; directory None:
     this case's own, in memory (the quantized module lowered itself, as every case was before entries
-    were shared)."""
+    were shared). QuantizationFailed if it failed, now or when the entry was made (a failure of the
+    machine is raised as it is and not kept)."""
     if directory is None:
-        converted, facts = stages.quantize(card, model, dtype, calibration)
+        converted, facts = _failing_once(None, lambda: stages.quantize(card, model, dtype, calibration))
         stage_done("quantize")
         return Quantized(QuantizeFacts(**facts), converted, made=True)
     with _locked(directory):
-        found = _read_program(directory)
+        found = _read_entry(directory)
         if found is not None:
             stage_done("read_prepared")
-            return Quantized(found[0].quantize, found[1], made=False)
-        entry, module = _quantize(directory, card, model, dtype, calibration)
+            entry, module = found
+            if entry.error is not None:
+                raise QuantizationFailed(entry.error, made=False)
+            return Quantized(entry.quantize, module, made=False)
+        entry, module = _failing_once(directory, lambda: _quantize(directory, card, model, dtype, calibration))
         stage_done("quantize")
         return Quantized(entry.quantize, module, made=True)
+
+
+def _failing_once(directory: Path | None, quantize: Callable[[], T]) -> T:
+    """quantize(), whose failure (the case's, not the machine's) becomes QuantizationFailed and, with a
+    directory, the entry: the card and dtype's other cases read it instead of failing again."""
+    try:
+        return quantize()
+    except ENVIRONMENTAL:
+        raise
+    except Exception as error:
+        failed = lowering_error(error, traceback.format_exc())
+        if directory is not None:
+            PreparedFacts(None, None, failed).write(directory / FACTS)
+        raise QuantizationFailed(failed, made=True) from error
 
 
 @contextmanager
@@ -108,13 +130,15 @@ def _quantize(directory: Path, card: ModelCard, model: torch.nn.Module, dtype: s
     return facts, _load(data)
 
 
-def _read_program(directory: Path) -> tuple[PreparedFacts, torch.nn.Module] | None:
-    """The entry if it is complete and its program is the one its facts describe; None (said in the
-    lowering's log) if it must be made again."""
+def _read_entry(directory: Path) -> tuple[PreparedFacts, torch.nn.Module | None] | None:
+    """The entry if it is complete (a failed one has no program) and its program is the one its facts
+    describe; None (said in the lowering's log) if it must be made again."""
     if not (directory / FACTS).exists():
         return None
     try:
         facts = PreparedFacts.read(directory / FACTS)
+        if facts.error is not None:
+            return facts, None
         data = (directory / PROGRAM).read_bytes()
         if len(data) != facts.program.bytes or hashlib.sha256(data).hexdigest() != facts.program.sha256:
             raise FactsError(f"{PROGRAM} is not the program its facts describe")

@@ -120,14 +120,20 @@ def test_damaged_export_facts_are_computed_again(cold, toolchain, tmp_path):
     assert (entry / EXPORT_FACTS).read_text() == shared.read_text(), "the rewritten entry is the cold run's"
 
 
-def test_a_failed_quantization_keeps_the_export_facts(toolchain, tmp_path):
+def test_a_failed_quantization_keeps_the_export_facts_and_is_met_once(toolchain, tmp_path):
     """The export check reads the export facts even when quantizing fails (a quantizer defect must not also
-    fail the export check): with shared entries and without."""
+    fail the export check), with shared entries and without; with them, the card and dtype's next case
+    reads the failure from the entry, as recorded, instead of quantizing again."""
     case = Case(broken_cards.UNCALIBRATABLE, DTYPE, Mode.DELEGATE, "SM8650")
     for name, root in (("own", None), ("shared", tmp_path / "prepared")):
         failed = lower_case(case, toolchain, tmp_path / name, STEPS, shared_root=root)
-        assert failed.facts.error is not None and "quantize" not in failed.facts.timings_s, (name, failed.log[-2000:])
+        assert failed.facts.error is not None and failed.facts.quantized, (name, failed.log[-2000:])
         assert failed.facts.export == ExportFacts(["actual"], ["actual"]), name
+    again = lower_case(dataclasses.replace(case, soc="SM8750"), toolchain, tmp_path / "again", STEPS,
+                       shared_root=tmp_path / "prepared")
+    assert not again.facts.quantized and "read_prepared" in again.facts.timings_s, again.log[-2000:]
+    assert again.failure == failed.failure and again.facts.error == failed.facts.error
+    assert again.facts.export == failed.facts.export
 
 
 def test_a_warm_run_starts_no_lowering_server(cold, tmp_path):
