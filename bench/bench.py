@@ -42,7 +42,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 # Per-case stages from report.json timings; "lower" includes serialising the program.
 CASE_STAGES = {"export": ("export",), "quantize": ("quantize",), "lower": ("lower", "serialize"),
-               "lowering process start": ("import_and_build", "read_exported", "read_prepared"), "push": ("push",), "device command": ("run",),
+               "lowering process start": ("import_and_build", "read_exported", "read_prepared"), "device wait": ("device_wait",), "push": ("push",), "device command": ("run",),
                "runner_exec": ("runner_exec",), "pull": ("pull",), "eager reference": ("eager_reference",)}
 WORK = ("export", "quantize", "lower")  # what the harness counts per case (report.json's work fields)
 PRODUCTIVE = ("export", "quantize", "lower")  # plus the runner's own execution (runner_exec)

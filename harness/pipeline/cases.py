@@ -13,20 +13,35 @@ CASE_PARAMETER = re.compile(r"\[([^\[\]]+)\](?:@[^\[\]]*)?$")
 
 
 def matrix(cards: list[ModelCard], dtypes: tuple[str, ...], socs: list[str]) -> list[Case]:
-    """Every card in every dtype it supports, in both buffer modes (Meta llama flow and health check cards aside).
-
-    Mode and SoC vary slowest: the cases that share a card and dtype's prepared program (harness/pipeline/
-    prepared.py) are far apart in the order xdist hands them out, so while the first of them prepares it the
-    other worker lowers another card or dtype instead of waiting on its lock (measured with the mode varying
-    fastest: the second worker waited out the first's export and quantization, and -n 2 gained nothing)."""
-    return [Case(card, dtype, mode, soc) for mode in MATRIX_MODES for soc in socs for card in cards
-            if not card.tags & {META_LLAMA_TAG, HEALTH_CHECK_TAG} for dtype in dtypes if dtype in card.dtypes]
+    """Every card in every dtype it supports, in both buffer modes (Meta llama flow and health check cards aside)."""
+    return [case for mode in MATRIX_MODES for card in cards if not card.tags & {META_LLAMA_TAG, HEALTH_CHECK_TAG}
+            for case in _card_cases(card, mode, dtypes, socs)]
 
 
 def meta_llama_matrix(cards: list[ModelCard], dtypes: tuple[str, ...], socs: list[str]) -> list[Case]:
     """Cards of executorch's Meta llama flow, lowered by it in every dtype (its buffers are kept outside)."""
-    return [Case(card, dtype, Mode.META_LLAMA, soc) for soc in socs for card in cards if META_LLAMA_TAG in card.tags
-            for dtype in dtypes if dtype in card.dtypes]
+    return [case for card in cards if META_LLAMA_TAG in card.tags
+            for case in _card_cases(card, Mode.META_LLAMA, dtypes, socs)]
+
+
+def _card_cases(card: ModelCard, mode: Mode, dtypes: tuple[str, ...], socs: list[str]) -> list[Case]:
+    """A card's cases in one mode, in the order xdist hands them out: each the first one left that differs
+    from the one before in SoC and dtype (else in SoC, else any), from its dtypes in turn on rotating SoCs.
+
+    Neighbours differ in SoC, so two workers hold two devices at once (a warm run is device runs, one device
+    per SoC) rather than queueing on one; and in dtype, so they do not wait on one quantized program's lock
+    (harness/pipeline/prepared.py; measured with the mode varying fastest: the second worker waited out the
+    first's export and quantization)."""
+    supported = [dtype for dtype in dtypes if dtype in card.dtypes]
+    left = [(dtype, socs[(index + turn) % len(socs)]) for turn in range(len(socs)) for index, dtype in enumerate(supported)]
+    order: list[tuple[str, str]] = []
+    while left:
+        before = order[-1] if order else None
+        chosen = (next((pair for pair in left if before is None or (pair[0] != before[0] and pair[1] != before[1])), None)
+                  or next((pair for pair in left if pair[1] != before[1]), None) or left[0])
+        left.remove(chosen)
+        order.append(chosen)
+    return [Case(card, dtype, mode, soc) for dtype, soc in order]
 
 
 def with_meta_llama(cards: list[ModelCard], dtypes: tuple[str, ...], socs: list[str]) -> list[Case]:
