@@ -67,8 +67,10 @@ class DeviceFrozen(DeviceLost):
 class RunResult:
     command: str
     exit_code: int
-    output: str
+    output: str  # stdout and stderr as they arrived
     duration_s: float
+    # stderr alone: with shell v2 the two streams travel apart, so which arrived last varies from run to run
+    stderr: str = ""
 
     def timed_out(self, timeout_s: float) -> bool:
         """Killed by the device-side timeout: its exit code, and not well before the timeout was up (an exit
@@ -222,7 +224,7 @@ class Device:
             what = command.split("&&")[-1].strip()[:60]
             raise DeviceLost(f"device {self.serial} lost during `{what}` ({error}): "
                              f"check the cable/connection and `adb devices`") from error
-        return RunResult(command, result.returncode, result.output, time.perf_counter() - started)
+        return RunResult(command, result.returncode, result.output, time.perf_counter() - started, result.stderr)
 
     def run(self, argv: list[str], cwd: str, timeout_s: float, env: dict[str, str] | None = None,
             prepend: dict[str, str] | None = None) -> RunResult:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.device.device import Device, DeviceError, shell_line
+from harness.device.device import Device, DeviceError, RunResult, shell_line
 from harness.device.payload import RUNNER_NAME, PayloadFile
 
 RUNNER_TIMEOUT_S = 300
@@ -91,6 +91,13 @@ def _last_line(text: str) -> str:
     return lines[-1][:200] if lines else "nothing"
 
 
+def _last_words(result: RunResult) -> str:
+    """The runner's last line on stderr, where a runner says why it failed (ExecuTorch logs there), else on
+    stdout: the combined output's order of the two streams is the order their packets arrived in (measured:
+    a corrupt program's "cannot load" arrived before the "heap pattern" line printed ahead of it)."""
+    return _last_line(result.stderr if result.stderr.strip() else result.output)
+
+
 def _tail(text: str, lines: int = 15) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
@@ -163,15 +170,15 @@ def run_case(device: Device, workspace: Workspace, case_dir_name: str, pte: Path
     (local_dir / "runner.log").write_text(result.output)
     if result.timed_out(timeout_s):
         raise _failed(device, since, local_dir, f"runner on {device.serial} hung and was killed after {timeout_s:.0f} s "
-                           f"(last words: {_last_line(result.output)}); its log:\n{_tail(result.output)}")
+                           f"(last words: {_last_words(result)}); its log:\n{_tail(result.output)}")
     if result.exit_code == SIGKILL_EXIT:
         raise _failed(device, since, local_dir, f"runner on {device.serial} was killed (SIGKILL, exit 137) after {result.duration_s:.1f} s, "
                            f"well before its {timeout_s:.0f} s timeout: something else killed it, e.g. Android's "
                            f"low-memory killer; check `adb -s {device.serial} logcat -d` and free memory (last words: "
-                           f"{_last_line(result.output)}); its log:\n{_tail(result.output)}")
+                           f"{_last_words(result)}); its log:\n{_tail(result.output)}")
     if result.exit_code != 0:
         raise _failed(device, since, local_dir, f"runner on {device.serial} {_exit_description(result)} (last words: "
-                           f"{_last_line(result.output)}); its log:\n{_tail(result.output)}")
+                           f"{_last_words(result)}); its log:\n{_tail(result.output)}")
 
     started = time.perf_counter()
     present = set(device.pull_files(f"{remote}/outputs", local_dir / "outputs"))

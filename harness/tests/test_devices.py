@@ -352,3 +352,16 @@ def test_a_missing_adb_server_is_an_error_and_none_is_started(tmp_path):
     assert time.monotonic() - started < 5
     assert not discovery.server_listening(port)
     assert discovery.server_listening(5037) == default_was_listening, "no server was started on 5037"
+
+
+def test_a_runners_last_words_are_its_last_stderr_line_whatever_order_the_streams_arrived_in():
+    """shell v2 carries stdout and stderr apart: a corrupt program's "cannot load" (stderr) can arrive before
+    the line the runner printed ahead of it on stdout (seen in CI), so the combined output's last line lies."""
+    from harness.device.device import RunResult
+    from harness.device.execute import _last_words
+
+    arrived = "runner: cannot load model.pte: bad magic\nrunner: heap pattern 0x40\n"
+    assert _last_words(RunResult("r", 3, arrived, 0.1, "runner: cannot load model.pte: bad magic\n")) == \
+        "runner: cannot load model.pte: bad magic"
+    assert _last_words(RunResult("r", 3, "runner: exiting 3 (fault switch)\n", 0.1, "")) == \
+        "runner: exiting 3 (fault switch)", "nothing on stderr: the output's last line"
