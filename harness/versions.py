@@ -22,17 +22,34 @@ def package_version(package: str) -> str:
 @cache
 def build_identity(package: str) -> str:
     """What a package's build is, by content, not by version string: a wheel's RECORD (the sha256 of every
-    file it installed); for an editable install, its source checkout's git commit and changed files, or
-    else the size and mtime of its Python and shared-library files. The version string alone misses a
-    rebuilt editable checkout or a locally built wheel that kept the version."""
+    file it installed) and the size, mtime and ctime of each of those files as they are now; for an editable
+    install, its source checkout's git commit and changed files, or else the size and mtime of its Python and
+    shared-library files. The version string alone misses a rebuilt editable checkout or a locally built
+    wheel that kept the version, and the RECORD alone misses a file patched in place after installing (a
+    cached lowering would then hide the patch's effect)."""
     try:
         dist = metadata.distribution(package)
     except metadata.PackageNotFoundError:
         return "not installed"
     source = _editable_source(dist)
     if source is None:
-        return "record:" + hashlib.sha256((dist.read_text("RECORD") or dist.version).encode()).hexdigest()[:20]
+        record = hashlib.sha256((dist.read_text("RECORD") or dist.version).encode()).hexdigest()[:20]
+        return f"record:{record}:" + _installed_files_identity(dist)
     return f"editable:{source}:" + _tree_identity(source)
+
+
+def _installed_files_identity(dist: metadata.Distribution) -> str:
+    """The installed files as they are: a change to one changes its size or mtime, and always its ctime,
+    which nothing short of a rewrite sets (touch cannot put it back). 0.5 s for torch, executorch and torchao."""
+    digest = hashlib.sha256()
+    for file in dist.files or ():
+        try:
+            stat = file.locate().stat()
+        except OSError:
+            digest.update(f"{file}\0missing\n".encode())
+            continue
+        digest.update(f"{file}\0{stat.st_size}\0{stat.st_mtime_ns}\0{stat.st_ctime_ns}\n".encode())
+    return digest.hexdigest()[:20]
 
 
 def _editable_source(dist: metadata.Distribution) -> Path | None:

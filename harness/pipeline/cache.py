@@ -22,7 +22,9 @@ from harness.qnn.toolchain import Toolchain
 from harness.versions import build_identity, package_version
 from harness.vocabulary import Case
 
-LOWERING_SOURCES = ("stages.py", "lower_job.py", "eager.py", "facts.py", "prepared.py")
+# Every pipeline module the lowering child runs (meta_llama.py: the Meta llama flow, which builds and lowers
+# its own model; card.py: how the child finds the card).
+LOWERING_SOURCES = ("stages.py", "lower_job.py", "eager.py", "facts.py", "prepared.py", "meta_llama.py", "card.py")
 
 
 def key(case: Case, steps: int, toolchain: Toolchain) -> str:

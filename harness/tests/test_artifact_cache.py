@@ -85,6 +85,29 @@ def test_build_identity_is_by_content():
     assert build_identity("no-such-package-xyz") == "not installed"
 
 
+def test_a_wheel_file_patched_in_place_changes_the_identity(tmp_path, monkeypatch):
+    """A regression injected by editing an installed file keeps the wheel's RECORD: the identity must still
+    change, or a warm cache would serve lowerings made before the patch."""
+    package, info = tmp_path / "patchme", tmp_path / "patchme-1.0.dist-info"
+    package.mkdir()
+    info.mkdir()
+    (package / "__init__.py").write_text("A = 1\n")
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: patchme\nVersion: 1.0\n")
+    (info / "RECORD").write_text("patchme/__init__.py,sha256=x,6\npatchme-1.0.dist-info/METADATA,,\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    build_identity.cache_clear()
+    installed = build_identity("patchme")
+    assert installed.startswith("record:")
+    build_identity.cache_clear()
+    assert build_identity("patchme") == installed, "nothing changed: the same identity"
+    (package / "__init__.py").write_text("A = 2\n")  # same size; mtime may even be restored with touch -r
+    build_identity.cache_clear()
+    try:
+        assert build_identity("patchme") != installed
+    finally:
+        build_identity.cache_clear()
+
+
 def test_an_editable_checkout_is_known_by_commit_and_changes(tmp_path):
     def git(*args: str) -> None:
         subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", *args],
@@ -99,3 +122,23 @@ def test_an_editable_checkout_is_known_by_commit_and_changes(tmp_path):
     changed = _tree_identity(tmp_path)
     git("commit", "-qam", "two")
     assert len({first, changed, _tree_identity(tmp_path)}) == 3
+
+
+def test_the_key_covers_every_pipeline_module_the_lowering_child_runs():
+    """A harness change to how a program is made (e.g. the Meta llama flow) must not be served from the cache."""
+    import ast
+
+    here = Path(cache.__file__).parent
+    seen, pending = set(), ["lower_job.py"]
+    while pending:
+        name = pending.pop()
+        seen.add(name)
+        for node in ast.walk(ast.parse((here / name).read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "harness.pipeline":
+                found = [f"{alias.name}.py" for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("harness.pipeline."):
+                found = [node.module.rpartition(".")[2] + ".py"]
+            else:
+                continue
+            pending += [module for module in found if module not in seen]
+    assert seen <= set(cache.LOWERING_SOURCES), f"not in the key: {sorted(seen - set(cache.LOWERING_SOURCES))}"
