@@ -82,7 +82,7 @@ def compare(device: Outputs, reference: Outputs, dtype: str) -> Comparison:
 def initial_value_dependence(card: ModelCard, steps: list[tuple], reference: Outputs) -> Outputs:
     """Which output elements depend on the buffers' registered initial values: eager run again with
     other initial values; elements that differ depend on them."""
-    buffers = dict(eager.build_model(card).named_buffers())
+    buffers = eager.registered_buffers(card)
     perturbed = {}
     for name in card.mutated_buffers:
         value = buffers[name]
@@ -97,7 +97,7 @@ def initial_value_dependence(card: ModelCard, steps: list[tuple], reference: Out
 def pattern_initial(card: ModelCard, pattern: int, buffers: tuple[str, ...]) -> dict[str, torch.Tensor]:
     """Each named buffer as it reads when its memory holds nothing but the byte `pattern`: the bytes
     decoded in the buffer's own dtype (what a delegated buffer that was never initialised holds)."""
-    registered = dict(eager.build_model(card).named_buffers())
+    registered = eager.registered_buffers(card)
     initial = {}
     for name in buffers:
         value = registered[name]

@@ -178,9 +178,6 @@ class CaseStore:
         self._steps_for = steps_for
         self._runner_timeout_s = runner_timeout_s
         self._outcomes: dict[str, CaseOutcome] = {}
-        # Eager outputs by card and step count: the same for every dtype, mode and SoC of a card (16 cases
-        # of the default matrix), and a tenth of a warm run's work when each case computed its own.
-        self._references: dict[tuple[str, int], list[list[np.ndarray]]] = {}
 
     def lowered(self, case: Case) -> CaseOutcome:
         """Export, quantize and lower (no device)."""
@@ -188,12 +185,7 @@ class CaseStore:
             steps = case.card.steps(self._steps_for(case.card.tags))
             artifact = self._lower_once(case, len(steps))
             started = time.perf_counter()
-            key = (case.card.reference, len(steps))
-            if key not in self._references:
-                self._references[key] = eager.run_steps(case.card, steps)
-                for array in (array for outputs in self._references[key] for array in outputs):
-                    array.setflags(write=False)  # shared by the card's cases: none may change it
-            reference = self._references[key]
+            reference = eager.run_steps(case.card, steps)  # once per card and steps in this worker
             # Stage times of a lowering read from the cache belong to the run that lowered it, not this one.
             timings = {} if artifact.cached else dict(artifact.facts.timings_s)
             timings["eager_reference"] = time.perf_counter() - started
