@@ -10,6 +10,7 @@ repro.py needs them installed (see harness/repro/standalone.py).
 from __future__ import annotations
 
 import inspect
+from functools import cache
 import json
 import os
 import shutil
@@ -34,8 +35,10 @@ BUNDLED_VERDICTS = ("failed", "xfailed", "xpassed")
 SCHEMA_VERSION = 1
 
 
+@cache
 def _source(function: object) -> str:
-    """The source of a card's build class or steps function ('' when Python cannot show it)."""
+    """The source of a card's build class or steps function ('' when Python cannot show it); once per
+    process, since inspect reads and tokenises the whole file."""
     target = getattr(function, "func", function)  # functools.partial
     try:
         return inspect.getsource(target)
@@ -153,6 +156,7 @@ def _archive(folder: Path) -> None:
     """<folder>.tar.gz beside the folder, swapped in whole so a reader never sees half of it."""
     target = folder.parent / (folder.name + layout.ARCHIVE_SUFFIX)
     staging = target.with_name(f".{target.name}.{os.getpid()}")
-    with tarfile.open(staging, "w:gz") as archive:
+    # Rewritten by each bundled check of the case: the fastest level, as the .pte inside barely compresses.
+    with tarfile.open(staging, "w:gz", compresslevel=1) as archive:
         archive.add(folder, arcname=folder.name)
     os.replace(staging, target)

@@ -100,6 +100,14 @@ def _groups(failing: list[tuple[str, dict]]) -> list[dict]:
             for (verdict, signature, message), names in groups.items()]
 
 
+@cache
+def _template() -> jinja2.Template:
+    """Compiled once per process: each bundled check renders its case's issue.md again."""
+    environment = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=False,
+                                     undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    return environment.get_template("issue.md.j2")
+
+
 def render(case: dict) -> str:
     """The report for one bundle (case.json as a dict)."""
     failing = [(name, check) for name, check in case["checks"].items() if check["verdict"] in ("failed", "xfailed", "xpassed")]
@@ -107,9 +115,7 @@ def render(case: dict) -> str:
     tolerance = TOLERANCES.get(case["dtype"], {})
     folder = layout.folder_name(case["case_id"])
     traceback = case["lowering"].get("traceback", "").strip().splitlines()
-    environment = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=False,
-                                     undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-    return environment.get_template("issue.md.j2").render(
+    return _template().render(
         case=case, env=case["environment"], title=_title(case, failing), groups=_groups(failing), causes=causes,
         mode_words=MODE_WORDS.get(case["mode"], case["mode"]), device_words=_device_words(case["environment"]),
         buffers=", ".join(code(name) for name in case["card"]["mutated_buffers"]), pipeline=_pipeline(case),
