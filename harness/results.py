@@ -20,7 +20,7 @@ from harness.device.device import DeviceError, DeviceFrozen, DeviceLost
 from harness.device.execute import DeviceRun, RunnerFailed, run_case
 from harness.device.pool import DevicePool
 from harness import numerics
-from harness.pipeline import cache, eager, mutbuf
+from harness.pipeline import cache, eager, mutbuf, references
 from harness.pipeline.facts import FactsError, LoweringFacts
 from harness.pipeline.lower import LoweredArtifact, lower_case
 from harness.qnn import qnnlog
@@ -83,6 +83,7 @@ class CaseOutcome:
     retries: int = 0  # device runs repeated after a dropped connection
     run_dir: Path | None = None  # where the device run's inputs, outputs and log were put (in the run's work dir)
     timings_s: dict[str, float] = field(default_factory=dict)
+    dependence: list[list[np.ndarray]] | None = None  # see initial_value_dependence (given by the CaseStore)
 
     def device_outputs(self) -> list[list[np.ndarray]]:
         """Device outputs reinterpreted with the reference's dtypes and shapes."""
@@ -158,10 +159,12 @@ class CaseOutcome:
         return PatternReference(numerics.compare(self.device_outputs(), reference, self.case.dtype),
                                 f"0x{pattern:02x} ({described})", inconclusive)
 
-    @cached_property
+    @property
     def initial_value_dependence(self) -> numerics.Outputs:
         """Output elements that depend on the buffers' registered initial values (eager only; once per case)."""
-        return numerics.initial_value_dependence(self.case.card, self.steps, self.reference)
+        if self.dependence is None:
+            self.dependence = numerics.initial_value_dependence(self.case.card, self.steps, self.reference)
+        return self.dependence
 
 
 class CaseStore:
@@ -185,11 +188,12 @@ class CaseStore:
             steps = case.card.steps(self._steps_for(case.card.tags))
             artifact = self._lower_once(case, len(steps))
             started = time.perf_counter()
-            reference = eager.run_steps(case.card, steps)  # once per card and steps in this worker
+            results = references.eager_results(case, steps, self._cache_dir)
             # Stage times of a lowering read from the cache belong to the run that lowered it, not this one.
             timings = {} if artifact.cached else dict(artifact.facts.timings_s)
             timings["eager_reference"] = time.perf_counter() - started
-            self._outcomes[case.id] = CaseOutcome(case, steps, artifact, reference, timings_s=timings)
+            self._outcomes[case.id] = CaseOutcome(case, steps, artifact, results.reference, timings_s=timings,
+                                                  dependence=results.dependence)
         return self._outcomes[case.id]
 
     def executed(self, case: Case) -> CaseOutcome:

@@ -25,6 +25,7 @@ from harness.vocabulary import Case
 # Every pipeline module the lowering child runs (meta_llama.py: the Meta llama flow, which builds and lowers
 # its own model; card.py: how the child finds the card).
 LOWERING_SOURCES = ("stages.py", "lower_job.py", "eager.py", "facts.py", "prepared.py", "meta_llama.py", "card.py")
+NUMERICS_SOURCE = Path(__file__).resolve().parent.parent / "numerics.py"  # the eager results' dependence
 
 
 def key(case: Case, steps: int, toolchain: Toolchain) -> str:
@@ -36,6 +37,12 @@ def key(case: Case, steps: int, toolchain: Toolchain) -> str:
 def exported_key(case: Case, steps: int) -> str:
     """One key for every dtype, SoC and mode of the case's card: its export facts."""
     return f"{case.card.name}-export-{_digest(case, steps, ['export'])}"
+
+
+def eager_key(case: Case, steps: int) -> str:
+    """One key for every dtype, SoC and mode of the case's card: its eager results (harness/pipeline/references.py),
+    which numerics.py's initial-value dependence also shapes."""
+    return f"{case.card.name}-eager-{_digest(case, steps, ['eager', NUMERICS_SOURCE.read_text()])}"
 
 
 def prepared_key(case: Case, steps: int) -> str | None:
