@@ -26,7 +26,9 @@ Outputs = numerics.Outputs
 @dataclass(frozen=True)
 class EagerResults:
     reference: Outputs  # eager outputs [step][index], read-only
-    dependence: Outputs  # True where an output element depends on the buffers' initial values
+    # True where an output element depends on the buffers' initial values; None when it cannot be computed
+    # (e.g. a card declares a buffer its model lacks): the check that reads it computes it and says why not.
+    dependence: Outputs | None
 
 
 _MEMO: dict[str, EagerResults] = {}
@@ -41,7 +43,11 @@ def eager_results(case: Case, steps: list[tuple], cache_dir: Path | None) -> Eag
     results = _read(path, len(steps)) if path is not None and path.is_file() else None
     if results is None:
         reference = eager.run_steps(case.card, steps)
-        results = EagerResults(reference, _read_only(numerics.initial_value_dependence(case.card, steps, reference)))
+        try:
+            dependence = _read_only(numerics.initial_value_dependence(case.card, steps, reference))
+        except Exception:  # the card's fault, reported by the check that needs it, not by every check of the case
+            dependence = None
+        results = EagerResults(reference, dependence)
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             write_bytes_atomically(path, _encode(results))
@@ -57,7 +63,7 @@ def _read_only(outputs: Outputs) -> Outputs:
 
 def _encode(results: EagerResults) -> bytes:
     arrays = {f"{kind}_{step}_{index}": array for kind, outputs in (("reference", results.reference),
-                                                                    ("dependence", results.dependence))
+                                                                    ("dependence", results.dependence or []))
               for step, row in enumerate(outputs) for index, array in enumerate(row)}
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
@@ -69,18 +75,20 @@ def _read(path: Path, steps: int) -> EagerResults | None:
     try:
         with np.load(path, allow_pickle=False) as entry:
             arrays = {name: entry[name] for name in entry.files}
+        kinds = ("reference", "dependence") if "dependence_0_0" in arrays else ("reference",)
         outputs = {kind: [[arrays[f"{kind}_{step}_{index}"] for index in range(_row_length(arrays, kind, step))]
-                          for step in range(steps)] for kind in ("reference", "dependence")}
+                          for step in range(steps)] for kind in kinds}
         if len(arrays) != sum(len(row) for rows in outputs.values() for row in rows) or not all(outputs["reference"]):
             raise ValueError("its arrays do not fit the steps")
-        for reference_row, dependence_row in zip(outputs["reference"], outputs["dependence"]):
+        for reference_row, dependence_row in zip(outputs["reference"], outputs.get("dependence", [])):
             if len(reference_row) != len(dependence_row) or any(
                     got.dtype != np.bool_ or got.shape != want.shape for got, want in zip(dependence_row, reference_row)):
                 raise ValueError("its dependence masks do not fit its outputs")
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as error:
         print(f"qnnsuite: cached eager results {path.name} are damaged ({error}); computing them again", file=sys.stderr)
         return None
-    return EagerResults(_read_only(outputs["reference"]), _read_only(outputs["dependence"]))
+    dependence = outputs.get("dependence")
+    return EagerResults(_read_only(outputs["reference"]), _read_only(dependence) if dependence is not None else None)
 
 
 def _row_length(arrays: dict[str, np.ndarray], kind: str, step: int) -> int:

@@ -78,3 +78,20 @@ def test_the_key_covers_the_dependence_code_and_the_steps(tmp_path, monkeypatch)
     changed.write_text(cache.NUMERICS_SOURCE.read_text() + "\n# changed\n")
     monkeypatch.setattr(cache, "NUMERICS_SOURCE", changed)
     assert cache.eager_key(CASE, 4) != key
+
+
+def test_a_dependence_that_cannot_be_computed_is_left_to_its_check(tmp_path, monkeypatch, capfd):
+    """A card that declares a buffer its model lacks: its reference is kept, its dependence is not, and the
+    check that reads it raises the card's error (as it did before the cache), not every check of the case."""
+    from harness.tests import broken_cards
+
+    case = Case(broken_cards.MISDECLARED, "fp16", Mode.DELEGATE, "SM8650")
+    steps = case.card.steps(3)
+    first = references.eager_results(case, steps, tmp_path)
+    assert first.dependence is None and len(first.reference) == 3
+    monkeypatch.setattr(references, "_MEMO", {})
+    again = references.eager_results(case, steps, tmp_path)
+    assert "damaged" not in capfd.readouterr().err, "an entry without a dependence is whole"
+    assert again.dependence is None and all(np.array_equal(a, b) for a, b in zip(again.reference[2], first.reference[2]))
+    with pytest.raises(KeyError, match="declared"):
+        numerics.initial_value_dependence(case.card, steps, again.reference)
