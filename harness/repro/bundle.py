@@ -10,13 +10,13 @@ repro.py needs them installed (see harness/repro/standalone.py).
 from __future__ import annotations
 
 import inspect
-from functools import cache
 import json
 import os
 import shutil
 import sys
 import tarfile
 from dataclasses import replace
+from functools import cache
 from pathlib import Path
 
 import numpy as np
