@@ -25,7 +25,7 @@ TOLERANCES = {
     "16a4w": {"atol": 1e-3, "rtol": 0.0, "range_fraction": 0.1},
 }
 
-Outputs = list[list[np.ndarray]]  # [step][output index]
+Outputs = eager.Outputs
 
 
 @dataclass

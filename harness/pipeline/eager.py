@@ -14,7 +14,7 @@ import torch
 
 from harness.pipeline.card import ModelCard
 
-Outputs = list[list[np.ndarray]]
+Outputs = list[list[np.ndarray]]  # [step][output index]
 _OUTPUTS: dict[tuple[ModelCard, str, str], Outputs] = {}
 _BUFFERS: dict[ModelCard, dict[str, torch.Tensor]] = {}
 
@@ -70,7 +70,12 @@ def run_steps(card: ModelCard, steps: list[tuple], initial: dict[str, torch.Tens
                     buffers[name].copy_(value)
         with torch.no_grad():
             outputs = [[t.detach().clone().numpy() for t in _flat_outputs(model(*inputs))] for inputs in steps]
-        for array in (array for row in outputs for array in row):
-            array.setflags(write=False)
-        _OUTPUTS[key] = outputs
+        _OUTPUTS[key] = read_only(outputs)
     return _OUTPUTS[key]
+
+
+def read_only(outputs: Outputs) -> Outputs:
+    """The same arrays, made read-only: results shared by a card's cases, which none may change."""
+    for array in (array for row in outputs for array in row):
+        array.setflags(write=False)
+    return outputs

@@ -18,9 +18,9 @@ import numpy as np
 from harness import numerics
 from harness.files import write_bytes_atomically
 from harness.pipeline import cache, eager
-from harness.vocabulary import Case
+from harness.vocabulary import Case, ModelCard
 
-Outputs = numerics.Outputs
+Outputs = eager.Outputs
 
 
 @dataclass(frozen=True)
@@ -31,34 +31,31 @@ class EagerResults:
     dependence: Outputs | None
 
 
-_MEMO: dict[str, EagerResults] = {}
+# By card and step count, like the cache key (a card's steps are its steps function's, for a count), so a
+# card's later cases in this process neither compute the key nor read the entry.
+_MEMO: dict[tuple[ModelCard, int], EagerResults] = {}
 
 
 def eager_results(case: Case, steps: list[tuple], cache_dir: Path | None) -> EagerResults:
     """The case's card's eager results: this process's, else the cache's, else computed (and kept)."""
+    memo_key = (case.card, len(steps))
+    if memo_key in _MEMO:
+        return _MEMO[memo_key]
     key = cache.eager_key(case, len(steps))
-    if key in _MEMO:
-        return _MEMO[key]
     path = cache_dir / "eager" / f"{key}.npz" if cache_dir is not None else None
     results = _read(path, len(steps)) if path is not None and path.is_file() else None
     if results is None:
         reference = eager.run_steps(case.card, steps)
         try:
-            dependence = _read_only(numerics.initial_value_dependence(case.card, steps, reference))
+            dependence = eager.read_only(numerics.initial_value_dependence(case.card, steps, reference))
         except Exception:  # the card's fault, reported by the check that needs it, not by every check of the case
             dependence = None
         results = EagerResults(reference, dependence)
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             write_bytes_atomically(path, _encode(results))
-    _MEMO[key] = results
+    _MEMO[memo_key] = results
     return results
-
-
-def _read_only(outputs: Outputs) -> Outputs:
-    for array in (array for row in outputs for array in row):
-        array.setflags(write=False)
-    return outputs
 
 
 def _encode(results: EagerResults) -> bytes:
@@ -88,7 +85,8 @@ def _read(path: Path, steps: int) -> EagerResults | None:
         print(f"qnnsuite: cached eager results {path.name} are damaged ({error}); computing them again", file=sys.stderr)
         return None
     dependence = outputs.get("dependence")
-    return EagerResults(_read_only(outputs["reference"]), _read_only(dependence) if dependence is not None else None)
+    return EagerResults(eager.read_only(outputs["reference"]),
+                        eager.read_only(dependence) if dependence is not None else None)
 
 
 def _row_length(arrays: dict[str, np.ndarray], kind: str, step: int) -> int:
