@@ -165,14 +165,26 @@ def test_adb_key_file_and_signature_checks_reject_what_is_not_the_servers(fleet:
         load_keys(broken)
 
 
+def _writable_host_folder_outside_tmp() -> Path:
+    """The checkout, or else the home folder: a host folder the suite can write that the jail binds read-only
+    (a checkout under /tmp or /run is not one: the jail has a /tmp of its own, where the write lands)."""
+    for folder in (PROJECT_ROOT, Path.home()):
+        if folder.parts[1:2] not in (("tmp",), ("run",)) and os.access(folder, os.W_OK):
+            return folder
+    pytest.skip("no writable host folder outside /tmp and /run (checkout and home are in them, or read-only)")
+
+
 def test_shell_command_cannot_write_a_host_path(fleet: EmulatorFleet, tmp_path: Path) -> None:
     """Attack: a device command names a host path outside the sandbox (`touch /tmp/.../x`, `cd /; rm ...`)."""
     target = tmp_path / "host-file"
     target.write_text("host data")
     device = harness_device(fleet)
     assert device.shell(f"echo pwned > {target}").exit_code != 0
-    project_file = PROJECT_ROOT / "written-by-a-device"  # a host folder outside /tmp, writable by the suite
-    assert device.shell(f"touch {project_file}").exit_code != 0 and not project_file.exists()
+    host_file = _writable_host_folder_outside_tmp() / f"written-by-a-device-{os.getpid()}"
+    try:
+        assert device.shell(f"touch {host_file}").exit_code != 0 and not host_file.exists()
+    finally:
+        host_file.unlink(missing_ok=True)
     for command in (f"rm -f {target}", f"cd / && rm -f {str(target).lstrip('/')}",
                     f"cd /data/../{str(target.parent).lstrip('/')} && rm -f {target.name}"):
         device.shell(command)  # refused, or run where the host's file is not (`rm -f` is content either way)
