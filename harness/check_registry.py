@@ -43,6 +43,19 @@ class InfrastructureError(Exception):
     lost): the verdict `infra_error`, shown apart from conformance failures and listed apart by the gate."""
 
 
+# Verdicts whose report the report hook (harness/verdicts.py settle) words as one line of its own, so pytest's
+# formatting of their tracebacks would be thrown away. It is costly: pytest parses the source file of every
+# traceback entry (measured: a fifth of the workers' CPU in a warm default run, where 514 checks fail as known).
+WORDED_BY_THE_SUITE = (CheckFailure, NotMeasured, InfrastructureError)
+
+
+def worded_by_the_suite(excinfo: Any) -> bool:
+    """pytest's __tracebackhide__ for the frames between pytest and a check (it calls this with the
+    ExceptionInfo): hidden for the verdicts above, which run_check raises without the check's own frames;
+    any other exception, a harness bug among them, keeps its full traceback."""
+    return excinfo.errisinstance(WORDED_BY_THE_SUITE)
+
+
 @dataclass(frozen=True)
 class CheckSpec:
     name: str
@@ -106,6 +119,7 @@ def suite_test(name: str) -> Callable:
     spec = get(name)
 
     def test(case, run_check) -> None:
+        __tracebackhide__ = worded_by_the_suite
         run_check(spec, case)
 
     test.__name__ = test.__qualname__ = spec.test_name

@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from harness.check_registry import CheckFailure, CheckSpec, InfrastructureError, NotApplicable
+from harness.check_registry import (CheckFailure, CheckSpec, InfrastructureError, NotApplicable, NotMeasured,
+                                    worded_by_the_suite)
 from harness.context import RunContext
 from harness.device import kinds
 from harness.device.pool import DevicePool
@@ -81,6 +82,7 @@ def run_check(request, case_store, qnnsuite_options, repro_bundles):
     report hook (harness/verdicts.py)."""
 
     def run(spec: CheckSpec, case: Case) -> None:
+        __tracebackhide__ = worded_by_the_suite
         if spec.needs_device and qnnsuite_options.compile_only:
             pytest.skip("--compile-only: no device runs")
         outcome = case_store.executed(case) if spec.needs_device else case_store.lowered(case)
@@ -90,9 +92,11 @@ def run_check(request, case_store, qnnsuite_options, repro_bundles):
             draft.evidence = spec.function(outcome)
         except NotApplicable as reason:
             pytest.skip(str(reason))
+        except NotMeasured as reason:
+            raise reason.with_traceback(None)
         except InfrastructureError as error:  # the device's line (quarantined, lost) is the record's message
             draft.failure_line = str(error)
-            raise
+            raise error.with_traceback(None)
         except AssertionError as failure:
             line, _, detail = str(failure).partition("\n")
             draft.evidence = {**getattr(failure, "evidence", {}), **({"detail": detail} if detail else {})}
@@ -100,6 +104,8 @@ def run_check(request, case_store, qnnsuite_options, repro_bundles):
             if isinstance(failure, CheckFailure) and not spec.declares(failure.signature):
                 draft.failure_line = (f"{line} [check {spec.name} raised signature {failure.signature!r}, which its "
                                       f"@check declaration does not list: add it to signatures=]")
+            if isinstance(failure, CheckFailure):  # worded by settle(): no traceback for pytest to format
+                raise failure.with_traceback(None)
             raise
         finally:
             draft.check_s = round(time.perf_counter() - started, 4)

@@ -53,6 +53,27 @@ def check_made_up_unverified(outcome):
 test_made_up_unverified = suite_test("made_up_unverified")
 '''
 
+FAILING_SUITE = '''
+from harness.check_registry import CheckFailure, check, suite_test
+
+
+@check("made_up_failing", short="fai", signatures=("made_up",))
+def check_made_up_failing(outcome):
+    """Made up by the registry test: a verdict when delegated, a bug of the harness otherwise."""
+    if outcome.case.skip_mutable_buffer:
+        raise KeyError("made-up harness bug")
+    raise CheckFailure("made-up failure of " + outcome.case.id, {}, "made_up")
+
+
+test_made_up_failing = suite_test("made_up_failing")
+'''
+# What pytest formatted for each failure: pytest_exception_interact gets the failed call after its report.
+FORMATTED_CONFTEST = '''
+def pytest_exception_interact(node, call, report):
+    with open(__file__.replace("conftest.py", "formatted.txt"), "a") as formatted:
+        formatted.write(f"== {node.name}\\n{node.repr_failure(call.excinfo)}\\n")
+'''
+
 
 @pytest.fixture(scope="module")
 def shared_cache(tmp_path_factory) -> Path:
@@ -62,7 +83,7 @@ def shared_cache(tmp_path_factory) -> Path:
 
 def _compile_only(tmp_path: Path, cache: Path, suite_text: str, manifest_text: str = "") -> subprocess.CompletedProcess:
     suite = tmp_path / "suite" / "test_made_up.py"
-    suite.parent.mkdir()
+    suite.parent.mkdir(exist_ok=True)
     suite.write_text(suite_text)
     manifest = tmp_path / "known_failures.toml"
     manifest.write_text(manifest_text)
@@ -111,6 +132,23 @@ reason = "must not explain an infrastructure error"
     assert verdicts["skip_mutbuf"]["verdict"] == "infra_error" and not verdicts["skip_mutbuf"]["known_failure"]
     assert document["summary"]["not_measured"] == 1 and document["summary"]["infra_error"] == 1
     assert "SM8650: 0 passed, 0 failed, 1 not measured, 1 infrastructure errors" in completed.stdout
+
+
+@pytest.mark.qnn
+def test_pytest_formats_no_traceback_for_a_verdict_the_suite_words_itself(tmp_path: Path, shared_cache: Path):
+    """A CheckFailure reaches pytest without the check's frames, and the frames between are hidden for it:
+    formatting them (pytest parses each entry's source file) was thrown away by the report hook. A harness
+    bug in a check keeps its whole traceback."""
+    (tmp_path / "suite").mkdir()
+    (tmp_path / "suite" / "conftest.py").write_text(FORMATTED_CONFTEST)
+    completed = _compile_only(tmp_path, shared_cache, FAILING_SUITE)
+    assert completed.returncode == pytest.ExitCode.TESTS_FAILED, completed.stdout[-3000:] + completed.stderr[-2000:]
+    assert "made-up failure of" in completed.stdout and "[signature: made_up]" in completed.stdout
+    formatted = (tmp_path / "suite" / "formatted.txt").read_text().split("== ")
+    verdict = next(text for text in formatted if "delegate_mutbuf" in text)
+    bug = next(text for text in formatted if "skip_mutbuf" in text)
+    assert "All traceback entries are hidden" in verdict and "raise CheckFailure" not in verdict, verdict
+    assert 'raise KeyError("made-up harness bug")' in bug and "run_check(spec, case)" in bug, bug
 
 
 def test_two_checks_of_one_name_are_refused():
