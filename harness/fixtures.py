@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from typing import Iterator
 
 import pytest
 
@@ -20,7 +21,7 @@ from harness.options import RunOptions
 from harness.qnn.toolchain import Toolchain, ToolchainError, prepare
 from harness.repro.bundle import BundleWriter
 from harness.results import CaseStore
-from harness.stash import CONTEXT, OPTIONS
+from harness.stash import CASE_ORDER, CONTEXT, OPTIONS
 from harness.verdicts import DRAFT, CheckDraft
 from harness.vocabulary import Case
 
@@ -64,10 +65,15 @@ def device_pool(run_context, qnnsuite_options, toolchain, worker_id_name):
 
 
 @pytest.fixture(scope="session")
-def case_store(run_context, qnnsuite_options, toolchain, device_pool, worker_id_name) -> CaseStore:
-    return CaseStore(toolchain, None if qnnsuite_options.compile_only else device_pool, run_context.work_dir,
-                     worker_id_name, qnnsuite_options.steps_for, qnnsuite_options.runner_timeout_s,
-                     qnnsuite_options.cache_dir, run_context.lowering_server)
+def case_store(pytestconfig, run_context, qnnsuite_options, toolchain, device_pool, worker_id_name) -> Iterator[CaseStore]:
+    store = CaseStore(toolchain, None if qnnsuite_options.compile_only else device_pool, run_context.work_dir,
+                      worker_id_name, qnnsuite_options.steps_for, qnnsuite_options.runner_timeout_s,
+                      qnnsuite_options.cache_dir, run_context.lowering_server)
+    order = pytestconfig.stash.get(CASE_ORDER, None)  # known in a run without xdist workers
+    if order:
+        store.lower_ahead(order)
+    yield store
+    store.close()
 
 
 @pytest.fixture(scope="session")

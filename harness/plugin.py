@@ -21,7 +21,7 @@ from harness.pipeline import card, cases
 from harness.report.gate import BaselineError, load
 from harness.reporter import ConformanceReporter
 from harness.session import RunSession, RunStartError
-from harness.stash import CONTEXT, OPTIONS
+from harness.stash import CASE_ORDER, CONTEXT, OPTIONS
 from harness.vocabulary import Case
 
 pytest_plugins = ["harness.fixtures"]
@@ -112,6 +112,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     config = session.config  # without xdist; under it the workers collect (the hook below)
     if not _is_worker(config) and not config.pluginmanager.has_plugin("dsession"):
         _start_lowering_for(config, [item.nodeid for item in session.items])
+        config.stash[CASE_ORDER] = cases.in_run_order(session.items)  # the case store lowers the next ahead
 
 
 @pytest.hookimpl(optionalhook=True)

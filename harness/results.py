@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import hashlib
 import sys
+import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -181,12 +183,47 @@ class CaseStore:
         self._steps_for = steps_for
         self._runner_timeout_s = runner_timeout_s
         self._outcomes: dict[str, CaseOutcome] = {}
+        self._ahead: dict[str, Future[LoweredArtifact]] = {}  # lowerings started by lower_ahead, by case id
+        self._closed = threading.Event()
+
+    def lower_ahead(self, order: list[Case]) -> None:
+        """The cases this process will ask for, in the order it will: a thread lowers them one after the other,
+        so that the next case is lowered while this one runs on its device and its checks run (the lowering
+        child works on the host's CPU, a device run mostly waits for the device). One lowering at a time, as
+        without it: a serial run stays serial in what it asks of the host. Under xdist a worker does not know
+        its next cases; there each case is lowered when first asked for."""
+        queue = []
+        for case in order:
+            if case.id not in self._ahead and case.id not in self._outcomes:
+                self._ahead[case.id] = future = Future()
+                queue.append((case, future))
+        threading.Thread(target=self._lower_in_order, args=(queue,), name="qnnsuite-lower-ahead", daemon=True).start()
+
+    def _lower_in_order(self, queue: list[tuple[Case, Future[LoweredArtifact]]]) -> None:
+        for case, future in queue:
+            # Once the run ends (close(), or the main thread gone), the rest is left: nothing outlives the run.
+            if self._closed.is_set() or not threading.main_thread().is_alive():
+                future.cancel()
+                continue
+            future.set_running_or_notify_cancel()
+            try:
+                future.set_result(self._lower_once(case, len(self._steps(case))))
+            except BaseException as error:  # raised again to the check that asks for the case, as without this
+                future.set_exception(error)
+
+    def close(self) -> None:
+        """The run is over: no lowering ahead starts from now on."""
+        self._closed.set()
+
+    def _steps(self, case: Case) -> list[tuple]:
+        return case.card.steps(self._steps_for(case.card.tags))
 
     def lowered(self, case: Case) -> CaseOutcome:
         """Export, quantize and lower (no device)."""
         if case.id not in self._outcomes:
-            steps = case.card.steps(self._steps_for(case.card.tags))
-            artifact = self._lower_once(case, len(steps))
+            steps = self._steps(case)
+            ahead = self._ahead.pop(case.id, None)
+            artifact = ahead.result() if ahead is not None and not ahead.cancelled() else self._lower_once(case, len(steps))
             started = time.perf_counter()
             results = references.eager_results(case, steps, self._cache_dir)
             # Stage times of a lowering read from the cache belong to the run that lowered it, not this one.

@@ -6,6 +6,8 @@ import pytest
 
 from harness.context import RunContext
 from harness.options import RunOptions
+from harness.vocabulary import Case
 
 OPTIONS = pytest.StashKey[RunOptions]()
 CONTEXT = pytest.StashKey[RunContext]()
+CASE_ORDER = pytest.StashKey[list[Case]]()  # the cases in the order a run without xdist workers runs them

@@ -58,3 +58,10 @@ def collected(nodeids: list[str], candidates: list[Case]) -> list[Case]:
     """The candidate cases that collected check tests name, in id order."""
     known, ids = {case.id: case for case in candidates}, case_ids(nodeids)
     return [known[case_id] for case_id in sorted(ids) if case_id in known]
+
+
+def in_run_order(items: list) -> list[Case]:
+    """The cases of collected pytest items (a check's test takes its case as the parameter `case`), in the
+    items' order, which is the order a run without xdist workers asks for them."""
+    return [item.callspec.params["case"] for item in items
+            if "case" in getattr(getattr(item, "callspec", None), "params", {})]
