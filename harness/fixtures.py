@@ -12,7 +12,7 @@ from typing import Iterator
 
 import pytest
 
-from harness.check_registry import (CheckFailure, CheckSpec, InfrastructureError, NotApplicable, NotMeasured,
+from harness.check_registry import (WORDED_BY_THE_SUITE, CheckFailure, CheckSpec, InfrastructureError, NotApplicable,
                                     worded_by_the_suite)
 from harness.context import RunContext
 from harness.device import kinds
@@ -93,27 +93,32 @@ def run_check(request, case_store, qnnsuite_options, repro_bundles):
             pytest.skip("--compile-only: no device runs")
         outcome = case_store.executed(case) if spec.needs_device else case_store.lowered(case)
         draft = request.node.stash[DRAFT] = CheckDraft(spec, case, outcome, bundles=repro_bundles)
-        started = time.perf_counter()
         try:
-            draft.evidence = spec.function(outcome)
-        except NotApplicable as reason:
-            pytest.skip(str(reason))
-        except NotMeasured as reason:
-            raise reason.with_traceback(None)
-        except InfrastructureError as error:  # the device's line (quarantined, lost) is the record's message
-            draft.failure_line = str(error)
-            raise error.with_traceback(None)
-        except AssertionError as failure:
-            line, _, detail = str(failure).partition("\n")
-            draft.evidence = {**getattr(failure, "evidence", {}), **({"detail": detail} if detail else {})}
-            draft.failure_line = line
-            if isinstance(failure, CheckFailure) and not spec.declares(failure.signature):
-                draft.failure_line = (f"{line} [check {spec.name} raised signature {failure.signature!r}, which its "
-                                      f"@check declaration does not list: add it to signatures=]")
-            if isinstance(failure, CheckFailure):  # worded by settle(): no traceback for pytest to format
-                raise failure.with_traceback(None)
-            raise
-        finally:
-            draft.check_s = round(time.perf_counter() - started, 4)
+            _draft_check(draft)
+        except WORDED_BY_THE_SUITE as verdict:  # settle() words it as one line: no traceback for pytest to format
+            raise verdict.with_traceback(None)
 
     return run
+
+
+def _draft_check(draft: CheckDraft) -> None:
+    """Run the draft's check on its outcome; its evidence, failure line and time go on the draft."""
+    spec = draft.spec
+    started = time.perf_counter()
+    try:
+        draft.evidence = spec.function(draft.outcome)
+    except NotApplicable as reason:
+        pytest.skip(str(reason))
+    except InfrastructureError as error:  # the device's line (quarantined, lost) is the record's message
+        draft.failure_line = str(error)
+        raise
+    except AssertionError as failure:
+        line, _, detail = str(failure).partition("\n")
+        draft.evidence = {**getattr(failure, "evidence", {}), **({"detail": detail} if detail else {})}
+        draft.failure_line = line
+        if isinstance(failure, CheckFailure) and not spec.declares(failure.signature):
+            draft.failure_line = (f"{line} [check {spec.name} raised signature {failure.signature!r}, which its "
+                                  f"@check declaration does not list: add it to signatures=]")
+        raise
+    finally:
+        draft.check_s = round(time.perf_counter() - started, 4)
