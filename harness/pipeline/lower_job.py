@@ -114,6 +114,19 @@ def server_entry() -> Callable[[list[str]], int]:
     return main
 
 
+def prepare_in_server(argv: list[str]) -> None:
+    """Called by the lowering server just before it forks the child for a request (harness/process/services.py):
+    the card's module is imported and its quantized program in the dtype read there once, for every child
+    that lowers the card and dtype, instead of in each (harness/pipeline/prepared.py preload)."""
+    from harness.pipeline import card as card_registry
+    from harness.pipeline import prepared
+
+    request = LoweringRequest.read(Path(argv[0]))
+    card_registry.find(request.card)
+    if request.prepared_dir:
+        prepared.preload(Path(request.prepared_dir))
+
+
 def _lower_meta_llama(request: LoweringRequest, card, n_layers: int, facts: LoweringFacts) -> None:
     """executorch's export flow (it quantizes, lowers and writes model.pte itself), first with
     ConvertBmmToMatmul made a no-op, for the record: the count, or why it did not lower."""

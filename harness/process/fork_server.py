@@ -23,6 +23,16 @@ request whose LD_LIBRARY_PATH would find another libQnnHtp.so than the server's 
 client runs it the slow way. Other variables read only at start-up (OMP_*, PYTHON*, MALLOC_*) also stay the
 server's.
 
+A child declares its exit code to the server (a byte on a pipe) once its work is done and its stdio is
+released, and the client gets that status at once: tearing down a process that loaded torch and the QNN
+libraries takes 20-60 ms more, which the client need not wait for. A child that dies without declaring is
+reported by its end, as before.
+
+A service may also prepare each request in the server, just before its child is forked (Service.prepare):
+what it loads there every later child inherits, e.g. a program that several lowerings start from, read once.
+Preparing must start no thread (a forked child would lack it): a server whose preparation did turns every
+later request down, and its clients run them the slow way.
+
 The server writes its pid to SOCKET.pid and logs to SOCKET.log; on SIGTERM, or when the process that started
 it dies, it kills its children, reports them to their clients as killed (137) and removes its files.
 """
@@ -30,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import gc
 import importlib
 import json
 import os
@@ -59,6 +70,9 @@ STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 PARENT_ENV = "QNNSUITE_FORK_SERVER_PARENT"  # the pid whose death stops the server
 
 Entry = Callable[[list[str]], object]
+Prepare = Callable[[list[str]], None]
+EXITED = -1  # end_of: the child ended without declaring its code; its status is how it ended
+THREADS_SETTLE_S = 0.1  # a Python thread starting or ending is briefly a thread Python does not list
 
 
 class ForkServerError(RuntimeError):
@@ -101,6 +115,11 @@ def library_on_path(search_path: str, cwd: str) -> Path | None:
     return None
 
 
+def foreign_threads() -> set[int]:
+    """Threads of this process that Python did not start (a library's pool, say), by native id."""
+    return {int(task) for task in os.listdir("/proc/self/task")} - {thread.native_id for thread in threading.enumerate()}
+
+
 def qnn_libraries_mapped() -> list[str]:
     """libQnn* files mapped into this process: the server must have none, each child loads its own."""
     with open("/proc/self/maps") as maps:
@@ -110,11 +129,14 @@ def qnn_libraries_mapped() -> list[str]:
 class ForkServer:
     """Accepts requests on a Unix socket: a thread per connection, a forked child per request."""
 
-    def __init__(self, socket_path: Path, entry: Entry, program: str) -> None:
-        """entry(argv) runs one request in the child; program becomes the child's sys.argv[0]."""
+    def __init__(self, socket_path: Path, entry: Entry, program: str, prepare: Prepare | None = None) -> None:
+        """entry(argv) runs one request in the child; program becomes the child's sys.argv[0]; prepare(argv),
+        if given, runs in the server before each request's child is forked (see the module's docstring)."""
         self.socket_path = socket_path
         self.entry = entry
         self.program = program
+        self.prepare = prepare
+        self.broken: str | None = None  # why every request is turned down from now on
         self.library_path = os.environ.get("LD_LIBRARY_PATH", "")
         self.libc = ctypes.CDLL(None)
         self.lock = threading.Lock()
@@ -187,14 +209,23 @@ class ForkServer:
             if started is None:
                 send(connection, {"refused": refusal or "the server is stopping"})
                 return
-            pid, pidfd = started
-            child_ended = send(connection, {"started": pid}) and self.child_ends_first(connection, pidfd)
-            status = self.reap(pid, pidfd, kill=not child_ended)
-            if child_ended:
-                send(connection, {"status": status})
+            pid, pidfd, declared = started
+            try:
+                end = self.end_of(connection, pidfd, declared) if send(connection, {"started": pid}) else None
+            finally:
+                os.close(declared)
+            if end is None:  # the client went first
+                self.reap(pid, pidfd, kill=True)
+            elif end == EXITED:
+                send(connection, {"status": self.reap(pid, pidfd, kill=False)})
+            else:  # the client goes on while the child is torn down
+                send(connection, {"status": end})
+                self.reap(pid, pidfd, kill=False)
 
     def refusal(self, request: dict) -> str | None:
         """Why this request cannot run here (the client then runs it itself), or None."""
+        if self.broken:
+            return self.broken
         wanted = library_on_path(request["env"].get("LD_LIBRARY_PATH", ""), request["cwd"])
         loaded = library_on_path(self.library_path, request["cwd"])
         if wanted != loaded:
@@ -202,24 +233,54 @@ class ForkServer:
                     f"start the server with the clients' environment")
         return None
 
-    def start_child(self, request: dict, fds: list[int]) -> tuple[int, int] | None:
-        """Fork the request's child; (pid, pidfd), or None once the server is stopping."""
+    def start_child(self, request: dict, fds: list[int]) -> tuple[int, int, int] | None:
+        """Fork the request's child; (pid, pidfd, the pipe it declares its code on), or None once the server
+        is stopping or broken."""
         server_pid = os.getpid()
-        with self.lock:
+        with self.lock:  # no fork while a request is prepared: a child must not inherit a half-loaded program
             if self.stopping:
                 return None
+            self.prepare_request(request["argv"])
+            if self.broken:
+                return None
+            # What the server holds (its imports, a prepared program) is no child's garbage: a child's full
+            # collections need not walk it, nor write to its pages (measured: lowering a program the server
+            # had read took 25% longer than reading it in the child, until frozen).
+            gc.freeze()
             # Pending C stdio output of the server must not be flushed a second time, by the child.
             sys.stdout.flush()
             sys.stderr.flush()
             self.libc.fflush(None)
+            declared, declare = os.pipe()
             pid = os.fork()
             if pid == 0:
-                self.run_child(server_pid, request, fds)
+                os.close(declared)
+                self.run_child(server_pid, request, fds, declare)
+            os.close(declare)
             pidfd = os.pidfd_open(pid)
             self.children[pid] = pidfd
-        return pid, pidfd
+        return pid, pidfd, declared
 
-    def run_child(self, server_pid: int, request: dict, fds: list[int]) -> None:
+    def prepare_request(self, argv: list[str]) -> None:
+        """The service's preparation of a request, if it has one; a failure is logged and left to the child,
+        which does the work itself. One that started a thread breaks the server (see the module's docstring)."""
+        if self.prepare is None:
+            return
+        before = foreign_threads()
+        try:
+            self.prepare(argv)
+        except Exception:
+            traceback.print_exc()
+        started = foreign_threads() - before
+        if started:
+            time.sleep(THREADS_SETTLE_S)
+            started = foreign_threads() - before
+        if started:
+            self.broken = (f"preparing a request in the fork server started {len(started)} thread(s), which its "
+                           f"forked children would lack; every request now runs in a fresh process")
+            print(f"fork server: {self.broken}", flush=True)
+
+    def run_child(self, server_pid: int, request: dict, fds: list[int], declare: int) -> None:
         """In the child: take on the client's process state, run the entry point, and never return."""
         code = 1
         try:
@@ -234,7 +295,8 @@ class ForkServer:
             for missing in set(STD_FDS) - set(request["fds"]):
                 os.close(missing)
             # Everything else is the server's: its socket, other clients' connections and descriptors.
-            os.closerange(len(STD_FDS), os.sysconf("SC_OPEN_MAX"))
+            os.closerange(len(STD_FDS), declare)
+            os.closerange(declare + 1, os.sysconf("SC_OPEN_MAX"))
             os.chdir(request["cwd"])
             os.umask(request["umask"])
             os.environ.clear()
@@ -256,15 +318,32 @@ class ForkServer:
                     if stream is not None:
                         stream.flush()
                 self.libc.fflush(None)
+                # The client's descriptors are let go (an adb stream ends when its last holder closes it),
+                # then the code is declared: the client need not wait for this process's teardown.
+                quiet = os.open(os.devnull, os.O_RDWR)
+                for fd in STD_FDS:
+                    os.dup2(quiet, fd)
+                os.write(declare, bytes([code & 0xFF]))
             finally:
                 os._exit(code)
 
-    def child_ends_first(self, connection: socket.socket, pidfd: int) -> bool:
-        """Wait until the child ends (True) or the client hangs up (False)."""
+    def end_of(self, connection: socket.socket, pidfd: int, declared: int) -> int | None:
+        """Wait for the child: the code it declared, EXITED if it ended without declaring one, or None if the
+        client hung up first."""
         poller = select.poll()
-        poller.register(pidfd, select.POLLIN)
-        poller.register(connection, select.POLLIN)
-        return pidfd in dict(poller.poll())
+        for fd in (pidfd, connection, declared):
+            poller.register(fd, select.POLLIN)
+        while True:
+            ready = dict(poller.poll())
+            if declared in ready:
+                code = os.read(declared, 1)
+                if code:
+                    return code[0]
+                poller.unregister(declared)  # closed undeclared: the child is ending, pidfd says how
+            elif pidfd in ready:
+                return EXITED
+            else:
+                return None
 
     def reap(self, pid: int, pidfd: int, kill: bool) -> int:
         """Reap the child (SIGKILLing it first if asked) and return its shell status."""
@@ -303,11 +382,11 @@ def main(argv: list[str] | None = None) -> None:
     entry = importlib.import_module(service.entry)
     serve = entry.main
     if service.server_entry:
-        factory_module, _, factory = service.server_entry.partition(":")
-        serve = getattr(importlib.import_module(factory_module), factory)()
+        serve = _named(service.server_entry)()
+    prepare = _named(service.prepare) if service.prepare else None
     code = 0
     try:
-        ForkServer(args.socket.absolute(), serve, entry.__file__).serve()
+        ForkServer(args.socket.absolute(), serve, entry.__file__, prepare).serve()
     except SystemExit as stop:  # SIGTERM
         code = exit_code(stop.code)
     except BaseException:
@@ -319,6 +398,12 @@ def main(argv: list[str] | None = None) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+def _named(reference: str) -> Callable:
+    """The function a "module:function" reference names."""
+    module, _, name = reference.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def spawn_server(service: Service, socket_path: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:

@@ -3,7 +3,9 @@
 - lowering_server: at most one per run, started by the controller (harness/session.py) with the toolchain's
   child_env once collection shows a case the artifact cache lacks. A fresh `python -m harness.pipeline.lower_job` spent about 5 s importing torch, executorch's exir,
   the QNN quantizer and partitioner before lowering anything, on cases whose export, quantization and lowering
-  take 2-9 s. Every case still gets a process of its own (a crash fails one case; the QNN log printed by C++
+  take 2-9 s. The server also reads each card x dtype's quantized program once, before it forks the first
+  lowering that starts from it, instead of each of its four lowerings reading it (up to 1.7 s for a llama
+  slice). Every case still gets a process of its own (a crash fails one case; the QNN log printed by C++
   to fd 2 is captured per case; no program is run in the process that lowered it), it just starts imported.
 - runner_server: one per emulated device, started by the launcher with the device commands' environment. A
   fresh `python -m harness.emulator.host_runner` spends 4-5 s importing torch and executorch before it runs
@@ -25,6 +27,9 @@ class Service:
     preload: tuple[str, ...]  # imported once by the server, before any request
     # "module:function" called once at server start, returning the per-request entry (default: entry's main)
     server_entry: str | None = None
+    # "module:function" called in the server with a request's argv just before its child is forked: what it
+    # loads, that child and every later one start with (harness/process/fork_server.py)
+    prepare: str | None = None
 
     def __post_init__(self) -> None:
         SERVICES[self.name] = self
@@ -37,7 +42,8 @@ LOWERING = Service("lowering_server", "harness.pipeline.lower_job", (
     "executorch.exir.passes.init_mutable_pass", "executorch.backends.qualcomm.quantizer.quantizer",
     "executorch.backends.qualcomm.utils.utils", "executorch.backends.qualcomm._passes.qnn_pass_manager",
     "executorch.extension.llm.export.partitioner_lib", "harness.pipeline.stages", "harness.pipeline.eager",
-), server_entry="harness.pipeline.lower_job:server_entry")  # torch.export warmed up before any fork
+), server_entry="harness.pipeline.lower_job:server_entry",  # torch.export warmed up before any fork
+   prepare="harness.pipeline.lower_job:prepare_in_server")  # a card's quantized program read once, not per case
 RUNNER = Service("runner_server", "harness.emulator.host_runner", (
     "numpy", "torch", "executorch.extension.pybindings.portable_lib",
 ), server_entry="harness.emulator.runner_confinement:server_entry")  # requests stay inside the device

@@ -20,7 +20,8 @@ from fixtures import zoo  # noqa: F401  (registers the cards)
 from harness.paths import REPO_ROOT
 from harness.pipeline import cache
 from harness.pipeline import card as cards
-from harness.pipeline.facts import ExportFacts, LoweringFacts
+from harness.pipeline import lower_job, prepared
+from harness.pipeline.facts import ExportFacts, LoweringFacts, LoweringRequest, PreparedFacts
 from harness.pipeline.lower import lower_case
 from harness.pipeline.prepared import EXPORT_FACTS, FACTS, PROGRAM
 from harness.results import CaseStore
@@ -104,6 +105,30 @@ def test_a_damaged_prepared_program_is_made_again(cold, toolchain, tmp_path):
     assert f"prepared program {entry.name} is damaged ({PROGRAM} is not the program its facts describe)" in again.log
     healthy = lower_case(case, toolchain, tmp_path / "lowered-healthy", STEPS, shared_root=copy.parent)
     assert healthy.ok and not healthy.facts.quantized and not healthy.facts.exported, "the remade entry is used"
+
+
+def test_the_lowering_server_reads_a_program_once_for_its_lowerings(cold, tmp_path):
+    """prepare_in_server, which the lowering server runs before it forks a lowering, reads the card and dtype's
+    program; the child takes that module (its own copy, by fork) instead of reading the program again. An
+    entry whose program is not the one its facts describe is not read."""
+    _, cache_dir = cold
+    case = CASES[0]
+    entry = cache_dir / "prepared" / cache.prepared_key(case, STEPS)
+    damaged = tmp_path / "damaged" / entry.name
+    damaged.mkdir(parents=True)
+    (damaged / FACTS).write_bytes((entry / FACTS).read_bytes())
+    (damaged / PROGRAM).write_bytes((entry / PROGRAM).read_bytes()[:1000])
+    sha256 = PreparedFacts.read(entry / FACTS).program.sha256
+    for where, read in ((damaged, False), (entry, True)):
+        request = tmp_path / f"request-{read}.json"
+        LoweringRequest(case.card.reference, case.dtype, case.mode, case.soc, STEPS, str(tmp_path / "out"), "",
+                        str(where)).write(request)
+        prepared._PRELOADED.clear()
+        lower_job.prepare_in_server([str(request)])
+        assert (sha256 in prepared._PRELOADED) == read, where
+    module = prepared._PRELOADED[sha256]
+    taken = prepared.quantized(entry, case.card, None, DTYPE, [], lambda stage: None)
+    assert taken.module is module and not taken.made and not prepared._PRELOADED, "taken once, by the child"
 
 
 def test_damaged_export_facts_are_computed_again(cold, toolchain, tmp_path):

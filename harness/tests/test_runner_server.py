@@ -241,7 +241,11 @@ def test_killed_client_takes_its_hanging_child_along(server, lowered, runner_env
     else:
         client = start_runner(directory, env)
     child = hanging_child(server, client)
-    assert sorted(os.listdir(f"/proc/{child}/fd")) == ["0", "1", "2"], "the child holds only the client's stdio"
+    held = {fd: os.readlink(f"/proc/{child}/fd/{fd}") for fd in os.listdir(f"/proc/{child}/fd")}
+    declare = {fd: target for fd, target in held.items() if fd not in ("0", "1", "2")}
+    server_holds = {os.readlink(f"/proc/{server.process.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{server.process.pid}/fd")}
+    assert len(declare) == 1 and all(target.startswith("pipe:") and target in server_holds for target in declare.values()), \
+        f"the child holds only the client's stdio and the pipe it declares its code to the server on: {held}"
     assert Path(f"/proc/{child}/cwd").resolve() == directory.resolve()
     if how == "sigkill":
         assert os.readlink(f"/proc/{child}/fd/1") == os.readlink(f"/proc/{client.pid}/fd/1")
