@@ -34,6 +34,9 @@ class ProvidedDevices:
 
 
 class DeviceProvider(Protocol):
+    # The SoCs its devices will have, where known before start (the run then prepares for them meanwhile).
+    expected_socs: tuple[str, ...]
+
     def start(self) -> ProvidedDevices: ...
 
     def stop(self) -> None: ...
@@ -42,6 +45,8 @@ class DeviceProvider(Protocol):
 class AttachedDevices:
     """Devices already attached to the user's adb server, or to several hosts' servers (--adb-server);
     nothing to start or stop. A server that does not answer is one line, and the others are used."""
+
+    expected_socs: tuple[str, ...] = ()  # known once the devices answer
 
     def __init__(self, serials: list[str], servers: list[AdbServer]) -> None:
         self._serials, self._servers = serials, servers
@@ -61,8 +66,8 @@ class EmulatedFleet:
     """A private adb server and one emulated device per SoC, started for this run and stopped with it."""
 
     def __init__(self, options: RunOptions, toolchain: Toolchain, work_dir: Path) -> None:
-        self._socs = [soc for soc in options.emulate if not options.soc_filter or soc in options.soc_filter]
-        if not self._socs:
+        self.expected_socs = tuple(soc for soc in options.emulate if not options.soc_filter or soc in options.soc_filter)
+        if not self.expected_socs:
             raise DeviceError(f"--soc {','.join(options.soc_filter)} leaves no SoC to emulate from "
                               f"{','.join(options.emulate)}: widen --soc or pass --emulate")
         self._toolchain, self._work_dir = toolchain, work_dir
@@ -74,7 +79,7 @@ class EmulatedFleet:
         # The runner server's start-time environment is every runner's (harness/process/fork_server.py): MALLOC_* there.
         device_env = kinds.EmulatedKind.heap_environment(self._toolchain.child_env())
         device_env["QNNSUITE_PYTHON"] = sys.executable
-        self._fleet = fleet = EmulatorFleet(self._socs, self._work_dir / "emulator", device_env=device_env)
+        self._fleet = fleet = EmulatorFleet(list(self.expected_socs), self._work_dir / "emulator", device_env=device_env)
         fleet.start()
         faults_by_soc = json.loads(os.environ.get(FAULTS_ENV, "{}"))
         for info in fleet.devices:

@@ -3,8 +3,11 @@ lowering server, its devices (through a provider) and its host work folder; and,
 health check and provenance (harness/device/health.py), so no worker repeats them.
 
 The plugin calls start() at configure and stop() at unconfigure; workers only ever see the RunContext
-that start() returns. The lowering server is started after collection, and only when a collected case is
-not in the artifact cache (a warm run needs none: it would cost seconds of imports and memory for nothing).
+that start() returns. The lowering server is started only when something must be lowered (a warm run needs
+none: it would cost seconds of imports and memory for nothing): at start, while an emulated fleet comes up,
+when the health check's program is not in the artifact cache (else that lowering took a fresh Python, about
+10 s of imports, before the server took as long again); otherwise after collection, when a collected case is
+not in the cache.
 The controller decides and starts it, not the first worker that misses: a server must be the controller's
 child to die with the run (pdeathsig), to be in the run's record (what a killed run left) and to outlive
 any one worker. xdist schedules no test before the controller has seen a collection, so the server is up
@@ -30,6 +33,7 @@ from harness.device import health, kinds, pool
 from harness.device.device import DeviceError
 from harness.emulator.launcher import FleetError
 from harness.options import RunOptions
+from harness.pipeline.health_card import STEPS as HEALTH_STEPS
 from harness.process import fork_server
 from harness.process.services import LOWERING
 from harness.providers import DeviceProvider, provider_for
@@ -72,17 +76,22 @@ class RunSession:
             raise RunStartError(str(error)) from error
         run_id = new_run_id()
         work_dir = Path(tempfile.mkdtemp(prefix=f"qnnsuite-{run_id}-"))
+        socket_path = work_dir / "lower.sock"  # where the lowering server serves once started
+        checks_health = health_check and not self._options.compile_only
         try:
             toolchain = self._toolchain = prepare(self._options.qnn_sdk)
             self._provider = provider_for(self._options, toolchain, work_dir)
+            if checks_health and self._health_unlowered(self._provider.expected_socs, work_dir):
+                self._spawn_lowering_server(socket_path)  # comes up while the devices do
             provided = self._provider.start()
             options = self._options
             given = kinds.payload_inputs(toolchain.sdk, options.runner, options.backend_lib, options.android_ndk)
             kinds.check_payloads([(d.kind, d.abi, d.htp_arch) for d in provided.devices], given)
-            # Where the lowering server serves once started (start_lowering_server_if_needed); until then,
-            # or without it, a client lowers in a fresh Python.
-            self.context = RunContext(run_id, provided.devices, provided.emulated_pids, provided.started_pids,
-                                      work_dir, lowering_server=work_dir / "lower.sock")
+            # Until the lowering server serves there, or without it, a client lowers in a fresh Python.
+            server_pids = (self._lowering_server.pid,) if self._lowering_server else ()
+            self.context = RunContext(run_id, provided.devices, provided.emulated_pids,
+                                      (*provided.started_pids, *server_pids), work_dir, lowering_server=socket_path,
+                                      lowering_server_pid=server_pids[0] if server_pids else None)
         except (DeviceError, SdkError, ToolchainError, FleetError, InterposerBuildError) as error:
             self._stop_processes()
             shutil.rmtree(work_dir, ignore_errors=True)
@@ -93,10 +102,20 @@ class RunSession:
                                           if spec.serial not in self.context.emulated_pids)
         run_records.record(run_id, work_dir, self.context.started_pids, devices=attached)
         self._remove_killed_runs_folders(set(attached))
-        if health_check and not self._options.compile_only:
+        if checks_health:
+            socs = {spec.soc for spec in self.context.devices}
+            if self._lowering_server is None and self._health_unlowered(socs, work_dir):
+                self._start_lowering_server()  # devices whose SoCs were not known before they came up
+            elif self._lowering_server is not None:
+                self._wait_for_lowering_server()
             self.context = self._checked(self.context, toolchain, given)
             self._publish(self.context)
         return self.context
+
+    def _health_unlowered(self, socs: Iterable[str], work_dir: Path) -> bool:
+        """Whether the health check's program for one of these SoCs is not in the artifact cache."""
+        return any(not is_lowered(lowering_directory(health.health_case(soc), HEALTH_STEPS, self._toolchain,
+                                                     self._options.cache_dir, work_dir)) for soc in socs)
 
     def _remove_killed_runs_folders(self, labels: set[str]) -> None:
         """The folders killed earlier runs of this user left on these devices (harness/run_records.py)."""
@@ -125,17 +144,29 @@ class RunSession:
             return
         self._lowering_decided = True
         options, context = self._options, self.context
+        if self._lowering_server is not None:  # started for the health check
+            return
         missing = [case for case in cases if not is_lowered(lowering_directory(
             case, len(case.card.steps(options.steps_for(case.card.tags))), self._toolchain, options.cache_dir,
             context.work_dir))]
-        if not missing:
-            return
-        socket_path = context.lowering_server
+        if missing:
+            self._start_lowering_server()
+
+    def _spawn_lowering_server(self, socket_path: Path) -> None:
         self._lowering_server = fork_server.spawn_server(LOWERING, socket_path, self._toolchain.child_env())
+
+    def _wait_for_lowering_server(self) -> None:
+        """Until it serves; if it never does, each lowering takes a fresh Python (said in one line)."""
         try:
-            fork_server.wait_until_serving(self._lowering_server, socket_path)
+            fork_server.wait_until_serving(self._lowering_server, self.context.lowering_server)
         except fork_server.ForkServerError as error:
             print(f"qnnsuite: {error}; lowering each case in a fresh Python instead (slower)", file=sys.stderr)
+
+    def _start_lowering_server(self) -> None:
+        """Start it once the run's context exists; the run's record and run-context.json then name it."""
+        context = self.context
+        self._spawn_lowering_server(context.lowering_server)
+        self._wait_for_lowering_server()
         self.context = dataclasses.replace(context, lowering_server_pid=self._lowering_server.pid,
                                            started_pids=(*context.started_pids, self._lowering_server.pid))
         self._publish(self.context)

@@ -129,6 +129,26 @@ def _outcome(device_values: list[float] | None, run_error: str = "") -> CaseOutc
     return CaseOutcome(case, steps, artifact=None, reference=reference, run=run, run_error=run_error or None)
 
 
+def test_an_unlowered_health_program_starts_the_lowering_server_with_the_devices(tmp_path):
+    """A run selecting no case still runs the health check: on an empty cache its program must be lowered,
+    so the lowering server is started at once, while the emulated device comes up, and the check lowers
+    through it; once the program is cached, such a run starts no lowering server at all."""
+    cache = tmp_path / "cache"
+    started = {}
+    for run in ("cold", "warm"):
+        reports = tmp_path / run
+        completed = subprocess.run([sys.executable, "-m", "pytest", "suites", "-p", "no:cacheprovider", "-q",
+                                    "--emulate", HEALTHY, "-k", "no_case_is_named_this", "--cache-dir", str(cache),
+                                    "--report-dir", str(reports)], cwd=REPO_ROOT, capture_output=True, text=True,
+                                   timeout=600)
+        output = completed.stdout + completed.stderr
+        assert completed.returncode == 5 and "1/1 device(s) healthy" in output, output[-3000:]
+        (context,) = reports.glob("*/run-context.json")
+        started[run] = RunContext.from_json(context.read_text()).lowering_server_pid
+    assert started["cold"] is not None, "the health program was lowered without the lowering server"
+    assert started["warm"] is None, "nothing to lower, yet a lowering server was started"
+
+
 def test_health_verdict_passes_eager_outputs_and_catches_wrong_ones():
     case = health.health_case("SM8650")
     steps = case.card.steps(2)
