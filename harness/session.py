@@ -103,11 +103,11 @@ class RunSession:
         run_records.record(run_id, work_dir, self.context.started_pids, devices=attached)
         self._remove_killed_runs_folders(set(attached))
         if checks_health:
-            socs = {spec.soc for spec in self.context.devices}
-            if self._lowering_server is None and self._health_unlowered(socs, work_dir):
-                self._start_lowering_server()  # devices whose SoCs were not known before they came up
-            elif self._lowering_server is not None:
+            if self._lowering_server is not None:
                 self._wait_for_lowering_server()
+            elif not self._provider.expected_socs and self._health_unlowered(
+                    {spec.soc for spec in self.context.devices}, work_dir):
+                self._start_lowering_server()  # devices whose SoCs were not known before they came up
             self.context = self._checked(self.context, toolchain, given)
             self._publish(self.context)
         return self.context

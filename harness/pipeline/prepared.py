@@ -140,16 +140,12 @@ def _quantize(directory: Path, card: ModelCard, model: torch.nn.Module, dtype: s
 def preload(directory: Path) -> None:
     """Read the entry's program into this process, if it is complete and sound, for the lowerings it will
     fork (the lowering server's preparation of a request: harness/pipeline/lower_job.py)."""
-    if not (directory / FACTS).exists():
-        return
     try:
         facts = PreparedFacts.read(directory / FACTS)
-    except FactsError:
-        return  # the child says it is damaged, and makes it again
-    if facts.error is None and facts.program.sha256 not in _PRELOADED:
-        data = (directory / PROGRAM).read_bytes()
-        if hashlib.sha256(data).hexdigest() == facts.program.sha256:
-            _PRELOADED[facts.program.sha256] = _load(data)
+        if facts.error is None and facts.program.sha256 not in _PRELOADED:
+            _PRELOADED[facts.program.sha256] = _load(_program_bytes(directory, facts))
+    except (FactsError, OSError):
+        return  # not made yet, or damaged: the child makes it, or says so and makes it again
 
 
 def _read_entry(directory: Path) -> tuple[PreparedFacts, torch.nn.Module | None] | None:
@@ -163,13 +159,19 @@ def _read_entry(directory: Path) -> tuple[PreparedFacts, torch.nn.Module | None]
             return facts, None
         if facts.program.sha256 in _PRELOADED:  # read by the server that forked this child, bytes checked
             return facts, _PRELOADED.pop(facts.program.sha256)
-        data = (directory / PROGRAM).read_bytes()
-        if len(data) != facts.program.bytes or hashlib.sha256(data).hexdigest() != facts.program.sha256:
-            raise FactsError(f"{PROGRAM} is not the program its facts describe")
+        data = _program_bytes(directory, facts)
     except (FactsError, OSError) as error:
         print(f"qnnsuite: prepared program {directory.name} is damaged ({error}); preparing it again", file=sys.stderr)
         return None
     return facts, _load(data)
+
+
+def _program_bytes(directory: Path, facts: PreparedFacts) -> bytes:
+    """The entry's program, if it is the one its facts describe (else FactsError)."""
+    data = (directory / PROGRAM).read_bytes()
+    if len(data) != facts.program.bytes or hashlib.sha256(data).hexdigest() != facts.program.sha256:
+        raise FactsError(f"{PROGRAM} is not the program its facts describe")
+    return data
 
 
 def _load(data: bytes) -> torch.nn.Module:
