@@ -5,6 +5,10 @@ adbutils opens a fresh TCP connection to the adb server for every shell, stat, p
 (2) leaves Nagle's algorithm on, so its split writes (a sync DATA header, then the chunk) wait for the
 peer's delayed ACK: measured on loopback, a 100-byte push took 68 ms and 12 ms without both.
 The server's version cannot change under a running server, so it is asked once per client.
+(3) sleeps 10 ms in every close, after its half-close, so that the server takes the shutdown before the
+socket goes. A request whose answer was read to its end finds the server's own close already there, so
+here a close waits for that instead, never longer than adbutils' pause: a case's two shells and two sync
+sessions paid 40 ms of pauses (measured: a jailed `adb shell true` on an emulated device, 24 -> 13 ms).
 adbutils also runs `adb start-server` when it finds no server, which starts one on 5037 whatever port the
 client was given: a run whose private server died would then talk to (or start) the user's. Here a
 missing server is an error, and connections time out instead of waiting forever.
@@ -15,6 +19,7 @@ import contextlib
 import re
 import socket
 import threading
+import time
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
@@ -22,6 +27,7 @@ import adbutils
 
 
 CONNECT_TIMEOUT_S = 10.0  # a request's own timeout, when it has none
+CLOSE_WAIT_S = 0.01  # adbutils' pause in every close: the longest a close here waits for the server's
 _HOST = re.compile(r"[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]")  # a name, an IPv4 address or a bracketed IPv6 one
 
 
@@ -49,6 +55,24 @@ class _ServerConnection(adbutils.AdbConnection):
     def _safe_connect(self):
         """The connection to the given server only: never start one (adbutils would start it on 5037)."""
         return self._create_socket()
+
+    def close(self) -> None:
+        """Half-close, then close once the server has closed its side (at most CLOSE_WAIT_S later); bytes
+        still unread are drained meanwhile, so the close is not a reset."""
+        if self.closed:
+            return
+        sock = self.conn
+        deadline = time.monotonic() + CLOSE_WAIT_S
+        try:
+            sock.shutdown(socket.SHUT_WR)
+            while (left := deadline - time.monotonic()) > 0:
+                sock.settimeout(left)
+                if not sock.recv(65536):
+                    break  # the server's close
+        except OSError:  # the wait ran out (a timeout is one), or the connection is gone already
+            pass
+        sock.close()
+        self._AdbConnection__conn = None  # adbutils' own close forgets the socket so (name-mangled there)
 
 
 class AdbClient(adbutils.AdbClient):
