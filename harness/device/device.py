@@ -227,17 +227,19 @@ class Device:
         return RunResult(command, result.returncode, result.output, time.perf_counter() - started, result.stderr)
 
     def run(self, argv: list[str], cwd: str, timeout_s: float, env: dict[str, str] | None = None,
-            prepend: dict[str, str] | None = None) -> RunResult:
+            prepend: dict[str, str] | None = None, first: str = "") -> RunResult:
         """Run argv with a device-side kill after timeout_s (a hung runner must not outlive its case).
 
-        env: variables set to these values; prepend: path lists put in front of the device's own value."""
+        env: variables set to these values; prepend: path lists put in front of the device's own value;
+        first: a command line (quoted by the caller) run in cwd before, in the same shell; argv runs only
+        if it succeeds (a case's preparation costs no round trip of its own)."""
         for key in [*(env or {}), *(prepend or {})]:
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
                 raise DeviceError(f"device {self.serial}: {key!r} cannot be an environment variable name")
         assignments = [f"{key}={shlex.quote(value)}" for key, value in (env or {}).items()]
         assignments += [f'{key}={shlex.quote(value)}"${{{key}:+:${key}}}"' for key, value in (prepend or {}).items()]
-        line = " ".join([f"cd {shlex.quote(cwd)} &&", *assignments, shell_line(["timeout", "-s", "KILL",
-                                                                                  str(int(timeout_s)), *argv])])
+        line = " ".join([f"cd {shlex.quote(cwd)} &&", *([f"{first} &&"] if first else []), *assignments,
+                         shell_line(["timeout", "-s", "KILL", str(int(timeout_s)), *argv])])
         return self.shell(line, timeout_s=timeout_s + ADB_GRACE_S)
 
     # --- files ----------------------------------------------------------------------------------

@@ -112,12 +112,17 @@ DEVICE_LOG = "device.log"  # beside runner.log in the case's run folder
 DEVICE_LOG_TAIL = 20
 
 
-def reset_case_dir(device: Device, remote: str) -> str | None:
-    """An empty case folder with its outputs/ on the device (each path one quoted word); returns the device's
-    time then, for `logcat -T` (None when it printed none)."""
-    result = device.shell(f"{shell_line(['rm', '-rf', remote])} && {shell_line(['mkdir', '-p', f'{remote}/outputs'])}"
-                          f" && {shell_line(['date', DEVICE_TIME_FORMAT])}")
-    found = DEVICE_TIME.search(result.output)
+# Run by the runner's own shell in the case folder, before the runner: what an earlier attempt wrote goes, and
+# the device's time is kept for `logcat -T` should the run fail. The folder itself is made by the push (adbd
+# creates a SEND's missing folders), so a case costs one shell, not two.
+STARTED_NAME = ".run_started"
+BEFORE_RUNNER = (f"{shell_line(['rm', '-rf', 'outputs'])} && {shell_line(['mkdir', 'outputs'])} && "
+                 f"{shell_line(['date', DEVICE_TIME_FORMAT])} > {STARTED_NAME}")
+
+
+def run_started(device: Device, remote: str) -> str | None:
+    """The device's time when the case's run began, for `logcat -T` (None when it kept none)."""
+    found = DEVICE_TIME.search(device.read_text(f"{remote}/{STARTED_NAME}"))
     return found.group(0) + ".000" if found else None
 
 
@@ -137,8 +142,12 @@ def pull_device_log(device: Device, since: str | None, local_dir: Path) -> str:
     return _tail(result.output, DEVICE_LOG_TAIL) or "(the device logged nothing under ExecuTorch or QNN tags)"
 
 
-def _failed(device: Device, since: str | None, local_dir: Path, line: str) -> RunnerFailed:
-    """The failure, with the device log's tail for the record's evidence."""
+def _failed(device: Device, remote: str, local_dir: Path, line: str) -> RunnerFailed:
+    """The failure, with the device log's tail (since the case's run began) for the record's evidence."""
+    try:
+        since = run_started(device, remote)
+    except DeviceError:
+        since = None
     return RunnerFailed(line, device_log=pull_device_log(device, since, local_dir))
 
 
@@ -147,12 +156,12 @@ def run_case(device: Device, workspace: Workspace, case_dir_name: str, pte: Path
     timings: dict[str, float] = {}
     started = time.perf_counter()
     remote = f"{workspace.cases}/{case_dir_name}"
-    since = reset_case_dir(device, remote)
     input_files = write_inputs(steps, local_dir / "inputs")
     input_list = local_dir / "input_list.txt"
     input_list.write_text("".join(" ".join(path.name for path in row) + "\n" for row in input_files))
     files = [pte, input_list, *(path for row in input_files for path in row)]
-    # The case directory was just emptied: no device-side hashes to compare, all in one sync session.
+    # A folder of this run's: nothing on the device to compare hashes with; all in one sync session (a retry
+    # writes over the same names).
     pushed = device.push_files([(path, f"{remote}/{'model.pte' if path == pte else path.name}") for path in files])
     timings["push"] = time.perf_counter() - started
 
@@ -162,22 +171,23 @@ def run_case(device: Device, workspace: Workspace, case_dir_name: str, pte: Path
         env[TRACE_VARIABLE] = f"{remote}/outputs/{TRACE_NAME}"
     result = device.run([f"{workspace.payload}/{RUNNER_NAME}", "--model_path", "model.pte", "--input_list_path",
                          "input_list.txt", "--output_folder_path", "outputs", "--method_index", str(int(method_index))],
-                        cwd=remote, timeout_s=timeout_s, env=env, prepend={"LD_LIBRARY_PATH": workspace.payload})
+                        cwd=remote, timeout_s=timeout_s, env=env, prepend={"LD_LIBRARY_PATH": workspace.payload},
+                        first=BEFORE_RUNNER)
     timings["run"] = time.perf_counter() - started
     executed = RUNNER_EXECUTION.search(result.output)
     if executed:  # the emulated runner reports its own execution time, imports excluded
         timings["runner_exec"] = float(executed.group(1)) / 1000
     (local_dir / "runner.log").write_text(result.output)
     if result.timed_out(timeout_s):
-        raise _failed(device, since, local_dir, f"runner on {device.serial} hung and was killed after {timeout_s:.0f} s "
+        raise _failed(device, remote, local_dir, f"runner on {device.serial} hung and was killed after {timeout_s:.0f} s "
                            f"(last words: {_last_words(result)}); its log:\n{_tail(result.output)}")
     if result.exit_code == SIGKILL_EXIT:
-        raise _failed(device, since, local_dir, f"runner on {device.serial} was killed (SIGKILL, exit 137) after {result.duration_s:.1f} s, "
+        raise _failed(device, remote, local_dir, f"runner on {device.serial} was killed (SIGKILL, exit 137) after {result.duration_s:.1f} s, "
                            f"well before its {timeout_s:.0f} s timeout: something else killed it, e.g. Android's "
                            f"low-memory killer; check `adb -s {device.serial} logcat -d` and free memory (last words: "
                            f"{_last_words(result)}); its log:\n{_tail(result.output)}")
     if result.exit_code != 0:
-        raise _failed(device, since, local_dir, f"runner on {device.serial} {_exit_description(result)} (last words: "
+        raise _failed(device, remote, local_dir, f"runner on {device.serial} {_exit_description(result)} (last words: "
                            f"{_last_words(result)}); its log:\n{_tail(result.output)}")
 
     started = time.perf_counter()
@@ -187,7 +197,7 @@ def run_case(device: Device, workspace: Workspace, case_dir_name: str, pte: Path
         names = [f"output_{step}_{index}.raw" for index in range(output_count)]
         missing = [name for name in names if name not in present]
         if missing:
-            raise _failed(device, since, local_dir, f"runner on {device.serial} wrote no {', '.join(missing[:3])} "
+            raise _failed(device, remote, local_dir, f"runner on {device.serial} wrote no {', '.join(missing[:3])} "
                                f"(expected {output_count} output(s) x {len(steps)} step(s)); its log:\n{_tail(result.output)}")
         row = [local_dir / "outputs" / name for name in names]
         files.append(row)

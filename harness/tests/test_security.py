@@ -24,7 +24,7 @@ import pytest
 from harness.device import device as device_module
 from harness.device.adb import AdbClient
 from harness.device.device import Device, DeviceError, safe_pull_name
-from harness.device.execute import reset_case_dir
+from harness.device.execute import BEFORE_RUNNER, run_started
 from harness.device.pool import DeviceSpec, remove_run_folders
 from harness.device.sync import SyncSession
 from harness.emulator import jail, runner_client, runner_confinement, shell_paths
@@ -257,17 +257,22 @@ def test_card_name_with_shell_metacharacters_is_rejected() -> None:
     card_registry._REGISTRY.pop("good_name-1.0")
 
 
-def test_case_folder_with_spaces_stays_one_device_path(fleet: EmulatorFleet) -> None:
-    """Attack: a device path with spaces and a second path inside it (`x /data/local/tmp/victim y`) reaches rm -rf."""
+def test_case_folder_with_spaces_stays_one_device_path(fleet: EmulatorFleet, tmp_path: Path) -> None:
+    """Attack: a device path with spaces and a second path inside it (`x /data/local/tmp/victim y`) reaches the
+    push, the cd and the rm -rf that clear a case's outputs."""
     device = harness_device(fleet)
-    assert device.shell("mkdir -p /data/local/tmp/victim && touch /data/local/tmp/victim/keep").exit_code == 0
+    assert device.shell("mkdir -p /data/local/tmp/victim/outputs && touch /data/local/tmp/victim/keep "
+                        "/data/local/tmp/victim/outputs/keep").exit_code == 0
     folder = "/data/local/tmp/qnnsuite/x /data/local/tmp/victim y"
-    reset_case_dir(device, folder)
-    root = fleet.devices[0].root
-    assert (root / "data/local/tmp/victim/keep").exists()
-    assert (root / folder.lstrip("/") / "outputs").is_dir()
-    result = device.run(["sh", "-c", 'printf "%s|" "$@"', "sh", "a b", "$(id)", "c;d"], cwd=folder, timeout_s=30)
+    (tmp_path / "input.raw").write_bytes(b"1234")
+    device.push_files([(tmp_path / "input.raw", f"{folder}/input.raw")])
+    result = device.run(["sh", "-c", 'printf "%s|" "$@"', "sh", "a b", "$(id)", "c;d"], cwd=folder, timeout_s=30,
+                        first=BEFORE_RUNNER)
     assert result.output == "a b|$(id)|c;d|"
+    root = fleet.devices[0].root
+    assert (root / "data/local/tmp/victim/keep").exists() and (root / "data/local/tmp/victim/outputs/keep").exists()
+    assert (root / folder.lstrip("/") / "outputs").is_dir() and (root / folder.lstrip("/") / "input.raw").is_file()
+    assert run_started(device, folder) is not None
 
 
 def test_symlinked_lock_folder_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
