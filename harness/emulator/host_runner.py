@@ -108,14 +108,25 @@ def lose_delegate_state(trace: Path, fill: int) -> None:
             ctypes.memset(int(tensor["addr"], 16), fill, int(tensor["bytes"]))
 
 
+def runtime():
+    """ExecuTorch's runtime extension, as portable_lib.py re-exports it but without that file's
+    `import executorch.exir` (for a warning class: 2.9 s and 130 MB more in every process that has it, which
+    made each run forked from the runner server twice as dear to fork and to end: 40 vs 21 ms, measured)."""
+    import torch  # noqa: F401  the extension links against libtorch, which must be loaded first (portable_lib.py does so)
+    try:
+        from executorch.extension.pybindings import _C as extension
+    except ImportError:  # executorch before 1.4 named it _portable_lib
+        from executorch.extension.pybindings import _portable_lib as extension
+    return extension
+
+
 def method_name(model_path: Path, names: list[str], index: int) -> str:
-    """--method_index counts methods in the program's order, as upstream's runner does; the pybinding
-    lists them in no particular order (measured with the Meta llama flow's metadata methods)."""
+    """--method_index counts methods in the program's order, as upstream's runner does
+    (Program::get_method_name); the module lists them in no particular order (measured with the Meta llama
+    flow's metadata methods)."""
     if len(names) == 1:
         return names[index]
-    from executorch.exir._serialize._program import deserialize_pte_binary
-
-    return deserialize_pte_binary(model_path.read_bytes()).program.execution_plan[index].name
+    return runtime()._load_program(str(model_path)).get_method_name(index)
 
 
 def main(argv: list[str]) -> int:
@@ -133,7 +144,8 @@ def main(argv: list[str]) -> int:
 
     import numpy as np
     import torch
-    from executorch.extension.pybindings.portable_lib import _load_for_executorch
+
+    _load_for_executorch = runtime()._load_for_executorch
 
     model_path = Path(args.model_path)
     if not model_path.is_file():

@@ -44,6 +44,8 @@ def confined(root: Path | None) -> Callable[[list[str]], object]:
 
 
 def server_entry() -> Callable[[list[str]], object]:
-    """Called once when the server starts: the entry point for this device's sandbox."""
+    """Called once when the server starts: the entry point for this device's sandbox, with ExecuTorch's runtime
+    extension imported for every run."""
+    host_runner.runtime()
     root = os.environ.get(SANDBOX_ENV)
     return confined(Path(root).resolve() if root else None)

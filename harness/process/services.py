@@ -8,7 +8,7 @@
   slice). Every case still gets a process of its own (a crash fails one case; the QNN log printed by C++
   to fd 2 is captured per case; no program is run in the process that lowered it), it just starts imported.
 - runner_server: one per emulated device, started by the launcher with the device commands' environment. A
-  fresh `python -m harness.emulator.host_runner` spends 4-5 s importing torch and executorch before it runs
+  fresh `python -m harness.emulator.host_runner` spends seconds importing torch and executorch before it runs
   anything; each run is a child with the client's argv, cwd, environment and descriptors, and only a run
   whose files are inside its device's sandbox is served (harness/emulator/runner_confinement.py).
 
@@ -44,6 +44,6 @@ LOWERING = Service("lowering_server", "harness.pipeline.lower_job", (
     "executorch.extension.llm.export.partitioner_lib", "harness.pipeline.stages", "harness.pipeline.eager",
 ), server_entry="harness.pipeline.lower_job:server_entry",  # torch.export warmed up before any fork
    prepare="harness.pipeline.lower_job:prepare_in_server")  # a card's quantized program read once, not per case
-RUNNER = Service("runner_server", "harness.emulator.host_runner", (
-    "numpy", "torch", "executorch.extension.pybindings.portable_lib",
-), server_entry="harness.emulator.runner_confinement:server_entry")  # requests stay inside the device
+RUNNER = Service("runner_server", "harness.emulator.host_runner", ("numpy", "torch"),
+                 # imports ExecuTorch's runtime (host_runner.runtime); requests stay inside the device
+                 server_entry="harness.emulator.runner_confinement:server_entry")
