@@ -77,9 +77,12 @@ def case_store(pytestconfig, run_context, qnnsuite_options, toolchain, device_po
 
 
 @pytest.fixture(scope="session")
-def repro_bundles(run_context, qnnsuite_options, toolchain) -> BundleWriter:
-    """Reproduction bundles go beside the run's reports (reports/<run>/<SOC>/repro/), written by the worker."""
-    return BundleWriter(qnnsuite_options.report_dir.resolve() / run_context.run_id, toolchain, qnnsuite_options.repro_all)
+def repro_bundles(run_context, qnnsuite_options, toolchain) -> Iterator[BundleWriter]:
+    """Reproduction bundles go beside the run's reports (reports/<run>/<SOC>/repro/), written by the worker;
+    the last case's archive is made when the worker's session ends, before the controller writes the reports."""
+    writer = BundleWriter(qnnsuite_options.report_dir.resolve() / run_context.run_id, toolchain, qnnsuite_options.repro_all)
+    yield writer
+    writer.archive()
 
 
 @pytest.fixture

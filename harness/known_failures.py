@@ -76,6 +76,7 @@ def load(path: Path = MANIFEST) -> tuple[KnownFailure, ...]:
     return tuple(entries)
 
 
+@cache
 def _literal_brackets(pattern: str) -> str:
     """Test names carry their parameters in [ ]; in a manifest pattern they are literal characters."""
     return "".join({"[": "[[]", "]": "[]]"}.get(c, c) for c in pattern)

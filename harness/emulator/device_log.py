@@ -5,7 +5,7 @@ the QNN backend under `[Qnn ExecuTorch]`, as upstream's backends/qualcomm/runtim
 and `logcat` reads them back. The emulated runner cannot reach liblog, but the same messages reach its
 stderr, so the runner client copies its stderr lines here (tee), each with its time, pid, priority and tag
 read from the line's own prefix. One JSON object per line in $QNNSUITE_DEVICE_LOG, a device path.
-Imported by the runner client on every run: os, re, json, time and typing only.
+Imported by the runner client on every run: os, re, json and time only (not even typing: 12 ms a run).
 """
 from __future__ import annotations
 
@@ -13,7 +13,10 @@ import json
 import os
 import re
 import time
-from typing import TextIO
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from typing import TextIO
 
 LOG_ENV = "QNNSUITE_DEVICE_LOG"
 LOG_PATH = "/data/misc/logd/qnnsuite.jsonl"  # on the device (adbd gives its host path when shells are not jailed)

@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING
 
 from harness.emulator import device_log
 from harness.emulator.device_fs import host_path
 from harness.emulator.phone_runtime import PHONE_ENV, NoQnnLibrary, runner_environment
 from harness.process.fork_client import STD_FDS, ServerGone, run
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (device_log.py)
 if TYPE_CHECKING:
     from threading import Thread
 

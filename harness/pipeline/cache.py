@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import sys
+from functools import cache
 from pathlib import Path
 
 from harness.pipeline.facts import quantizes
@@ -56,8 +57,14 @@ def prepared_key(case: Case, steps: int) -> str | None:
 def _digest(case: Case, steps: int, specific: list[str]) -> str:
     card_module = sys.modules.get(case.card.module)
     card_source = inspect.getsource(card_module) if card_module else case.card.module
-    here = Path(__file__).parent
     parts = [case.card.name, card_source, str(steps), *specific,
              *(f"{name} {package_version(name)} {build_identity(name)}" for name in ("executorch", "torch", "torchao")),
-             *((here / name).read_text() for name in LOWERING_SOURCES)]
+             *_lowering_sources()]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:20]
+
+
+@cache
+def _lowering_sources() -> tuple[str, ...]:
+    """Read once per process, as the modules themselves are imported once: a worker asks for three keys a case."""
+    here = Path(__file__).parent
+    return tuple((here / name).read_text() for name in LOWERING_SOURCES)

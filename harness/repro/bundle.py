@@ -3,8 +3,10 @@ its files (the work dir is deleted when the run ends).
 
 Called from the report hook (harness/verdicts.py) with each settled check of a failed, expected-to-fail
 or unexpectedly passing kind (or every check, with --repro-all). The case's files are copied once, by
-its first such check; every such check adds itself to case.json, and issue.md and the .tar.gz are
-rewritten, so the bundle is complete after any check. Bundles carry no QNN or executorch library:
+its first such check; every such check adds itself to case.json and issue.md is rewritten, so the folder is
+complete after any check. The .tar.gz of it is made once, when the worker goes on to another case's bundle
+or the session ends (a case's checks run one after another on one worker: `--dist loadgroup`), not once per
+check: 514 archives were 226 cases' in a warm default run. Bundles carry no QNN or executorch library:
 repro.py needs them installed (see harness/repro/standalone.py).
 """
 from __future__ import annotations
@@ -50,6 +52,7 @@ class BundleWriter:
     def __init__(self, run_folder: Path, toolchain: Toolchain, write_passes: bool) -> None:
         """run_folder: reports/<run>; write_passes: bundles for every check, passes and skips too (--repro-all)."""
         self._run_folder, self._toolchain, self._write_passes = run_folder, toolchain, write_passes
+        self._unarchived: Path | None = None  # the folder whose checks were added since it was last archived
 
     def add(self, record: CheckRecord, outcome: CaseOutcome, signature: str, known: KnownFailure | None) -> CheckRecord:
         """Add the check to its case's bundle; the record comes back with the bundle's link (or as it
@@ -69,11 +72,24 @@ class BundleWriter:
                 "evidence": record.evidence, "nodeid": record.nodeid}
             (folder / layout.CASE_FILE).write_text(json.dumps(case, indent=1, default=str) + "\n")
             (folder / "issue.md").write_text(issue.render(case))
-            _archive(folder)
         except Exception as error:  # a bundle that cannot be written must not cost the run its verdicts and reports
             print(f"qnnsuite: no reproduction bundle for {record.case_id} ({type(error).__name__}: {error})", file=sys.stderr)
             return record
+        if self._unarchived != folder:
+            self.archive()
+            self._unarchived = folder
         return replace(record, repro=layout.link(record.case_id))
+
+    def archive(self) -> None:
+        """Make the .tar.gz of the folder whose checks were added last (a failure costs one line, not the run)."""
+        folder, self._unarchived = self._unarchived, None
+        if folder is None:
+            return
+        try:
+            _archive(folder)
+        except Exception as error:
+            print(f"qnnsuite: no .tar.gz of the reproduction bundle {folder.name} ({type(error).__name__}: {error})",
+                  file=sys.stderr)
 
     def _write_case_files(self, folder: Path, outcome: CaseOutcome) -> None:
         case, artifact = outcome.case, outcome.artifact

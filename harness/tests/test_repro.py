@@ -232,6 +232,31 @@ def test_a_bundle_that_cannot_be_written_costs_one_line_not_the_run(tmp_path, ca
     assert len(lines) == 1 and lines[0].startswith(f"qnnsuite: no reproduction bundle for {FAILING} (")
 
 
+def test_a_case_is_archived_once_after_its_checks_not_once_per_check(tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    from harness.repro import bundle
+
+    archived = []
+    monkeypatch.setattr(bundle, "_archive", lambda folder: archived.append(folder.name))
+    monkeypatch.setattr(issue, "render", lambda case: "")
+    other = FAILING.replace("SM8650", "SM8650x")
+    for case_id in (FAILING, other):  # bundles whose case files are written already
+        folder = tmp_path / "SM8650" / layout.link(case_id)
+        folder.mkdir(parents=True)
+        (folder / layout.CASE_FILE).write_text(json.dumps({"checks": {}}))
+    writer = BundleWriter(tmp_path, toolchain=None, write_passes=False)
+    for record in (_record("xfailed"), replace(_record("xfailed"), check="initial_state")):
+        assert writer.add(record, None, "uninitialised_delegated_buffer", None).repro
+    assert archived == [], "archived before its case's checks were all added"
+    writer.add(replace(_record("failed"), case_id=other), None, "state_mismatch", None)
+    assert archived == [layout.folder_name(FAILING)]
+    writer.archive()  # the session's end
+    assert archived == [layout.folder_name(FAILING), layout.folder_name(other)]
+    writer.archive()
+    assert len(archived) == 2, "archived twice"
+
+
 def test_passes_are_not_bundled_without_repro_all(tmp_path, capsys):
     record = _record("passed")
     assert BundleWriter(tmp_path, toolchain=None, write_passes=False).add(record, None, "", None) is record
