@@ -366,8 +366,8 @@ def send(connection: socket.socket, message: dict) -> bool:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m harness.process.fork_server SERVICE --socket PATH`: import the service's modules and start
-    its server entry, check that no QNN library came with them, serve until SIGTERM."""
+    """`python -m harness.process.fork_server SERVICE --socket PATH`: import the service's modules, check
+    that no QNN library came with them, serve until SIGTERM."""
     parser = argparse.ArgumentParser(description="A fork server for one of the suite's services.")
     parser.add_argument("service", choices=sorted(SERVICES), help="which service (harness/process/services.py)")
     parser.add_argument("--socket", type=Path, required=True, help="Unix socket to serve on")
@@ -375,14 +375,14 @@ def main(argv: list[str] | None = None) -> None:
     service = SERVICES[args.service]
     for name in service.preload:
         importlib.import_module(name)
+    mapped = qnn_libraries_mapped()
+    if mapped:
+        sys.exit(f"fork server: importing {', '.join(service.preload)} mapped {', '.join(mapped)}; "
+                 f"QNN libraries must load only in each request's child")
     entry = importlib.import_module(service.entry)
     serve = entry.main
     if service.server_entry:
         serve = _named(service.server_entry)()
-    mapped = qnn_libraries_mapped()
-    if mapped:
-        sys.exit(f"fork server: importing {', '.join(service.preload)} and starting {service.server_entry or 'nothing'} "
-                 f"mapped {', '.join(mapped)}; QNN libraries must load only in each request's child")
     prepare = _named(service.prepare) if service.prepare else None
     code = 0
     try:
