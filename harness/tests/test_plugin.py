@@ -36,9 +36,11 @@ def test_bad_option_is_one_line(args, expected):
 def test_unknown_device_serial_is_one_line(tmp_path):
     from harness.emulator.launcher import EmulatorFleet
 
+    runtime = tmp_path / "runtime"  # a state folder of its own: another test's killed run is not cleaned up here
+    runtime.mkdir(mode=0o700)
     with EmulatorFleet(["SM8650"], tmp_path) as fleet:
         completed = _pytest("suites", "--collect-only", "-q", "--device", "emulator-9999",
-                            env={"ANDROID_ADB_SERVER_PORT": str(fleet.adb_port)})
+                            env={"ANDROID_ADB_SERVER_PORT": str(fleet.adb_port), "XDG_RUNTIME_DIR": str(runtime)})
     lines = [line for line in completed.stderr.splitlines() if line.strip()]
     assert completed.returncode == pytest.ExitCode.USAGE_ERROR
     assert len(lines) == 1 and lines[0].startswith("ERROR: unknown device serial emulator-9999: attached are 127.0.0.1:")
