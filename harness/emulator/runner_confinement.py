@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from harness.emulator import host_runner
-from harness.process.fork_server import qnn_libraries_mapped
+from harness.process.fork_server import exit_if_qnn_libraries_mapped
 
 REFUSED_EXIT = 126  # what a shell answers for a command it will not run
 SANDBOX_ENV = "ANDROID_ROOT_SANDBOX"
@@ -48,9 +48,6 @@ def server_entry() -> Callable[[list[str]], object]:
     """Called once when the server starts: the entry point for this device's sandbox, with ExecuTorch's runtime
     extension imported for every run."""
     host_runner.runtime()
-    mapped = qnn_libraries_mapped()  # as fork_server checks its preloaded imports
-    if mapped:
-        sys.exit(f"runner server: importing ExecuTorch's runtime mapped {', '.join(mapped)}; QNN libraries must "
-                 f"load only in each run's child")
+    exit_if_qnn_libraries_mapped("importing ExecuTorch's runtime")  # as after the service's preloaded imports
     root = os.environ.get(SANDBOX_ENV)
     return confined(Path(root).resolve() if root else None)

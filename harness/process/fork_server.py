@@ -126,6 +126,14 @@ def qnn_libraries_mapped() -> list[str]:
         return sorted({line.split()[-1] for line in maps if "/libQnn" in line})
 
 
+def exit_if_qnn_libraries_mapped(after: str) -> None:
+    """Stop the server (before it serves) when `after`, what it just did, mapped a QNN library."""
+    mapped = qnn_libraries_mapped()
+    if mapped:
+        sys.exit(f"fork server: {after} mapped {', '.join(mapped)}; QNN libraries must load only in each "
+                 f"request's child")
+
+
 class ForkServer:
     """Accepts requests on a Unix socket: a thread per connection, a forked child per request."""
 
@@ -375,10 +383,7 @@ def main(argv: list[str] | None = None) -> None:
     service = SERVICES[args.service]
     for name in service.preload:
         importlib.import_module(name)
-    mapped = qnn_libraries_mapped()
-    if mapped:
-        sys.exit(f"fork server: importing {', '.join(service.preload)} mapped {', '.join(mapped)}; "
-                 f"QNN libraries must load only in each request's child")
+    exit_if_qnn_libraries_mapped(f"importing {', '.join(service.preload)}")
     entry = importlib.import_module(service.entry)
     serve = entry.main
     if service.server_entry:
