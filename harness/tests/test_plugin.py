@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -13,8 +14,12 @@ from harness.paths import REPO_ROOT
 
 
 def _pytest(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=REPO_ROOT,
-                          env={**os.environ, "COLUMNS": "300", **(env or {})}, capture_output=True, text=True, timeout=600)
+    """A suite run with a state folder of its own: another test's killed run is not cleaned up here (its
+    one line would be a second stderr line)."""
+    with tempfile.TemporaryDirectory() as runtime:  # 0700, as the state folder must be
+        return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=REPO_ROOT,
+                              env={**os.environ, "COLUMNS": "300", "XDG_RUNTIME_DIR": runtime, **(env or {})},
+                              capture_output=True, text=True, timeout=600)
 
 
 @pytest.mark.parametrize("args, expected", [
@@ -36,11 +41,9 @@ def test_bad_option_is_one_line(args, expected):
 def test_unknown_device_serial_is_one_line(tmp_path):
     from harness.emulator.launcher import EmulatorFleet
 
-    runtime = tmp_path / "runtime"  # a state folder of its own: another test's killed run is not cleaned up here
-    runtime.mkdir(mode=0o700)
     with EmulatorFleet(["SM8650"], tmp_path) as fleet:
         completed = _pytest("suites", "--collect-only", "-q", "--device", "emulator-9999",
-                            env={"ANDROID_ADB_SERVER_PORT": str(fleet.adb_port), "XDG_RUNTIME_DIR": str(runtime)})
+                            env={"ANDROID_ADB_SERVER_PORT": str(fleet.adb_port)})
     lines = [line for line in completed.stderr.splitlines() if line.strip()]
     assert completed.returncode == pytest.ExitCode.USAGE_ERROR
     assert len(lines) == 1 and lines[0].startswith("ERROR: unknown device serial emulator-9999: attached are 127.0.0.1:")
