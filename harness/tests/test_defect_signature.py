@@ -167,3 +167,11 @@ def test_lost_delegated_state_is_a_new_failure(lossy_run, card, check):
     assert lossy["verdict"] == "failed" and "not the uninitialised-buffer defect" in lossy["message"], lossy
     # Delegated mode only: with the buffer outside the delegate the same runner loses nothing.
     assert lossy_run[FAULTY][(card, "skip_mutbuf", check)]["verdict"] in ("passed", "skipped")
+
+
+def test_the_heap_environment_keeps_other_tunables_and_sets_its_own():
+    given = {"GLIBC_TUNABLES": "glibc.malloc.tcache_count=7:glibc.pthread.rseq=0:glibc.malloc.hugetlb=0"}
+    tunables = kinds.EmulatedKind.heap_environment(given)["GLIBC_TUNABLES"].split(":")
+    assert "glibc.pthread.rseq=0" in tunables
+    assert [t for t in tunables if t.startswith("glibc.malloc.")] == [
+        "glibc.malloc.tcache_count=0", "glibc.malloc.mmap_threshold=1048576", "glibc.malloc.hugetlb=1"]
