@@ -16,7 +16,7 @@ from harness import numerics
 from harness.check_registry import CheckFailure, InfrastructureError, NotApplicable, NotMeasured, check
 from harness.device import kinds
 from harness.pipeline import cases, mutbuf
-from harness.results import CaseOutcome, PatternReference
+from harness.outcome import CaseOutcome, PatternReference
 from harness.vocabulary import FLOAT_DTYPE
 
 QNN_BACKEND = "QnnBackend"

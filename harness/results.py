@@ -10,163 +10,24 @@ import sys
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 
-import numpy as np
 from filelock import FileLock
 
-from harness.device import kinds
 from harness.device.device import DeviceError, DeviceFrozen, DeviceLost
-from harness.device.execute import DeviceRun, RunnerFailed, run_case
+from harness.device.execute import RunnerFailed, run_case
 from harness.device.pool import DevicePool
-from harness import numerics
-from harness.pipeline import cache, eager, mutbuf, references
+from harness.pipeline import cache, references
 from harness.pipeline.facts import FactsError, LoweringFacts
 from harness.pipeline.lower import LoweredArtifact, lower_case
 from harness.qnn import qnnlog
+from harness.outcome import CaseOutcome
 from harness.qnn.toolchain import Toolchain
-from harness.vocabulary import FLOAT_DTYPE, Case
+from harness.vocabulary import Case
 
 
 MAX_RETRIES = 2
 RECONNECT_WAIT_S = 10.0
-
-
-@dataclass(frozen=True)
-class PatternReference:
-    """Eager started from the device's heap pattern in every delegated buffer, compared with the device;
-    comparison is None (the description says why) when what the buffers started from is not known."""
-
-    comparison: numerics.Comparison | None
-    description: str  # e.g. "0x40 (cache = 3.004 as float32)", or why there is none
-    # Why a device that differs from this reference may still have the defect ("": it may not). In
-    # quantized graphs the delegate reads the buffer through an encoding the suite does not know.
-    inconclusive: str = ""
-
-
-@dataclass(frozen=True)
-class TracedBuffer:
-    """A delegated buffer's mutbuf tensor as the interposer saw it at an execute."""
-
-    bytes: int
-    data_type: int | None = None  # QNN's Qnn_DataType_t
-    scale: float | None = None  # scale-offset encoding: real = (stored + offset) x scale
-    offset: int | None = None
-
-
-def _traced_buffers(trace: Path | None) -> dict[str, TracedBuffer]:
-    """Delegated buffer name (placeholder form, b_cache) -> its mutbuf tensor, from the trace."""
-    found = {}
-    for record in mutbuf.read_trace(trace) if trace else []:
-        for tensor in record.get("inputs", []):
-            match = mutbuf.INPUT.match(tensor["name"])
-            if match and "bytes" in tensor:
-                found[match.group(2)] = TracedBuffer(int(tensor["bytes"]), tensor.get("data_type"),
-                                                     tensor.get("scale"), tensor.get("offset"))
-    return found
-
-
-@dataclass
-class CaseOutcome:
-    case: Case
-    steps: list[tuple]
-    artifact: LoweredArtifact
-    reference: list[list[np.ndarray]]  # eager outputs [step][index]
-    device_serial: str | None = None
-    device_kind: str | None = None  # harness.device.kinds name of the device that ran it
-    run: DeviceRun | None = None
-    run_error: str | None = None
-    # The run failed because of the device or the lab (lost, no space, push refused), not the program: its
-    # checks are infrastructure errors. A runner that crashes, hangs or writes nothing is the program's failure.
-    run_error_is_infrastructure: bool = False
-    device_log: str = ""  # a failed run's device log tail (ExecuTorch and QNN lines; whole in run_dir/device.log)
-    retries: int = 0  # device runs repeated after a dropped connection
-    run_dir: Path | None = None  # where the device run's inputs, outputs and log were put (in the run's work dir)
-    timings_s: dict[str, float] = field(default_factory=dict)
-    dependence: list[list[np.ndarray]] | None = None  # see initial_value_dependence (given by the CaseStore)
-
-    def device_outputs(self) -> list[list[np.ndarray]]:
-        """Device outputs reinterpreted with the reference's dtypes and shapes."""
-        assert self.run is not None
-        shaped = []
-        for step, row in enumerate(self.run.outputs):
-            shaped_row = []
-            for index, raw in enumerate(row):
-                expected = self.reference[step][index]
-                if raw.nbytes != expected.nbytes:
-                    raise ValueError(f"step {step} output {index}: device wrote {raw.nbytes} bytes, "
-                                     f"eager has {expected.nbytes} ({expected.dtype}{list(expected.shape)})")
-                shaped_row.append(raw.view(expected.dtype).reshape(expected.shape))
-            shaped.append(shaped_row)
-        return shaped
-
-    @cached_property
-    def comparison(self) -> numerics.Comparison:
-        """Device vs eager, computed once for every check that reads it."""
-        return numerics.compare(self.device_outputs(), self.reference, self.case.dtype)
-
-    @property
-    def delegated_buffers(self) -> tuple[str, ...]:
-        """The card's mutated buffers that the delegate holds (none with skip_mutable_buffer)."""
-        if self.case.skip_mutable_buffer:
-            return ()
-        facts = self.artifact.facts.partitions
-        outside = set(facts.buffers_outside) if facts else set()
-        return tuple(name for name in self.case.card.mutated_buffers if name not in outside)
-
-    @cached_property
-    def pattern_reference(self) -> PatternReference:
-        """What the device computes if the only fault is that the delegated buffers started uninitialised,
-        holding the heap pattern (docs/FINDINGS.md#F1): eager from that start, compared with the device."""
-        assert self.run is not None
-        if self.run.heap_pattern is None:
-            kind = kinds.of(self.device_kind) if self.device_kind else None
-            if kind is not None and kind.heap_pattern is None:
-                return PatternReference(None, f"a {kind.name}'s heap pattern cannot be set")
-            return PatternReference(None, "the runner reported no heap pattern")
-        pattern, buffers = self.run.heap_pattern, self.delegated_buffers
-        stored = _traced_buffers(self.run.trace)
-        initial = numerics.pattern_initial(self.case.card, pattern, buffers)
-        encoded, decoded_names = [], set()  # buffers the delegate stores in fixed point: the pattern through their encoding
-        for name, value in list(initial.items()):
-            if not value.is_floating_point():  # e.g. 0x40404040: beyond the float range the delegate computes in
-                return PatternReference(None, f"{name} ({str(value.dtype).removeprefix('torch.')}) reads the pattern "
-                                              f"0x{pattern:02x} as {value.flatten()[0].item():.4g}, beyond what the "
-                                              f"delegate computes exactly")
-            traced = stored.get("b_" + name.replace(".", "_"))
-            if traced is None or traced.bytes == value.numel() * value.element_size():
-                continue
-            decoded_value = numerics.pattern_dequantized(pattern, value, traced.bytes, traced.data_type,
-                                                         traced.scale, traced.offset)
-            if decoded_value is None:
-                return PatternReference(None, f"the delegate stores {name} in {traced.bytes} bytes, not as "
-                                              f"{value.numel()} x {value.dtype}: its encoding is unknown")
-            initial[name] = decoded_value
-            decoded_names.add(name)
-            encoded.append(f"{name} stored as {traced.bytes // value.numel()}-byte fixed point, scale "
-                           f"{traced.scale:.4g} offset {traced.offset}")
-        decoded = ", ".join(f"{name} = {value.flatten()[0].item():.4g} as {str(value.dtype).removeprefix('torch.')}"
-                            for name, value in initial.items())
-        reference = eager.run_steps(self.case.card, self.steps, initial=initial)
-        # Exact where what each delegated buffer reads is known: in a float graph the pattern's bytes; in a
-        # quantized one, a buffer stored in fixed point decodes them through the scale and offset the trace
-        # recorded. A buffer a quantized graph keeps in float is quantized inside the graph, which can clip.
-        unknown = [name for name in buffers if name not in decoded_names]
-        inconclusive = "" if self.case.dtype == FLOAT_DTYPE or not unknown else (
-            f"the {self.case.dtype} delegate reads {', '.join(unknown)} through a quantization encoding the trace "
-            f"did not show, which can clip the pattern's value")
-        described = "; ".join([decoded or "no delegated buffer", *encoded])
-        return PatternReference(numerics.compare(self.device_outputs(), reference, self.case.dtype),
-                                f"0x{pattern:02x} ({described})", inconclusive)
-
-    @property
-    def initial_value_dependence(self) -> numerics.Outputs:
-        """Output elements that depend on the buffers' registered initial values (eager only; once per case)."""
-        if self.dependence is None:
-            self.dependence = numerics.initial_value_dependence(self.case.card, self.steps, self.reference)
-        return self.dependence
 
 
 class CaseStore:

@@ -19,7 +19,7 @@ from harness.device.device import DeviceError
 from harness.known_failures import KnownFailure
 from harness.record import REPORT_ATTRIBUTE, CheckRecord
 from harness.repro.bundle import BundleWriter
-from harness.results import CaseOutcome
+from harness.outcome import CaseOutcome
 from harness.vocabulary import Case
 
 EXPECTED = pytest.StashKey[list[KnownFailure]]()

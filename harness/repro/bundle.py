@@ -29,7 +29,7 @@ from harness.paths import REPO_ROOT
 from harness.qnn.toolchain import Toolchain
 from harness.record import CheckRecord
 from harness.repro import issue, layout, standalone
-from harness.results import CaseOutcome
+from harness.outcome import CaseOutcome
 from harness.versions import package_version
 
 PTE_LIMIT_BYTES = 2 * 1024 * 1024  # a larger .pte is left out: repro.py makes it again

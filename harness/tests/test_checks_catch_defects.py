@@ -24,7 +24,7 @@ from harness.pipeline import card as cards
 from harness.pipeline import eager, stages
 from harness.pipeline.facts import ExportFacts, LoweringFacts, QuantizeFacts
 from harness.pipeline.lower import LoweredArtifact, lower_case
-from harness.results import CaseOutcome
+from harness.outcome import CaseOutcome
 from harness.tests import broken_cards
 from harness.vocabulary import Case, Mode
 

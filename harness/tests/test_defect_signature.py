@@ -29,7 +29,7 @@ from harness.pipeline import card as cards
 from harness.pipeline import eager
 from harness.pipeline.facts import LoweringFacts
 from harness.pipeline.lower import LoweredArtifact
-from harness.results import CaseOutcome
+from harness.outcome import CaseOutcome
 from harness.numerics import pattern_dequantized, pattern_initial
 from harness.vocabulary import Case, Mode
 

@@ -32,7 +32,7 @@ from harness.paths import REPO_ROOT
 from harness.qnn.sdk import WHEEL_ORIGIN, QnnSdk
 from harness.record import REPORT_ATTRIBUTE
 from harness.report import page, write_run
-from harness.results import CaseOutcome
+from harness.outcome import CaseOutcome
 from harness.tests.test_report import COLUMNS, environments, make_records, typed
 
 CARD = "kv_gather_written and not pair and delegate_mutbuf"

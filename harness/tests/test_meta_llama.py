@@ -17,7 +17,7 @@ from harness.check_registry import CheckFailure
 from harness.pipeline import card as cards
 from harness.pipeline import meta_llama
 from harness.pipeline.lower import lower_case
-from harness.results import CaseOutcome
+from harness.outcome import CaseOutcome
 from harness.vocabulary import Case, Mode
 
 CARD = "fixtures.llama:meta_llama_1layer"
