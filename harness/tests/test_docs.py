@@ -147,7 +147,8 @@ def _python_without_torch() -> str | None:
     return None
 
 
-@pytest.mark.parametrize("args", [[], ["harness/tests/test_docs.py", "-q"]], ids=["suite", "harness-tests"])
+@pytest.mark.parametrize("args", [[], [str(Path(__file__).resolve().relative_to(REPO_ROOT)), "-q"]],
+                         ids=["suite", "harness-tests"])
 def test_pytest_outside_the_venv_is_one_line_and_a_usage_error(args, tmp_path):
     python = _python_without_torch()
     if python is None:
