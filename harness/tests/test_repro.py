@@ -453,3 +453,33 @@ def test_rerun_never_imports_a_card_module_the_run_folder_names(tmp_path):
     assert "pass its module with --models MODULE" in completed.stderr and not marker.exists()
     bad = _rerun(run, case_id, "--models=-pX", env=env)
     assert bad.returncode == 2 and "is not a module name" in bad.stderr and not marker.exists()
+
+
+# --- doctor: the overlay and the lines a bundle's repro.py needs ---------------------------------------------
+def test_doctor_names_the_current_overlay_and_the_export_lines(tmp_path, capsys):
+    """The lines are the toolchain's own child environment (one body, also in issue.md): with them a copied
+    bundle reproduces (test_failing_bundle_reproduces_alone runs with that environment), without the bridge
+    variable it is a different failure (test above). Overlay folders of another SDK are named as not current."""
+    import dataclasses
+    import shlex
+
+    from harness.__main__ import _overlays
+    from harness.qnn.sdk import OVERLAY_MARKER
+    from harness.repro import exports
+
+    toolchain = prepare()
+    current, stale = tmp_path / "overlay" / "0123456789abcdef", tmp_path / "overlay" / "fedcba9876543210"
+    for folder, sdk in ((current, toolchain.sdk.root), (stale, "/old/sdk")):
+        (folder / "lib" / "x86_64-linux-clang").mkdir(parents=True)
+        (folder / OVERLAY_MARKER).write_text(str(sdk))
+    _overlays(dataclasses.replace(toolchain, overlay_root=current))
+    printed = capsys.readouterr().out
+    assert f"overlay     {current} (current: SDK {toolchain.sdk.root}" in printed
+    assert "fedcba9876543210: not current (overlay of '/old/sdk')" in printed and "0123456789abcdef: not current" not in printed
+    env = toolchain.child_env(base={})
+    lines = exports.lines(toolchain)
+    assert lines[0] == f"export QNN_SDK_ROOT={shlex.quote(str(toolchain.overlay_root))}" == f"export QNN_SDK_ROOT={env['QNN_SDK_ROOT']}"
+    assert lines[2] == f"export QNNSUITE_BRIDGE_DEVICE_CONFIG={env['QNNSUITE_BRIDGE_DEVICE_CONFIG']}"
+    shell = subprocess.run(["sh", "-c", "; ".join([*lines, 'printf "%s\\n" "$QNN_SDK_ROOT" "$LD_LIBRARY_PATH"'])],
+                           env={"PATH": os.environ["PATH"], "LD_LIBRARY_PATH": "/before"}, capture_output=True, text=True)
+    assert shell.stdout.splitlines() == [str(toolchain.overlay_root), f"{toolchain.overlay_lib_dir}:/before"]
