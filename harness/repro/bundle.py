@@ -58,9 +58,9 @@ class BundleWriter:
         """run_folder: reports/<run>; write_passes: bundles for every check, passes and skips too (--repro-all)."""
         self._run_folder, self._toolchain, self._write_passes = run_folder, toolchain, write_passes
         self._unarchived: Path | None = None  # the folder whose checks were added since it was last archived
-        # The checks of the case being judged that came before its bundle existed (its checks run one after
-        # another on this worker): case.json records them when the bundle is made.
-        self._earlier: tuple[str, dict[str, dict]] = ("", {})
+        # Case id -> the checks of it judged on this worker before its bundle existed, without evidence:
+        # case.json records them when the bundle is made (a worker's cases interleave, test file by test file).
+        self._earlier: dict[str, dict[str, dict]] = {}
 
     def add(self, record: CheckRecord, outcome: CaseOutcome, signature: str, known: KnownFailure | None) -> CheckRecord:
         """Add the check to its case's bundle; the record comes back with the bundle's link (or as it
@@ -71,19 +71,16 @@ class BundleWriter:
         entry = {"verdict": record.verdict, "signature": signature, "message": record.message,
                  "known_failure": record.known_failure, "finding": finding.strip(), "upstream": upstream.strip(),
                  "evidence": record.evidence if bundled else {}, "nodeid": record.nodeid}
-        if self._earlier[0] != record.case_id:
-            self._earlier = (record.case_id, {})
         if not bundled and not (folder / layout.CASE_FILE).is_file():
-            self._earlier[1][record.check] = entry
+            self._earlier.setdefault(record.case_id, {})[record.check] = entry
             return record
         try:
             folder.mkdir(parents=True, exist_ok=True)
             if not (folder / layout.CASE_FILE).is_file():
                 self._write_case_files(folder, outcome)
             case = json.loads((folder / layout.CASE_FILE).read_text())
-            case["checks"].update(self._earlier[1])
+            case["checks"].update(self._earlier.pop(record.case_id, {}))
             case["checks"][record.check] = entry
-            self._earlier[1].clear()
             (folder / layout.CASE_FILE).write_text(json.dumps(case, indent=1, default=str) + "\n")
             (folder / "issue.md").write_text(issue.render(case))
         except Exception as error:  # a bundle that cannot be written must not cost the run its verdicts and reports

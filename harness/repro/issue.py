@@ -33,9 +33,10 @@ def _longest_backticks(text: str) -> int:
     return max((len(run) for run in re.findall(r"`+", text)), default=0)
 
 
-# Markdown's inline punctuation that can start markup (backslash-escaped), and what GitHub turns into links or
-# mentions by itself (broken with a word joiner, U+2060, which shows as nothing).
-_MARKDOWN_PUNCTUATION = re.compile(r"([\\`*_\[\]#|~!])")
+# Markdown's punctuation that can start markup, backslash-escaped: anywhere, an _ that is not inside a word
+# (snake_case stays readable: GFM does not emphasise within words) and a # that starts the value (a heading).
+# What GitHub turns into links or mentions by itself is broken with a word joiner (U+2060, shows as nothing).
+_MARKDOWN_PUNCTUATION = re.compile(r"([\\`*\[\]|~]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])|^#)")
 _AUTOLINKED = re.compile(r"(@|://|www\.)", re.IGNORECASE)
 WORD_JOINER = "\u2060"
 

@@ -253,6 +253,33 @@ def test_issue_code_spans_and_fences_hold_backticks():
     assert fence.startswith("````\n") and fence.rstrip().endswith("\n````")
 
 
+def test_issue_escapes_markdown_from_a_failure_message():
+    """A failure message is run output: in the title and the wording it is text, not HTML, links or mentions;
+    plain words and snake_case stay as they read. (Broken input caught here; a plain one left alone.)"""
+    hostile = '<img src=x onerror=alert(1)> [click](http://evil.example) @team `tick` *em* # heading'
+    escaped = issue.escape_text(hostile)
+    for raw in ("<img", "[click](", "@team", "http://", "*em*", "`tick`"):
+        assert raw not in escaped, raw
+    assert "&lt;img" in escaped and "\\[click\\]" in escaped
+    assert issue.escape_text("kv_arange_init state differs (SQNR 5.4 dB)") == "kv_arange_init state differs (SQNR 5.4 dB)"
+    assert issue.escape_text("# heading").startswith("\\#") and issue.escape_text("see F1#x") == "see F1#x"
+    case = {"case_id": FAILING, "dtype": "fp16", "mode": "delegate_mutbuf", "soc": "SM8650", "steps": 4,
+            "skip_mutable_buffer": False, "numbers": [], "pte": {"file": "", "note": ""},
+            "card": {"name": "kv_arange_init", "file": "card/zoo.py", "mutated_buffers": ["cache"], "build_source": "",
+                     "steps_source": ""},
+            "environment": {"executorch": "1.5.1", "torch": "2", "torchao": "0", "python": "3.11", "qnn_build_id": "v2",
+                            "qnn_sdk": "wheel", "device_config_bridge": True, "device_serial": "", "device_kind": "emulated",
+                            "exports": ["export QNN_SDK_ROOT=/x"]},
+            "lowering": {"error": "", "traceback": ""},
+            "checks": {"state": {"verdict": "failed", "signature": "state_mismatch", "message": hostile,
+                                 "known_failure": "", "finding": "", "upstream": ""}}}
+    text = issue.render(case)
+    title = text.splitlines()[0]
+    assert title.startswith("# [QNN] &lt;img") and "[click](" not in title and "@team" not in title
+    assert f"Actual: {issue.code(hostile)}" in text  # the wording itself, whole, in a code span
+    assert "export QNN_SDK_ROOT=/x" in text
+
+
 def test_rerun_names_what_is_wrong(tmp_path):
     with pytest.raises(RerunError, match="not a case id"):
         find_case(tmp_path, "a;rm -rf /")
