@@ -2,7 +2,8 @@
 versions, rerun one case, or serve emulated devices.
 
 setup  lays out the QNN tree, builds the interposer and probes the bridge (all cached; fast when done).
-doctor prints versions, SDK, bridge, adb and devices; exits non-zero with one line per missing piece.
+doctor prints versions, SDK, the current interposer overlay and the `export` lines a bundle's repro.py needs,
+       bridge, adb and devices; exits non-zero with one line per missing piece.
 matrix runs one suite selection per executorch x onnxruntime-qnn release (harness/matrix/cli.py).
 repro  runs one case of an earlier run again through the suite (harness/repro/rerun.py).
 emulate serves emulated devices (or phones) on an adb server until Ctrl-C (harness/emulator/serve.py).
@@ -15,9 +16,9 @@ import sys
 
 from harness.device import discovery
 from harness.emulator import serve
-from harness.qnn.sdk import SdkError
-from harness.qnn.toolchain import ToolchainError, prepare
-from harness.repro import rerun
+from harness.qnn.sdk import OVERLAY_MARKER, SdkError
+from harness.qnn.toolchain import Toolchain, ToolchainError, prepare
+from harness.repro import exports, rerun
 from harness.versions import package_version
 
 DEFAULT_EMULATED_SOCS = ("SM8650", "SM8750")
@@ -49,6 +50,7 @@ def doctor(args: argparse.Namespace) -> int:
         print(f"qnn build   {probe.build_id}; QNN API {probe.library_api or '?'}, executorch tested against {probe.built_for_api or '?'}")
         print(f"bridge      {'on' if probe.bridge_device_config else 'off'} (without: {probe.without_bridge}; with: {probe.with_bridge or '-'})")
         print(f"interposer  {toolchain.interposer}")
+        _overlays(toolchain)
     except (SdkError, ToolchainError) as error:
         problems.append(str(error))
     try:
@@ -70,6 +72,21 @@ def doctor(args: argparse.Namespace) -> int:
     for problem in problems:
         print(f"doctor: {problem}", file=sys.stderr)
     return 1 if problems else 0
+
+
+def _overlays(toolchain: Toolchain) -> None:
+    """The overlay this checkout uses now (the SDK root repro.py needs), the lines that give a bundle's repro.py
+    this toolchain, and which other overlay folders are left from another SDK or interposer (each folder is
+    named by a hash of its SDK and interposer paths; its marker file names the SDK)."""
+    current = toolchain.overlay_root
+    print(f"overlay     {current} (current: SDK {toolchain.sdk.root}, interposer in front of libQnnHtp.so)")
+    for other in sorted(path for path in current.parent.iterdir() if path.is_dir() and path != current):
+        marker = other / OVERLAY_MARKER
+        of = marker.read_text(errors="replace").strip() if marker.is_file() else "unknown SDK"
+        print(f"            {other.name}: not current (overlay of {of!r}); unused by this checkout, safe to delete")
+    print("repro.py    a bundle's repro.py runs with this toolchain after:")
+    for line in exports.lines(toolchain):
+        print(f"              {line}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,6 @@ import numpy as np
 
 from harness import numerics
 from harness.check_registry import CheckFailure, InfrastructureError, NotApplicable, NotMeasured, check
-from harness.device import kinds
 from harness.pipeline import cases, mutbuf
 from harness.outcome import CaseOutcome, PatternReference
 from harness.vocabulary import FLOAT_DTYPE
@@ -118,9 +117,9 @@ def check_address_sharing(outcome: CaseOutcome) -> dict:
     """Each delegated buffer's input and output share one address, the same at every execute."""
     _require_run(outcome)
     if outcome.run.trace is None:
-        kind = kinds.of(outcome.device_kind)
-        if not kind.has_execute_trace:
-            raise NotMeasured(f"no execute trace from a {kind.name}: its libQnnHtp.so is Qualcomm's own; pass "
+        device = outcome.device
+        if device is not None and not device.has_execute_trace:
+            raise NotMeasured(f"no execute trace from a {device.name}: its libQnnHtp.so is Qualcomm's own; pass "
                               f"--android-ndk PATH (or set ANDROID_NDK_ROOT) to push the interposer in front of it")
         raise NotApplicable("no execute trace from this device (no QNN graph was executed)")
     records = mutbuf.read_trace(outcome.run.trace)

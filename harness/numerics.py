@@ -1,8 +1,9 @@
-"""How device outputs are compared with eager: tolerances, per-step errors, SQNR, and which output
-elements depend on a buffer's registered initial value.
+"""How device outputs are compared with eager: tolerances, per-step errors, SQNR, masks.
 
-Pure functions of arrays (and, for the dependence, of the card): the checks ask a case's outcome, which
-computes each of these once and shares it between the state and initial-state checks.
+Pure functions of arrays: eager runs (the reference, which elements depend on a buffer's initial value,
+what a buffer reads from a heap pattern) are harness/pipeline/eager.py's, made by the caller. numerics
+imports nothing of the suite, so a reproduction bundle carries it unchanged; the checks ask a case's
+outcome, which computes each of these once and shares it between the state and initial-state checks.
 """
 from __future__ import annotations
 
@@ -11,9 +12,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-
-from harness.pipeline import eager
-from harness.pipeline.card import ModelCard
 
 # Tolerance per dtype, the one place to read them: |device - eager| <= atol + rtol * |eager|, where
 # for quantized dtypes atol is a fraction of the reference's value range (one quantization step of
@@ -25,7 +23,7 @@ TOLERANCES = {
     "16a4w": {"atol": 1e-3, "rtol": 0.0, "range_fraction": 0.1},
 }
 
-Outputs = eager.Outputs
+Outputs = list[list[np.ndarray]]  # [step][output index], as harness/pipeline/eager.py gives them
 
 
 @dataclass
@@ -77,33 +75,6 @@ def compare(device: Outputs, reference: Outputs, dtype: str) -> Comparison:
         errors.append(StepError(step, worst, sqnr, count))
         masks.append(row_masks)
     return Comparison(errors, masks)
-
-
-def initial_value_dependence(card: ModelCard, steps: list[tuple], reference: Outputs) -> Outputs:
-    """Which output elements depend on the buffers' registered initial values: eager run again with
-    other initial values; elements that differ depend on them."""
-    buffers = eager.registered_buffers(card)
-    perturbed = {}
-    for name in card.mutated_buffers:
-        value = buffers[name]
-        if value.is_floating_point():
-            perturbed[name] = value + torch.linspace(1.5, 9.5, value.numel()).reshape(value.shape).to(value.dtype)
-        else:
-            perturbed[name] = value + 7
-    other = eager.run_steps(card, steps, initial=perturbed)
-    return [[~np.isclose(a, b, equal_nan=True) for a, b in zip(row_a, row_b)] for row_a, row_b in zip(reference, other)]
-
-
-def pattern_initial(card: ModelCard, pattern: int, buffers: tuple[str, ...]) -> dict[str, torch.Tensor]:
-    """Each named buffer as it reads when its memory holds nothing but the byte `pattern`: the bytes
-    decoded in the buffer's own dtype (what a delegated buffer that was never initialised holds)."""
-    registered = eager.registered_buffers(card)
-    initial = {}
-    for name in buffers:
-        value = registered[name]
-        raw = torch.full((value.numel() * value.element_size(),), pattern, dtype=torch.uint8)
-        initial[name] = raw.view(value.dtype).reshape(value.shape)
-    return initial
 
 
 # QNN's Qnn_DataType_t for fixed-point tensors: (bytes per element, signed)

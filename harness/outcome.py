@@ -2,21 +2,56 @@
 
 The CaseStore (harness/results.py) builds one per case; checks (harness/checks.py) only read it. The analysis
 of the uninitialised-buffer defect (docs/FINDINGS.md#F1) lives here because it is a reading of the outcome.
+
+What the outcome holds of the lowering, the device run and the device is read through the small protocols
+below, not the lowering or device layer's classes: a reproduction bundle (harness/repro/) carries this module,
+the checks and numerics unchanged and fills a CaseOutcome with its own lowering and simulator run, so a
+bundle judges a case by the same code as the suite. Keep this module's imports to numerics, vocabulary and
+the pure pipeline modules (eager, mutbuf, facts): a bundle carries exactly those.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from harness import numerics
-from harness.device import kinds
-from harness.device.execute import DeviceRun
 from harness.pipeline import eager, mutbuf
-from harness.pipeline.lower import LoweredArtifact
 from harness.vocabulary import FLOAT_DTYPE, Case
+
+if TYPE_CHECKING:
+    from harness.pipeline.facts import LoweringFacts
+
+
+class Lowered(Protocol):
+    """What the checks read of a lowering (harness/pipeline/lower.py's LoweredArtifact, or a bundle's)."""
+
+    facts: LoweringFacts
+
+    @property
+    def ok(self) -> bool: ...
+
+    @property
+    def failure(self) -> str: ...
+
+
+class DeviceOutputs(Protocol):
+    """What the checks read of a device run (harness/device/execute.py's DeviceRun, or a bundle's)."""
+
+    outputs: list[list[np.ndarray]]  # [step][output index], flat arrays in the runner's byte layout
+    trace: Path | None
+    heap_pattern: int | None
+
+
+class DeviceTraits(Protocol):
+    """What the checks read of the kind of device that ran a case (harness/device/kinds.py's kinds, or a bundle's)."""
+
+    name: str
+    has_execute_trace: bool
+    heap_pattern: int | None  # None: its fresh heap allocations cannot be made to hold a known byte
 
 
 @dataclass(frozen=True)
@@ -57,11 +92,12 @@ def _traced_buffers(trace: Path | None) -> dict[str, TracedBuffer]:
 class CaseOutcome:
     case: Case
     steps: list[tuple]
-    artifact: LoweredArtifact
+    artifact: Lowered
     reference: list[list[np.ndarray]]  # eager outputs [step][index]
     device_serial: str | None = None
     device_kind: str | None = None  # harness.device.kinds name of the device that ran it
-    run: DeviceRun | None = None
+    device: DeviceTraits | None = None  # that kind (what it can measure), set with device_kind
+    run: DeviceOutputs | None = None
     run_error: str | None = None
     # The run failed because of the device or the lab (lost, no space, push refused), not the program: its
     # checks are infrastructure errors. A runner that crashes, hangs or writes nothing is the program's failure.
@@ -107,13 +143,12 @@ class CaseOutcome:
         holding the heap pattern (docs/FINDINGS.md#F1): eager from that start, compared with the device."""
         assert self.run is not None
         if self.run.heap_pattern is None:
-            kind = kinds.of(self.device_kind) if self.device_kind else None
-            if kind is not None and kind.heap_pattern is None:
-                return PatternReference(None, f"a {kind.name}'s heap pattern cannot be set")
+            if self.device is not None and self.device.heap_pattern is None:
+                return PatternReference(None, f"a {self.device.name}'s heap pattern cannot be set")
             return PatternReference(None, "the runner reported no heap pattern")
         pattern, buffers = self.run.heap_pattern, self.delegated_buffers
         stored = _traced_buffers(self.run.trace)
-        initial = numerics.pattern_initial(self.case.card, pattern, buffers)
+        initial = eager.pattern_initial(self.case.card, pattern, buffers)
         encoded, decoded_names = [], set()  # buffers the delegate stores in fixed point: the pattern through their encoding
         for name, value in list(initial.items()):
             if not value.is_floating_point():  # e.g. 0x40404040: beyond the float range the delegate computes in
@@ -150,5 +185,5 @@ class CaseOutcome:
     def initial_value_dependence(self) -> numerics.Outputs:
         """Output elements that depend on the buffers' registered initial values (eager only; once per case)."""
         if self.dependence is None:
-            self.dependence = numerics.initial_value_dependence(self.case.card, self.steps, self.reference)
+            self.dependence = eager.initial_value_dependence(self.case.card, self.steps, self.reference)
         return self.dependence

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from harness.device import kinds
 from harness.device.device import DeviceError, DeviceFrozen, DeviceLost
 from harness.device.execute import RunnerFailed, run_case
 from harness.device.pool import DevicePool
@@ -147,6 +148,7 @@ class CaseStore:
                     # waiting for another worker's case to free the device, plus a first push of the payload
                     outcome.timings_s["device_wait"] = time.perf_counter() - started
                     outcome.device_serial, outcome.device_kind = device.label, self._pool.spec(device.label).kind
+                    outcome.device = kinds.of(outcome.device_kind)
                     outcome.run = run_case(device, workspace, case.id, outcome.artifact.pte, outcome.steps, local,
                                            output_count=len(outcome.reference[0]), timeout_s=self._runner_timeout_s,
                                            method_index=outcome.artifact.facts.method_index)

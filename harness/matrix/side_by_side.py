@@ -17,9 +17,10 @@ from packaging.version import InvalidVersion, Version
 
 from harness.matrix.layout import COMBINATION_FILE, Combination, report_files
 from harness.qnn import qairt
+from harness.report.document import check_order as document_check_order
+from harness.report.document import rank
 
 MATRIX_SCHEMA_VERSION = 1
-CHECK_ORDER = ("export", "annotation", "partitions", "address_sharing", "state", "initial_state")
 # What a verdict says about the check itself: a known failure that now passes passes, an expected failure fails.
 OUTCOME = {"passed": "passes", "xpassed": "passes", "failed": "fails", "xfailed": "fails", "skipped": "skipped"}
 FINDINGS = ("failed", "xfailed", "xpassed")
@@ -129,10 +130,15 @@ def label(values: list[tuple[Column, str]]) -> str:
         f"{value} with {column.executorch}/{column.qairt}" for column, value in outcomes)
 
 
-def _row_order(row: dict) -> tuple:
-    check = row["check"]
-    return (not row["changed"], row["flaky"], row["soc"], row["card"], row["dtype"], row["mode"],
-            CHECK_ORDER.index(check) if check in CHECK_ORDER else len(CHECK_ORDER), check)
+def check_order(columns: list[Column]) -> tuple[str, ...]:
+    """The checks in the reports' column order (each report.json carries the check registry's columns; a check
+    some release's suite lacks comes where its reports put it), so a new @check needs no edit here."""
+    return tuple(dict.fromkeys(name for column in columns for document in column.documents
+                               for name in document_check_order(document)))
+
+
+def _row_order(row: dict, order: tuple[str, ...]) -> tuple:
+    return (not row["changed"], row["flaky"], row["soc"], row["card"], row["dtype"], row["mode"], *rank(order, row["check"]))
 
 
 def only_flaky(verdicts: list[tuple[str, str]], flaky_reasons: frozenset[str]) -> bool:
@@ -169,7 +175,8 @@ def build(columns: list[Column], matrix_id: str, command: str, flaky_reasons: fr
             "cells": [cell and {name: cell.get(name, "") for name in ("verdict", "message", "known_failure")}
                       for cell in row_cells],
         })
-    rows.sort(key=_row_order)
+    order = check_order(columns)
+    rows.sort(key=lambda row: _row_order(row, order))
     return {"schema_version": MATRIX_SCHEMA_VERSION, "matrix_id": matrix_id, "command": command,
             "columns": [_column_entry(column) for column in columns], "rows": rows,
             "findings": _findings(columns, cells),

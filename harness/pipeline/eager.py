@@ -74,6 +74,35 @@ def run_steps(card: ModelCard, steps: list[tuple], initial: dict[str, torch.Tens
     return _OUTPUTS[key]
 
 
+def initial_value_dependence(card: ModelCard, steps: list[tuple], reference: Outputs) -> Outputs:
+    """Which output elements depend on the buffers' registered initial values: eager run again with
+    other initial values; elements that differ depend on them. (Here, not in harness/numerics.py: it is
+    eager running, and numerics stays a module of arrays that imports nothing of the suite.)"""
+    buffers = registered_buffers(card)
+    perturbed = {}
+    for name in card.mutated_buffers:
+        value = buffers[name]
+        if value.is_floating_point():
+            perturbed[name] = value + torch.linspace(1.5, 9.5, value.numel()).reshape(value.shape).to(value.dtype)
+        else:
+            perturbed[name] = value + 7
+    other = run_steps(card, steps, initial=perturbed)
+    return [[~np.isclose(a, b, equal_nan=True) for a, b in zip(row_a, row_b)] for row_a, row_b in zip(reference, other)]
+
+
+def pattern_initial(card: ModelCard, pattern: int, buffers: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """Each named buffer as it reads when its memory holds nothing but the byte `pattern`: the bytes
+    decoded in the buffer's own dtype (what a delegated buffer that was never initialised holds)."""
+    registered = registered_buffers(card)
+    initial = {}
+    for name in buffers:
+        value = registered[name]
+        raw = torch.full((value.numel() * value.element_size(),), pattern, dtype=torch.uint8)
+        initial[name] = raw.view(value.dtype).reshape(value.shape)
+    return initial
+
+
+
 def read_only(outputs: Outputs) -> Outputs:
     """The same arrays, made read-only: results shared by a card's cases, which none may change."""
     for array in (array for row in outputs for array in row):

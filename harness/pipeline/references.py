@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 
-from harness import numerics
 from harness.files import write_bytes_atomically
 from harness.pipeline import cache, eager
 from harness.vocabulary import Case, ModelCard
@@ -47,7 +46,7 @@ def eager_results(case: Case, steps: list[tuple], cache_dir: Path | None) -> Eag
     if results is None:
         reference = eager.run_steps(case.card, steps)
         try:
-            dependence = eager.read_only(numerics.initial_value_dependence(case.card, steps, reference))
+            dependence = eager.read_only(eager.initial_value_dependence(case.card, steps, reference))
         except Exception:  # the card's fault, reported by the check that needs it, not by every check of the case
             dependence = None
         results = EagerResults(reference, dependence)

@@ -4,13 +4,17 @@ its files (the work dir is deleted when the run ends).
 Called from the report hook (harness/verdicts.py) with each settled check of a failed, expected-to-fail
 or unexpectedly passing kind (or every check, with --repro-all). The case's files are copied once, by
 its first such check; every such check adds itself to case.json and issue.md is rewritten, so the folder is
-complete after any check. The .tar.gz of it is made once, when the worker goes on to another case's bundle
+complete after any check. Every other check of the case (passed, skipped...) is recorded in case.json too,
+without its evidence: repro.py judges every check the run judged, and needs each one's verdict. The .tar.gz of it is made once, when the worker goes on to another case's bundle
 or the session ends (a case's checks run one after another on one worker: `--dist loadgroup`), not once per
 check: 514 archives were 226 cases' in a warm default run. Bundles carry no QNN or executorch library:
-repro.py needs them installed (see harness/repro/standalone.py).
+repro.py needs them installed (see harness/repro/standalone.py). They carry the suite's own code that
+repro.py runs: the pipeline and the check modules (standalone.SUITE_MODULES), and every module that
+declared a registered check (a user's @check too), listed with their hashes in suite/manifest.json.
 """
 from __future__ import annotations
 
+import hashlib
 import inspect
 import json
 import os
@@ -24,11 +28,12 @@ from pathlib import Path
 import numpy as np
 
 from harness.device.execute import DEVICE_LOG, write_inputs
+from harness import check_registry
 from harness.known_failures import KnownFailure
 from harness.paths import REPO_ROOT
 from harness.qnn.toolchain import Toolchain
 from harness.record import CheckRecord
-from harness.repro import issue, layout, standalone
+from harness.repro import exports, issue, layout, standalone
 from harness.outcome import CaseOutcome
 from harness.versions import package_version
 
@@ -53,23 +58,29 @@ class BundleWriter:
         """run_folder: reports/<run>; write_passes: bundles for every check, passes and skips too (--repro-all)."""
         self._run_folder, self._toolchain, self._write_passes = run_folder, toolchain, write_passes
         self._unarchived: Path | None = None  # the folder whose checks were added since it was last archived
+        # Case id -> the checks of it judged on this worker before its bundle existed, without evidence:
+        # case.json records them when the bundle is made (a worker's cases interleave, test file by test file).
+        self._earlier: dict[str, dict[str, dict]] = {}
 
     def add(self, record: CheckRecord, outcome: CaseOutcome, signature: str, known: KnownFailure | None) -> CheckRecord:
         """Add the check to its case's bundle; the record comes back with the bundle's link (or as it
         was, when the check is not bundled or the bundle cannot be written: one line says why)."""
-        if record.verdict not in BUNDLED_VERDICTS and not self._write_passes:
-            return record
+        bundled = record.verdict in BUNDLED_VERDICTS or self._write_passes
         folder = self._run_folder / record.soc / layout.link(record.case_id)
+        finding, _, upstream = (known.reference if known else "").partition(";")
+        entry = {"verdict": record.verdict, "signature": signature, "message": record.message,
+                 "known_failure": record.known_failure, "finding": finding.strip(), "upstream": upstream.strip(),
+                 "evidence": record.evidence if bundled else {}, "nodeid": record.nodeid}
+        if not bundled and not (folder / layout.CASE_FILE).is_file():
+            self._earlier.setdefault(record.case_id, {})[record.check] = entry
+            return record
         try:
             folder.mkdir(parents=True, exist_ok=True)
             if not (folder / layout.CASE_FILE).is_file():
                 self._write_case_files(folder, outcome)
             case = json.loads((folder / layout.CASE_FILE).read_text())
-            finding, _, upstream = (known.reference if known else "").partition(";")
-            case["checks"][record.check] = {
-                "verdict": record.verdict, "signature": signature, "message": record.message,
-                "known_failure": record.known_failure, "finding": finding.strip(), "upstream": upstream.strip(),
-                "evidence": record.evidence, "nodeid": record.nodeid}
+            case["checks"].update(self._earlier.pop(record.case_id, {}))
+            case["checks"][record.check] = entry
             (folder / layout.CASE_FILE).write_text(json.dumps(case, indent=1, default=str) + "\n")
             (folder / "issue.md").write_text(issue.render(case))
         except Exception as error:  # a bundle that cannot be written must not cost the run its verdicts and reports
@@ -78,7 +89,7 @@ class BundleWriter:
         if self._unarchived != folder:
             self.archive()
             self._unarchived = folder
-        return replace(record, repro=layout.link(record.case_id))
+        return replace(record, repro=layout.link(record.case_id)) if bundled else record
 
     def archive(self) -> None:
         """Make the .tar.gz of the folder whose checks were added last (a failure costs one line, not the run)."""
@@ -98,8 +109,7 @@ class BundleWriter:
         for directory in ("card", "suite", "lowering", "reference", "device"):
             (folder / directory).mkdir(parents=True)
         shutil.copyfile(card_file, folder / "card" / card_file.name)
-        for name in standalone.SUITE_MODULES:
-            shutil.copyfile(REPO_ROOT / (name.replace(".", "/") + ".py"), folder / "suite" / f"{name}.py")
+        _write_suite(folder, case.card.module, card_file)
         shutil.copyfile(Path(standalone.__file__), folder / "repro.py")
         for name in ("lower.log", "facts.json", "request.json"):
             if (artifact.directory / name).is_file():
@@ -135,7 +145,8 @@ class BundleWriter:
                             "torchao": package_version("torchao"), "python": sys.version.split()[0],
                             "qnn_build_id": probe.build_id, "qnn_sdk": self._toolchain.sdk.origin,
                             "device_config_bridge": probe.bridge_device_config, "device_serial": outcome.device_serial,
-                            "device_kind": outcome.device_kind, "run": self._run_folder.name},
+                            "device_kind": outcome.device_kind, "run": self._run_folder.name,
+                            "exports": exports.lines(self._toolchain)},
             "lowering": {"ok": artifact.ok, "error": artifact.failure if not artifact.ok else "",
                          "traceback": error.traceback if error else "", "delegates": artifact.delegate_count,
                          "cached": artifact.cached, "qnn_errors": artifact.qnn_errors[:10]},
@@ -144,6 +155,29 @@ class BundleWriter:
             # simulator run the same way, so an uninitialised buffer reads the same bytes.
             "heap_pattern": outcome.run.heap_pattern if outcome.run is not None else None,
             "method_index": artifact.facts.method_index}
+
+
+def _write_suite(folder: Path, card_module: str, card_file: Path) -> None:
+    """suite/: the suite's modules repro.py runs and every module that declared a registered check (the
+    registry knows each check's function, so a user's @check is judged in the bundle too), and
+    suite/manifest.json: each module's name, its file in the bundle, where it came from and its sha256."""
+    sources = {name: REPO_ROOT / (name.replace(".", "/") + ".py") for name in standalone.SUITE_MODULES}
+    checks = {spec.name: spec.function.__module__ for spec in check_registry.specs()}
+    for module in checks.values():
+        if module not in sources and module != card_module:
+            sources[module] = Path(sys.modules[module].__file__)
+    modules = {}
+    for name, source in sources.items():
+        shutil.copyfile(source, folder / "suite" / f"{name}.py")
+        modules[name] = _manifest_entry(f"suite/{name}.py", source)
+    modules[card_module] = _manifest_entry(f"card/{card_file.name}", card_file)
+    manifest = {"schema_version": SCHEMA_VERSION, "modules": modules, "checks": checks}
+    (folder / standalone.MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+
+
+def _manifest_entry(file: str, source: Path) -> dict[str, str]:
+    shown = source.relative_to(REPO_ROOT) if source.is_relative_to(REPO_ROOT) else Path(source.name)
+    return {"file": file, "source": str(shown), "sha256": hashlib.sha256(source.read_bytes()).hexdigest()}
 
 
 def _numbers(outcome: CaseOutcome) -> list[dict]:

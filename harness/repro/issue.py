@@ -1,16 +1,20 @@
 """issue.md of a reproduction bundle: an upstream bug report ready to file, from the bundle's case.json.
 
-Markdown is not escaped by a template engine, so every value from the run (messages, names, sources)
-goes into a code span or a fence longer than any run of backticks inside it: a hostile message can
-neither end the fence nor inject markup.
+Markdown is not escaped by a template engine, so values from the run (messages, names, sources) go into a
+code span or a fence longer than any run of backticks inside it, and every other value the template prints
+(the title, a failure's wording, a check's name and docstring) is escaped as Markdown text by the template's
+finalize: no HTML, links, emphasis, headings or @mentions from a message (escape_text). code() and fenced()
+return Markup, which the finalize leaves as it is.
 """
 from __future__ import annotations
 
+import html
 import re
 from functools import cache
 from pathlib import Path
 
 import jinja2
+from markupsafe import Markup
 
 from harness import check_registry
 from harness.numerics import TOLERANCES
@@ -29,16 +33,37 @@ def _longest_backticks(text: str) -> int:
     return max((len(run) for run in re.findall(r"`+", text)), default=0)
 
 
-def code(value: object) -> str:
+# Markdown's punctuation that can start markup, backslash-escaped: anywhere, an _ that is not inside a word
+# (snake_case stays readable: GFM does not emphasise within words) and a # that starts the value (a heading).
+# What GitHub turns into links or mentions by itself is broken with a word joiner (U+2060, shows as nothing).
+_MARKDOWN_PUNCTUATION = re.compile(r"([\\`*\[\]|~]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])|^#)")
+_AUTOLINKED = re.compile(r"(@|://|www\.)", re.IGNORECASE)
+WORD_JOINER = "\u2060"
+
+
+def escape_text(value: object) -> str:
+    """value as plain Markdown text on one line: HTML as entities, markup punctuation escaped, mentions and
+    autolinks broken. (Private to the bundles until harness/report/markdown.py's escape lands: then one.)"""
+    text = html.escape(" ".join(str(value).split()), quote=False)
+    text = _MARKDOWN_PUNCTUATION.sub(r"\\\1", text)
+    return _AUTOLINKED.sub(lambda found: found.group(1)[0] + WORD_JOINER + found.group(1)[1:], text)
+
+
+def _finalize(value: object) -> object:
+    """Every `{{ }}` of the template: Markup (code spans, fences) as it is, anything else escaped."""
+    return value if isinstance(value, Markup) or value is None else escape_text(value)
+
+
+def code(value: object) -> Markup:
     """An inline code span that holds value on one line, whatever backticks it contains."""
     text = " ".join(str(value).split())
     ticks = "`" * (_longest_backticks(text) + 1)
-    return f"{ticks} {text} {ticks}" if text else "(none)"
+    return Markup(f"{ticks} {text} {ticks}" if text else "(none)")
 
 
-def fenced(text: str, language: str = "") -> str:
+def fenced(text: str, language: str = "") -> Markup:
     fence = "`" * max(3, _longest_backticks(text) + 1)
-    return f"{fence}{language}\n{text.rstrip()}\n{fence}\n"
+    return Markup(f"{fence}{language}\n{text.rstrip()}\n{fence}\n")
 
 
 @cache
@@ -104,7 +129,7 @@ def _groups(failing: list[tuple[str, dict]]) -> list[dict]:
 def _template() -> jinja2.Template:
     """Compiled once per process: each bundled check renders its case's issue.md again."""
     environment = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=False,
-                                     undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+                                     finalize=_finalize, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     return environment.get_template("issue.md.j2")
 
 
@@ -118,7 +143,7 @@ def render(case: dict) -> str:
     return _template().render(
         case=case, env=case["environment"], title=_title(case, failing), groups=_groups(failing), causes=causes,
         mode_words=MODE_WORDS.get(case["mode"], case["mode"]), device_words=_device_words(case["environment"]),
-        buffers=", ".join(code(name) for name in case["card"]["mutated_buffers"]), pipeline=_pipeline(case),
+        buffers=Markup(", ".join(code(name) for name in case["card"]["mutated_buffers"])), pipeline=Markup(_pipeline(case)),
         expectations=_expectations(), archive=folder + layout.ARCHIVE_SUFFIX,
         tolerance=(f"|device - eager| <= {tolerance['atol']} + {tolerance['range_fraction']} x (eager's value range) "
                    f"+ {tolerance['rtol']} x |eager|") if tolerance else "see the suite",

@@ -4,20 +4,28 @@ without the suite, and says whether its failure still shows.
     python repro.py [--qnn-sdk DIR] [--serial SERIAL --device-dir DIR] [--pte FILE] [--out DIR]
 
 Needs executorch, torch, torchao and numpy, and the host QNN libraries (x86_64): `--qnn-sdk DIR`, or
-QNN_SDK_ROOT and LD_LIBRARY_PATH already set. It rebuilds the model from the card's source (card/),
-exports, quantizes and lowers it in a child process with the suite's own settings (suite/, copies of
-the suite's pipeline modules, loaded under their suite names through a small shim so the card source
-runs unchanged), runs the steps on the HTP simulator or, with --serial, with your qnn_executor_runner
-on a phone through adb, compares with eager PyTorch by the suite's tolerances and prints the verdict
-and the numbers per step.
+QNN_SDK_ROOT and LD_LIBRARY_PATH already set (with the suite's interposer overlay, also its bridge
+variables: `python -m harness doctor` prints the lines to export). It rebuilds the model from the card's
+source (card/), exports, quantizes and lowers it in a child process with the suite's own settings, runs
+the steps on the HTP simulator or, with --serial, with your qnn_executor_runner on a phone through adb,
+and judges every check the run judged for this case with the suite's own check code (suite/: copies of
+the suite's modules and of any module that declared one of those checks, listed in suite/manifest.json,
+imported under their suite names; the card registry is a small shim so the card source runs unchanged).
 
-Exit status: 1 the failure reproduces (a check fails), 0 it does not (every check passes), 2 the
-script could not run (its one line says why). This file is the suite's harness/repro/standalone.py,
-copied unchanged into every bundle; it imports nothing of the suite.
+Exit status, one verdict line before it:
+  1  REPRODUCED: every failure the run recorded recurs with its recorded signature, and nothing else fails;
+  0  NOT REPRODUCED: no check fails;
+  3  DIFFERENT FAILURE: something fails, but not as recorded (another signature, a lowering error, a crash,
+     or a recorded failure that passes now while another recurs);
+  2  the script could not run (a missing module, no QNN libraries, any error of its own): one line says why.
+This file is the suite's harness/repro/standalone.py, copied unchanged into every bundle; it imports nothing
+of the suite but what the bundle carries.
 """
 from __future__ import annotations
 
 import argparse
+import importlib.abc
+import importlib.machinery
 import importlib.util
 import json
 import os
@@ -25,78 +33,105 @@ import re
 import shlex
 import subprocess
 import sys
-import types
+from dataclasses import dataclass
 from pathlib import Path
 
 BUNDLE = Path(__file__).resolve().parent
-# The suite modules a bundle carries, by the name the copied code imports them with. The bundle's
-# file is suite/<name>.py; the order is the order they are loaded in (each imports only earlier ones).
-SUITE_MODULES = ("harness.vocabulary", "harness.files", "harness.pipeline.facts", "harness.pipeline.eager", "harness.numerics",
-                 "harness.pipeline.stages", "harness.pipeline.prepared", "harness.pipeline.mutbuf",
-                 "harness.pipeline.meta_llama", "harness.pipeline.lower_job",
-                 "harness.emulator.host_runner")
+# The suite modules every bundle carries (suite/<name>.py): the lowering pipeline, the simulator's runner,
+# and the checks with what they import (harness/tests/test_repro.py keeps this set closed under imports).
+# A check declared in another module (a user's @check) is carried beside them: suite/manifest.json lists all.
+SUITE_MODULES = ("harness.vocabulary", "harness.files", "harness.pipeline.facts", "harness.pipeline.eager",
+                 "harness.numerics", "harness.pipeline.stages", "harness.pipeline.prepared", "harness.pipeline.mutbuf",
+                 "harness.pipeline.meta_llama", "harness.pipeline.lower_job", "harness.pipeline.cases",
+                 "harness.check_registry", "harness.outcome", "harness.checks", "harness.emulator.host_runner")
 SHIM = "harness.pipeline.card"  # what card modules import ModelCard and register from
+MANIFEST = "suite/manifest.json"
+MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 HOST_LIBRARY = "libQnnHtp.so"
 HOST_LIB_SUBDIR = ("lib", "x86_64-linux-clang")
-QNN_BACKEND = "QnnBackend"
-DEVICE_CHECKS = ("address_sharing", "state", "initial_state")
+# The emulated runner's own line (harness/emulator/host_runner.py): the byte its fresh heap allocations held.
+HEAP_PATTERN = re.compile(r"runner: heap pattern 0x([0-9a-f]{2})\b")
+RECORDED_FAILURES = ("failed", "xfailed")  # an xpassed check passed (its manifest entry expected a failure)
+EXIT = {"NOT REPRODUCED": 0, "REPRODUCED": 1, "DIFFERENT FAILURE": 3}
 
 
 class ReproError(RuntimeError):
     """The script cannot do its work; the message is one line naming the fix."""
 
 
-# --- loading the card and the suite's pipeline from the bundle ------------------------------------
-def _package(name: str) -> types.ModuleType:
-    module = sys.modules.get(name)
-    if module is None:
-        module = sys.modules[name] = types.ModuleType(name)
-        module.__path__ = []  # a namespace-like package: its children are put in sys.modules by hand
-        parent, _, child = name.rpartition(".")
-        if parent:
-            setattr(_package(parent), child, module)
-    return module
-
-
-def _load(name: str, path: Path) -> types.ModuleType:
-    parent, _, child = name.rpartition(".")
-    if parent:
-        _package(parent)
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    if parent:
-        setattr(sys.modules[parent], child, module)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _card_shim(vocabulary: types.ModuleType) -> types.ModuleType:
-    """Stands in for the suite's card registry: card modules call register(ModelCard(...))."""
-    shim = types.ModuleType(SHIM)
-    registry: dict = {}
-
-    def register(card):
-        registry[card.name] = card
-        return card
-
-    shim.ModelCard, shim.register, shim.cards = vocabulary.ModelCard, register, lambda: list(registry.values())
-    shim.find = lambda reference: registry[reference.partition(":")[2]]
-    shim.load_module = lambda module: None  # the bundle's one card module is loaded up front
-    sys.modules[SHIM] = shim
-    setattr(_package("harness.pipeline"), "card", shim)
-    return shim
-
-
-def load_suite(case: dict) -> dict[str, types.ModuleType]:
-    """The suite's modules (from suite/) and the case's card module (from card/), importable by name."""
-    modules = {"harness.vocabulary": _load("harness.vocabulary", BUNDLE / "suite" / "harness.vocabulary.py")}
-    shim = _card_shim(modules["harness.vocabulary"])
-    for name in SUITE_MODULES[1:]:
-        modules[name] = _load(name, BUNDLE / "suite" / f"{name}.py")
-    _load(case["card"]["module"], BUNDLE / case["card"]["file"])
-    modules["card"] = shim.find(case["card"]["reference"])
+# --- importing the suite's modules and the card from the bundle -----------------------------------------
+def manifest_modules(manifest: dict) -> dict[str, Path]:
+    """Module name -> its file in the bundle, from suite/manifest.json; names and paths are checked (the
+    bundle may come from elsewhere: nothing outside it is imported)."""
+    modules = {}
+    for name, entry in manifest.get("modules", {}).items():
+        path = (BUNDLE / str(entry.get("file", ""))).resolve()
+        if not MODULE_NAME.match(name) or not path.is_relative_to(BUNDLE) or not path.is_file():
+            raise ReproError(f"{MANIFEST}: module {name!r} -> {entry.get('file')!r} is not a module file in this bundle")
+        modules[name] = path
     return modules
+
+
+class _PackageLoader(importlib.abc.Loader):
+    """An empty package (harness, harness.pipeline, a card module's package): its modules come from the bundle."""
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module) -> None:
+        return None
+
+
+class _ShimLoader(importlib.abc.Loader):
+    """Stands in for the suite's card registry: card modules call register(ModelCard(...))."""
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module) -> None:
+        from harness.vocabulary import ModelCard
+
+        registry: dict = {}
+
+        def register(card):
+            registry[card.name] = card
+            return card
+
+        module.ModelCard, module.register, module.cards = ModelCard, register, lambda: list(registry.values())
+        module.find = lambda reference: registry[reference.partition(":")[2]]
+        module.load_module = lambda name: None  # the bundle's one card module is imported up front
+
+
+class BundleFinder(importlib.abc.MetaPathFinder):
+    """Finds the bundle's modules by their suite names, ahead of anything installed (a harness on the path
+    must not stand in for the copies the run used)."""
+
+    def __init__(self, modules: dict[str, Path]) -> None:
+        self.modules = modules
+        self.packages = {name.rsplit(".", depth)[0] for name in [*modules, SHIM] for depth in range(1, name.count(".") + 1)}
+
+    def find_spec(self, name, path=None, target=None):
+        if name == SHIM:
+            return importlib.machinery.ModuleSpec(name, _ShimLoader())
+        if name in self.modules:
+            return importlib.util.spec_from_file_location(name, self.modules[name])
+        if name in self.packages:
+            return importlib.machinery.ModuleSpec(name, _PackageLoader(), is_package=True)
+        return None
+
+
+def load_suite(case: dict) -> dict:
+    """Make the bundle's modules importable, import the card's module and every check's; the manifest."""
+    manifest = json.loads((BUNDLE / MANIFEST).read_text())
+    modules = manifest_modules(manifest)
+    wanted = [case["card"]["module"], *dict.fromkeys(manifest.get("checks", {}).values())]
+    strays = [name for name in wanted if name not in modules]
+    if strays:
+        raise ReproError(f"{MANIFEST} lists no file for {', '.join(map(repr, strays))}: the bundle is incomplete")
+    sys.meta_path.insert(0, BundleFinder(modules))
+    for name in ("harness.vocabulary", "harness.pipeline.facts", "harness.pipeline.eager", "harness.outcome", *wanted):
+        importlib.import_module(name)
+    return manifest
 
 
 # --- the QNN host environment ------------------------------------------------------------------------
@@ -146,7 +181,7 @@ def lower(case: dict, out: Path, env: dict[str, str]) -> tuple[Path | None, obje
 def lowering_child(request: str) -> int:
     case = json.loads((BUNDLE / "case.json").read_text())
     load_suite(case)
-    return sys.modules["harness.pipeline.lower_job"].main([request])
+    return importlib.import_module("harness.pipeline.lower_job").main([request])
 
 
 # --- running the steps --------------------------------------------------------------------------------
@@ -213,222 +248,202 @@ def run_on_phone(args: argparse.Namespace, case_id: str, pte: Path, inputs: Path
     return status, log
 
 
-def read_outputs(outputs: Path, reference: list[list]) -> list[list]:
-    """The runner's raw files, in the reference's dtypes and shapes."""
+
+
+def read_outputs(outputs: Path, reference: list[list]) -> tuple[list[list], str]:
+    """The runner's raw files as flat byte arrays, as a device run holds them (the outcome shapes them);
+    ([], why) when one is missing."""
     import numpy as np
 
-    shaped = []
+    raw = []
     for step, row in enumerate(reference):
-        shaped_row = []
-        for index, expected in enumerate(row):
+        raw_row = []
+        for index in range(len(row)):
             path = outputs / f"output_{step}_{index}.raw"
             if not path.is_file():
-                raise ReproError(f"the runner wrote no {path.name}; see {outputs.parent / 'runner.log'}")
-            raw = np.fromfile(path, dtype=np.uint8)
-            if raw.nbytes != expected.nbytes:
-                raise ReproError(f"{path.name}: {raw.nbytes} bytes, eager has {expected.nbytes} ({expected.dtype}{list(expected.shape)})")
-            shaped_row.append(raw.view(expected.dtype).reshape(expected.shape))
-        shaped.append(shaped_row)
-    return shaped
+                return [], f"the runner wrote no {path.name}; see {outputs.parent / 'runner.log'}"
+            raw_row.append(np.fromfile(path, dtype=np.uint8))
+        raw.append(raw_row)
+    return raw, ""
 
 
-# --- the checks, as the suite words them ----------------------------------------------------------------
-class Verdicts:
-    """Each check's verdict in this run: ("passed" | "failed" | "skipped", signature, one line)."""
+# --- the outcome the suite's checks read (harness/outcome.py's protocols) --------------------------------
+@dataclass
+class BundleLowering:
+    """This run's lowering: its facts and program."""
 
-    def __init__(self) -> None:
-        self.results: dict[str, tuple[str, str, str]] = {}
-        self.steps: list[dict] = []
+    facts: object  # harness.pipeline.facts.LoweringFacts
+    pte: Path | None
 
-    def passed(self, check: str, line: str = "") -> None:
-        self.results[check] = ("passed", "", line)
+    @property
+    def ok(self) -> bool:
+        return self.facts.error is None and self.pte is not None and self.pte.is_file()
 
-    def failed(self, check: str, signature: str, line: str) -> None:
-        self.results[check] = ("failed", signature, line)
-
-    def skipped(self, check: str, why: str) -> None:
-        self.results[check] = ("skipped", "", why)
-
-
-def judge_lowering(case: dict, card, facts, verdicts: Verdicts, checks: list[str]) -> None:
-    error = facts.error
-    failure = f"lowering failed: {error.type}: {error.message}" if error else ""
-    for check in checks:
-        if check == "export" and facts.export is not None:
-            found, expected = sorted(facts.export.buffers_to_mutate), sorted(card.mutated_buffers)
-            if found != expected:
-                verdicts.failed(check, "buffers_to_mutate_mismatch", f"exported buffers_to_mutate {found} != the card's {expected}")
-            else:
-                verdicts.passed(check, f"buffers_to_mutate {found}")
-        elif check == "annotation" and case["dtype"] == "fp16":
-            verdicts.skipped(check, "fp16 is not quantized")
-        elif check == "annotation" and facts.quantize is not None:
-            judge_annotation(facts.quantize, verdicts)
-        elif error is not None and check in ("export", "annotation", "partitions", "meta_llama_partitions", *DEVICE_CHECKS):
-            verdicts.failed(check, "lowering_failed", failure)
-        elif check in ("partitions", "meta_llama_partitions"):
-            judge_partitions(case, card, facts.partitions, verdicts, check)
+    @property
+    def failure(self) -> str:
+        error = self.facts.error
+        return f"lowering failed: {error.type}: {error.message}" if error else "lowering produced no model.pte"
 
 
-def judge_annotation(quantize, verdicts: Verdicts) -> None:
-    if quantize.annotated_buffer_inputs:
-        first = quantize.annotated_buffer_inputs[0]
-        verdicts.failed("annotation", "buffer_annotated", f"mutated buffer {first['buffer']} is annotated for "
-                        f"quantization as an input of {first['op']}")
-    elif quantize.qdq_around_buffers:
-        first = quantize.qdq_around_buffers[0]
-        verdicts.failed("annotation", "qdq_around_buffer", f"mutated buffer {first['buffer']} feeds {first['op']}")
-    elif quantize.folded_buffer_reads:
-        name = next(iter(quantize.folded_buffer_reads))
-        verdicts.failed("annotation", "buffer_reads_folded", f"convert_pt2e folded reads of mutated buffer {name} into constants")
-    else:
-        verdicts.passed("annotation")
+@dataclass
+class BundleRun:
+    outputs: list[list]
+    trace: Path | None
+    heap_pattern: int | None
 
 
-def judge_partitions(case: dict, card, partitions, verdicts: Verdicts, check: str) -> None:
-    backends = sorted({d.backend for d in partitions.delegates})
-    outside, buffers = sorted(partitions.buffers_outside), sorted(card.mutated_buffers)
-    summary = f"{len(partitions.delegates)} delegate(s) {backends}; buffers outside: {outside or 'none'}"
-    skip = case["mode"] != "delegate_mutbuf"
-    if len(partitions.delegates) != card.expected_partitions or backends != [QNN_BACKEND]:
-        verdicts.failed(check, "partition_count", f"{summary}; expected {card.expected_partitions} x {QNN_BACKEND}")
-    elif skip and outside != buffers:
-        verdicts.failed(check, "buffer_not_outside", f"{summary}; skip_mutable_buffer=True must keep {buffers} outside")
-    elif not skip and outside:
-        verdicts.failed(check, "buffer_outside_delegate", f"{summary}; with buffer delegation none may stay outside")
-    else:
-        verdicts.passed(check, summary)
+@dataclass(frozen=True)
+class BundleDevice:
+    name: str
+    has_execute_trace: bool
+    heap_pattern: int | None
 
 
-def judge_run(case: dict, card, steps: list[tuple], reference, device, trace: Path, verdicts: Verdicts, checks: list[str]) -> None:
-    import numpy as np
+@dataclass
+class Judgement:
+    verdict: str  # passed, failed, skipped, not_measured, infra_error, error
+    signature: str = ""
+    line: str = ""
 
-    numerics, mutbuf = sys.modules["harness.numerics"], sys.modules["harness.pipeline.mutbuf"]
-    comparison = numerics.compare(device, reference, case["dtype"])
-    verdicts.steps = [dict(e.__dict__) for e in comparison.errors]
-    dependence = numerics.initial_value_dependence(card, steps, reference)
-    delegated = case["mode"] == "delegate_mutbuf"
-    if "state" in checks:
-        bad = [e for e in comparison.errors if e.mismatches]
-        if not bad:
-            verdicts.passed("state")
-        else:
-            explained = all(not np.any(mask & ~dep) for mask_row, dep_row in zip(comparison.masks, dependence)
-                            for mask, dep in zip(mask_row, dep_row))
-            line = (f"state differs from eager: {sum(e.mismatches for e in bad)} element(s) out of tolerance in "
-                    f"{len(bad)}/{len(comparison.errors)} step(s); first at step {bad[0].step}, max abs error "
-                    f"{bad[0].max_abs_error:.4g}, SQNR {bad[0].sqnr_db:.1f} dB")
-            if explained and delegated:
-                verdicts.failed("state", "uninitialised_delegated_buffer", line + "; every mismatch depends on the buffer's initial value")
-            else:
-                verdicts.failed("state", "state_mismatch", line)
-    if "initial_state" in checks:
-        only_dependent = numerics.only_where(comparison.masks, dependence)
-        wrong = numerics.count(only_dependent)
-        if not numerics.count(dependence):
-            verdicts.skipped("initial_state", "no output element depends on the buffers' initial values")
-        elif wrong:
-            first = next(step for step, row in enumerate(only_dependent) if any(mask.any() for mask in row))
-            line = f"{wrong} output element(s) that depend on the registered initial value differ from eager, first at step {first}"
-            if delegated:
-                verdicts.failed("initial_state", "uninitialised_delegated_buffer",
-                                line + "; the delegated buffer did not start from its registered value")
-            else:
-                verdicts.failed("initial_state", "initial_value_ignored", line)
-        else:
-            verdicts.passed("initial_state", f"{numerics.count(dependence)} dependent element(s) match")
-    if "address_sharing" in checks:
-        judge_addresses(case, mutbuf, trace, verdicts)
+    @property
+    def fails(self) -> bool:
+        return self.verdict in ("failed", "error")
 
 
-def judge_addresses(case: dict, mutbuf, trace: Path, verdicts: Verdicts) -> None:
-    if not trace.is_file():
-        verdicts.skipped("address_sharing", "no execute trace: it comes from the suite's interposer library only")
-        return
-    bindings = mutbuf.bindings(mutbuf.read_trace(trace))
-    split = [b for b in bindings if not b.shared]
-    if case["mode"] != "delegate_mutbuf" and bindings:
-        verdicts.failed("address_sharing", "mutbuf_in_skip_mode", f"skip_mutable_buffer=True but the graph has mutbuf tensors ({bindings[0].input_name})")
-    elif case["mode"] == "delegate_mutbuf" and not bindings:
-        verdicts.failed("address_sharing", "no_mutbuf_pair", "no mutbuf pair in the compiled graph")
-    elif split:
-        verdicts.failed("address_sharing", "split_address", f"execute {split[0].execute}: {split[0].input_name} at "
-                        f"{split[0].input_address} but {split[0].output_name} at {split[0].output_address}")
-    else:
-        verdicts.passed("address_sharing", f"{len(bindings)} binding(s), each input and output at one address")
+def judge(spec, outcome) -> Judgement:
+    """One check on the outcome, its exception read as the suite's report hook reads it."""
+    registry = sys.modules["harness.check_registry"]
+    try:
+        spec.function(outcome)
+    except registry.NotApplicable as reason:
+        return Judgement("skipped", "", str(reason))
+    except registry.NotMeasured as reason:
+        return Judgement("not_measured", "", str(reason))
+    except registry.InfrastructureError as error:
+        return Judgement("infra_error", "", str(error))
+    except AssertionError as failure:  # CheckFailure, or a check's plain assert (no signature, as in the suite)
+        return Judgement("failed", getattr(failure, "signature", ""), str(failure).partition("\n")[0])
+    except Exception as error:  # a check that breaks on this outcome: not the recorded failure
+        return Judgement("error", type(error).__name__, f"{type(error).__name__}: {error}".partition("\n")[0])
+    return Judgement("passed")
+
+
+def verdict_of(recorded: dict, judged: dict[str, Judgement]) -> tuple[str, str]:
+    """(REPRODUCED | NOT REPRODUCED | DIFFERENT FAILURE, the rest of the verdict line)."""
+    failing = {name: j for name, j in judged.items() if j.fails}
+    expected = {name: entry for name, entry in recorded.items() if entry.get("verdict") in RECORDED_FAILURES}
+    if not failing:
+        return "NOT REPRODUCED", "(every check passes)" if not expected else f"({', '.join(expected)} pass now)"
+    # A recorded failure that fails otherwise is named first: its recorded line is the one to compare with.
+    for name, now in sorted(failing.items(), key=lambda item: item[0] not in expected):
+        was = recorded.get(name, {})
+        if was.get("verdict") not in RECORDED_FAILURES or now.signature != was.get("signature", ""):
+            what = f"recorded {was['signature']}: {was.get('message', '')}" if was.get("signature") else \
+                f"recorded {was.get('verdict', 'nothing')}" + (f": {was['message']}" if was.get("message") else "")
+            return "DIFFERENT FAILURE", f"{name} {now.signature or now.verdict}: {now.line}; {what}"
+    passing = [name for name in expected if name not in failing]
+    if passing:
+        was = expected[passing[0]]
+        return "DIFFERENT FAILURE", f"{passing[0]} {judged[passing[0]].verdict if passing[0] in judged else 'not judged'}" \
+                                    f" now; recorded {was.get('signature') or was.get('verdict')}: {was.get('message', '')}"
+    return "REPRODUCED", f"({', '.join(failing)} fail as recorded)"
 
 
 # --- the report ------------------------------------------------------------------------------------------
-def report(case: dict, verdicts: Verdicts, facts, out: Path) -> int:
+def report(case: dict, judged: dict[str, Judgement], steps: list[dict], facts, out: Path) -> int:
     recorded = case["checks"]
-    failing = []
     if facts is not None and facts.error is not None:
         print(f"lowering: lowering failed: {facts.error.type}: {facts.error.message}")
         print(f"  (its log, with the QNN messages: {out / 'lowering' / 'lower.log'})")
     elif facts is not None and facts.partitions is not None:
         print(f"lowering: ok, {len(facts.partitions.delegates)} delegate(s), buffers outside the delegates: "
               f"{', '.join(facts.partitions.buffers_outside) or 'none'}")
-    for check, (verdict, signature, line) in verdicts.results.items():
-        if signature == "lowering_failed" and facts is not None and facts.error is not None:
-            line = "(the lowering above)"
-        was = recorded.get(check, {})
-        if signature and signature == was.get("signature"):
-            note = "as recorded"
-        else:
-            note = f"recorded: {was.get('verdict', 'not recorded')}" + (f" [{was['signature']}]" if was.get("signature") else "")
-        print(f"{check}: {verdict.upper()}{f' [{signature}]' if signature else ''} {line}".rstrip() + f"  ({note})")
-        if verdict == "failed":
-            failing.append(check)
-    for step in verdicts.steps:
+    for name, now in judged.items():
+        was = recorded.get(name, {})
+        note = "as recorded" if (now.verdict, now.signature) == (was.get("verdict"), was.get("signature", "")) or (
+            now.fails and was.get("verdict") in RECORDED_FAILURES and now.signature == was.get("signature")) else \
+            f"recorded: {was.get('verdict', 'not recorded')}" + (f" [{was['signature']}]" if was.get("signature") else "")
+        line = "(the lowering above)" if now.signature == "lowering_failed" and facts is not None and facts.error else now.line
+        print(f"{name}: {now.verdict.upper()}{f' [{now.signature}]' if now.signature else ''} {line}".rstrip() + f"  ({note})")
+    for step in steps:
         print(f"  step {step['step']}: max abs error {step['max_abs_error']!r}, SQNR {step['sqnr_db']:.2f} dB, "
               f"{step['mismatches']} element(s) out of tolerance")
-    reproduced = bool(failing)
-    print(f"verdict: {'REPRODUCED' if reproduced else 'NOT REPRODUCED'}"
-          + (f" ({', '.join(failing)} fail)" if reproduced else " (every check passes)"))
+    word, rest = verdict_of(recorded, judged)
+    print(f"verdict: {word}: {rest}" if word == "DIFFERENT FAILURE" else f"verdict: {word} {rest}")
     (out / "result.json").write_text(json.dumps(
-        {"case_id": case["case_id"], "reproduced": reproduced, "steps": verdicts.steps,
-         "checks": {check: {"verdict": v, "signature": s, "message": m} for check, (v, s, m) in verdicts.results.items()}},
+        {"case_id": case["case_id"], "verdict": word, "reproduced": word == "REPRODUCED", "steps": steps,
+         "checks": {name: {"verdict": j.verdict, "signature": j.signature, "message": j.line} for name, j in judged.items()}},
         indent=1, default=str))
-    return 1 if reproduced else 0
+    return EXIT[word]
 
 
 def reproduce(args: argparse.Namespace) -> int:
     case = json.loads((BUNDLE / "case.json").read_text())
     env = qnn_environment(args.qnn_sdk)
-    modules = load_suite(case)
-    card, eager = modules["card"], modules["harness.pipeline.eager"]
+    manifest = load_suite(case)
+    registry, vocabulary = sys.modules["harness.check_registry"], sys.modules["harness.vocabulary"]
+    facts_module, eager = sys.modules["harness.pipeline.facts"], sys.modules["harness.pipeline.eager"]
+    outcome_module = sys.modules["harness.outcome"]
+    card = sys.modules[SHIM].find(case["card"]["reference"])
+    # Every check the run judged for this case (the bundle records each, passes too), by the run's own code.
+    names = [name for name in case["checks"] if name in manifest.get("checks", {})]
+    missing = [name for name in case["checks"] if name not in names]
+    if missing:
+        raise ReproError(f"the run judged {', '.join(missing)}, but {MANIFEST} names no module declaring it: "
+                         f"make the bundle again with the suite that declares it")
+    specs = [registry.get(name) for name in names]
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    checks = [name for name, check in case["checks"].items() if check["verdict"] != "skipped"] or list(case["checks"])
     where = f"phone {args.serial}" if args.serial else "the HTP simulator"
     print(f"{case['case_id']}: {case['card']['name']}, {case['dtype']}, {case['mode']}, {case['steps']} step(s), on {where}")
-    verdicts = Verdicts()
+    the_case = vocabulary.Case(card, case["dtype"], vocabulary.Mode(case["mode"]), case["soc"])
     if args.pte:
-        pte, facts = Path(args.pte).resolve(), None
+        pte, facts = Path(args.pte).resolve(), facts_module.LoweringFacts.read(BUNDLE / "lowering" / "facts.json")
     else:
         pte, facts = lower(case, out, env)
-        judge_lowering(case, card, facts, verdicts, checks)
-    wanted = [check for check in checks if check in DEVICE_CHECKS]
-    if pte is not None and wanted:
-        steps = card.steps(case["steps"])
-        reference = eager.run_steps(card, steps)
-        inputs = out / "inputs"
-        write_inputs(steps, inputs)
-        outputs = out / "outputs"
-        status, log = run_on_phone(args, case["case_id"], pte, inputs, outputs) if args.serial else \
-            run_on_simulator(pte, inputs, outputs, env, case.get("heap_pattern"), case.get("method_index", 0))
-        (out / "runner.log").write_text(log)
-        if status != 0:
-            tail = [line for line in log.strip().splitlines() if line.strip()][-1:] or ["nothing"]
-            for check in wanted:
-                verdicts.failed(check, "not_run", f"the runner exited {status} (last words: {tail[0][:200]}); see {out / 'runner.log'}")
-        else:
-            judge_run(case, card, steps, reference, read_outputs(outputs, reference), outputs / "trace.jsonl", verdicts, wanted)
-    return report(case, verdicts, facts, out)
+    steps = card.steps(case["steps"])
+    outcome = outcome_module.CaseOutcome(the_case, steps, BundleLowering(facts, pte), eager.run_steps(card, steps))
+    if outcome.artifact.ok and any(spec.needs_device for spec in specs):
+        run_device(args, case, outcome, out, env)
+    judged = {spec.name: judge(spec, outcome) for spec in specs}
+    numbers = []
+    if outcome.run is not None:
+        try:
+            numbers = [dict(error.__dict__) for error in outcome.comparison.errors]
+        except ValueError:  # outputs of the wrong size: the checks said so
+            pass
+    return report(case, judged, numbers, facts, out)
+
+
+def run_device(args: argparse.Namespace, case: dict, outcome, out: Path, env: dict[str, str]) -> None:
+    """Run the steps on the simulator or the phone; the outcome gets the run, or why there is none."""
+    inputs, outputs = out / "inputs", out / "outputs"
+    write_inputs(outcome.steps, inputs)
+    pte = outcome.artifact.pte
+    if args.serial:
+        status, log = run_on_phone(args, case["case_id"], pte, inputs, outputs)
+        device = BundleDevice("phone", False, None)
+    else:
+        status, log = run_on_simulator(pte, inputs, outputs, env, case.get("heap_pattern"), case.get("method_index", 0))
+        device = BundleDevice("emulated", True, case.get("heap_pattern"))
+    (out / "runner.log").write_text(log)
+    outcome.device_kind, outcome.device = device.name, device
+    if status != 0:
+        tail = [line for line in log.strip().splitlines() if line.strip()][-1:] or ["nothing"]
+        outcome.run_error = f"the runner exited {status} (last words: {tail[0][:200]}); see {out / 'runner.log'}"
+        return
+    raw, missing = read_outputs(outputs, outcome.reference)
+    if missing:
+        outcome.run_error = missing
+        return
+    pattern = HEAP_PATTERN.search(log)
+    trace = outputs / "trace.jsonl"
+    outcome.run = BundleRun(raw, trace if trace.is_file() else None, int(pattern.group(1), 16) if pattern else None)
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="repro.py", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="repro.py", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--qnn-sdk", metavar="DIR", help="QNN SDK root with lib/x86_64-linux-clang (else QNN_SDK_ROOT / LD_LIBRARY_PATH)")
     parser.add_argument("--serial", metavar="S", help="run on this adb device instead of the HTP simulator")
     parser.add_argument("--device-dir", default="/data/local/tmp/qnn", metavar="DIR",
@@ -438,13 +453,23 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", default="repro-out", metavar="DIR", help="where this run's files go (default ./repro-out)")
     parser.add_argument("--lowering-child", metavar="REQUEST", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.lowering_child:
-        return lowering_child(args.lowering_child)
     try:
+        if args.lowering_child:
+            return lowering_child(args.lowering_child)
         return reproduce(args)
     except ReproError as error:
         print(f"repro.py: {error}", file=sys.stderr)
-        return 2
+    except ModuleNotFoundError as error:
+        if (error.name or "").partition(".")[0] in {name.partition(".")[0] for name in SUITE_MODULES}:
+            print(f"repro.py: could not run: the bundle carries no module {error.name!r} (a carried module imports "
+                  f"it): make the bundle again with the suite", file=sys.stderr)
+            return 2
+        print(f"repro.py: could not run: this Python ({sys.executable}) has no module {error.name!r}: run it with a "
+              f"Python that has executorch, torch, torchao and numpy (case.json's environment lists the run's versions)",
+              file=sys.stderr)
+    except Exception as error:  # anything else of this script's own: one line, never a traceback
+        print(f"repro.py: could not run: {type(error).__name__}: {' '.join(str(error).split())[:300]}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import torch
 from fixtures import zoo  # noqa: F401  (registers the cards)
 from harness import checks
 from harness.check_registry import CheckFailure, NotMeasured
+from harness.device import kinds
 from harness.device.execute import DeviceRun, write_inputs
 from harness.pipeline import card as cards
 from harness.pipeline import eager, stages
@@ -33,7 +34,8 @@ STEPS = 4
 
 def _outcome(case: Case, facts: LoweringFacts, steps: list[tuple], directory: Path = Path(".")) -> CaseOutcome:
     artifact = LoweredArtifact(case, directory, facts, "", 0.0)
-    return CaseOutcome(case, steps, artifact, eager.run_steps(case.card, steps), device_kind="emulated")
+    return CaseOutcome(case, steps, artifact, eager.run_steps(case.card, steps), device_kind="emulated",
+                       device=kinds.of("emulated"))
 
 
 def _lowered(toolchain, tmp_path_factory, card_name: str, skip: bool) -> CaseOutcome:
@@ -61,7 +63,7 @@ def _run_on_simulator(outcome: CaseOutcome, toolchain, directory: Path, faults: 
     files = [[directory / "outputs" / f"output_{s}_{i}.raw" for i in range(count)] for s in range(len(outcome.steps))]
     outputs = [[np.fromfile(path, dtype=np.uint8) for path in row] for row in files]
     return CaseOutcome(outcome.case, outcome.steps, outcome.artifact, outcome.reference, device_kind="emulated",
-                       run=DeviceRun(outputs, files, directory / "outputs" / "trace.jsonl", completed.stdout))
+                       device=kinds.of("emulated"), run=DeviceRun(outputs, files, directory / "outputs" / "trace.jsonl", completed.stdout))
 
 
 # 1 export -------------------------------------------------------------------------------------------
@@ -149,7 +151,7 @@ def test_address_check_on_a_phone_is_not_measured_without_a_trace_and_checked_wi
     """A phone without the interposer cannot measure it (NotMeasured, never a pass or a plain skip); with the
     interposer pushed (--android-ndk) its trace is judged like any other."""
     outcome = _trace_outcome(tmp_path, [("0x10", "0x20")] * 3)
-    outcome.device_kind = "phone"
+    outcome.device_kind, outcome.device = "phone", kinds.of("phone")
     with pytest.raises(CheckFailure, match="at 0x10 but"):
         checks.check_address_sharing(outcome)
     outcome.run = DeviceRun([], [], None, "")

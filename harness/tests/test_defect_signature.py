@@ -30,7 +30,8 @@ from harness.pipeline import eager
 from harness.pipeline.facts import LoweringFacts
 from harness.pipeline.lower import LoweredArtifact
 from harness.outcome import CaseOutcome
-from harness.numerics import pattern_dequantized, pattern_initial
+from harness.numerics import pattern_dequantized
+from harness.pipeline.eager import pattern_initial
 from harness.vocabulary import Case, Mode
 
 PATTERN = kinds.EMULATED_HEAP_PATTERN
@@ -72,7 +73,7 @@ def _outcome(directory: Path, card_name: str, device: list[list[np.ndarray]], ki
     steps = card.steps(4)
     (directory / "model.pte").write_bytes(b"")  # the outputs are what these checks read
     outcome = CaseOutcome(case, steps, LoweredArtifact(case, directory, LoweringFacts(), "", 0.0),
-                          eager.run_steps(card, steps), device_kind=kind)
+                          eager.run_steps(card, steps), device_kind=kind, device=kinds.of(kind))
     raw = [[np.ascontiguousarray(a).view(np.uint8).ravel() for a in row] for row in device]
     outcome.run = DeviceRun(raw, [], trace, "", heap_pattern=heap_pattern)
     return outcome

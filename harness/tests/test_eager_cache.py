@@ -8,7 +8,6 @@ import pytest
 from fixtures import zoo  # noqa: F401  (registers the cards)
 from harness.pipeline import cache, eager, references
 from harness.pipeline import card as cards
-from harness import numerics
 from harness.vocabulary import Case, Mode
 
 CASE = Case(cards.find("fixtures.zoo:counter_add"), "fp16", Mode.DELEGATE, "SM8650")
@@ -28,7 +27,7 @@ def _entry(cache_dir):
 
 def _assert_equal(got: references.EagerResults) -> None:
     reference = eager.run_steps(CASE.card, STEPS)
-    dependence = numerics.initial_value_dependence(CASE.card, STEPS, reference)
+    dependence = eager.initial_value_dependence(CASE.card, STEPS, reference)
     for got_rows, want_rows in ((got.reference, reference), (got.dependence, dependence)):
         assert len(got_rows) == len(want_rows) == len(STEPS)
         for got_row, want_row in zip(got_rows, want_rows):
@@ -94,4 +93,4 @@ def test_a_dependence_that_cannot_be_computed_is_left_to_its_check(tmp_path, mon
     assert "damaged" not in capfd.readouterr().err, "an entry without a dependence is whole"
     assert again.dependence is None and all(np.array_equal(a, b) for a, b in zip(again.reference[2], first.reference[2]))
     with pytest.raises(KeyError, match="declared"):
-        numerics.initial_value_dependence(case.card, steps, again.reference)
+        eager.initial_value_dependence(case.card, steps, again.reference)

@@ -347,3 +347,22 @@ def test_the_report_after_a_partial_rerun_names_every_command(tmp_path, monkeypa
         "python -m harness matrix --id x --report-root " + str(root) + " --executorch 1.4.1,1.5.1 --qnn-wheel 2.7.0",
         "python -m harness matrix --id x --report-root " + str(root) + " --executorch 1.4.1 --qnn-wheel 2.7.0"]
     assert len(document["columns"]) == 2 and document["changed_rows"] == 1
+
+
+def test_rows_follow_the_reports_check_columns_a_new_check_included():
+    """The order of a case's rows comes from report.json's check columns (the registry's order, carried in
+    the report), not a list of its own: a check added with @check sorts where its reports put it."""
+    made_up = ("kv_arange_init-fp16-delegate_mutbuf-SM8650", "made_up_check")
+    columns = []
+    for qairt in ("2.47", "2.51"):
+        column = _column("1.5.0", qairt, {STATE: PASS, EXPORT: PASS, made_up: PASS})
+        for document in column.documents:
+            document["checks"] = [{"name": "made_up_check", "short": "mu"}, {"name": "export", "short": "exp"},
+                                  {"name": "state", "short": "state"}]
+        columns.append(column)
+    assert side_by_side.check_order(columns) == ("made_up_check", "export", "state")
+    assert [row["check"] for row in side_by_side.build(columns, "m", "c")["rows"]] == ["made_up_check", "export", "state"]
+    for document in (document for column in columns for document in column.documents):
+        document["checks"] = [{"name": "state", "short": "state"}, {"name": "made_up_check", "short": "mu"}]
+    # export is in no report's columns: after the known ones, by name
+    assert [row["check"] for row in side_by_side.build(columns, "m", "c")["rows"]] == ["state", "made_up_check", "export"]
