@@ -149,7 +149,8 @@ class CaseStore:
                     outcome.device_serial, outcome.device_kind = device.label, self._pool.spec(device.label).kind
                     outcome.run = run_case(device, workspace, case.id, outcome.artifact.pte, outcome.steps, local,
                                            output_count=len(outcome.reference[0]), timeout_s=self._runner_timeout_s,
-                                           method_index=outcome.artifact.facts.method_index)
+                                           method_index=outcome.artifact.facts.method_index,
+                                           output_bytes=[[array.nbytes for array in row] for row in outcome.reference])
                     outcome.timings_s.update(outcome.run.timings_s)
                 break
             except DeviceLost as lost:

@@ -1,0 +1,148 @@
+"""Lab faults and their bounds (issue 35): a full or read-only report folder, a runner that floods its
+output, an output file far larger than its program's, a wedged adb server, torn state files and a card's
+helper module that changes. Each test breaks one thing and asserts the one line, the exit code or verdict,
+what is written and that nothing is left running; and a healthy input the defence must leave alone.
+docs/FAULTS.md is the table of every fault the harness tests.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.device import shell_v2
+from harness.device.adb import AdbClient
+from harness.device.device import Device, DeviceError
+from harness.device.execute import RunnerFailed, Workspace, run_case
+from harness.device.payload import RUNNER_NAME
+from harness.emulator.launcher import EmulatorFleet
+
+
+# --- device output and adb calls are bounded ------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory, toolchain):
+    device_env = {**toolchain.child_env(), "QNNSUITE_PYTHON": sys.executable}
+    with EmulatorFleet(["SM8650"], tmp_path_factory.mktemp("fleet"), device_env=device_env) as started:
+        yield started
+
+
+@pytest.fixture
+def device(fleet) -> Device:
+    return Device(fleet.devices[0].serial, AdbClient(host="127.0.0.1", port=fleet.adb_port))
+
+
+def _fake_runner(device: Device, tmp_path: Path, name: str, script: str) -> Workspace:
+    """A workspace whose qnn_executor_runner is this shell script (the runner's contract, its fault)."""
+    workspace = device.workspace(name)
+    runner = tmp_path / RUNNER_NAME
+    runner.write_text("#!/bin/sh\n" + script + "\n")
+    device.push_files([(runner, f"{workspace}/{RUNNER_NAME}")], mode=0o755)
+    return Workspace(workspace, workspace)
+
+
+def _pte(tmp_path: Path) -> Path:
+    pte = tmp_path / "model.pte"
+    pte.write_bytes(b"read by no one: the fake runner ignores it")
+    return pte
+
+
+def test_a_runner_flooding_stderr_keeps_the_last_bytes_and_counts_the_rest(device, tmp_path, monkeypatch):
+    monkeypatch.setattr(shell_v2, "OUTPUT_KEEP_BYTES", 1 << 20)
+    flood = len("runner: noise\n") * (4 << 20)  # whole lines, 56 MiB
+    workspace = _fake_runner(device, tmp_path, "flood", f"yes runner: noise | head -c {flood} >&2\n"
+                             "echo 'runner: flooded, giving up' >&2\nexit 3")
+    with pytest.raises(RunnerFailed) as failure:
+        run_case(device, workspace, "case", _pte(tmp_path), [()], tmp_path / "local", output_count=1, timeout_s=60)
+    assert "exited 3 (last words: runner: flooded, giving up)" in str(failure.value)
+    log = (tmp_path / "local" / "runner.log").read_bytes()
+    assert len(log) < (1 << 20) + 200, "the runner's log keeps the last OUTPUT_KEEP_BYTES"
+    first, _, rest = log.partition(b"\n")
+    dropped = int(first.split()[1])
+    assert first.startswith(b"... ") and b"bytes dropped" in first and dropped + len(rest) == flood + 27
+    device.remove_workspaces()
+
+
+def test_output_within_the_bound_is_kept_whole(device):
+    result = device.run(["sh", "-c", "head -c 100000 /dev/zero | tr '\\0' y; echo; echo end >&2"],
+                        cwd="/data/local/tmp", timeout_s=30)
+    assert result.exit_code == 0 and "dropped" not in result.output
+    assert result.output.count("y") == 100000 and result.stderr == "end\n"
+
+
+def test_an_output_file_larger_than_its_program_s_fails_the_case_unpulled(device, tmp_path):
+    workspace = _fake_runner(device, tmp_path, "oversized", "truncate -s 2147483648 outputs/output_0_0.raw; exit 0")
+    started = time.monotonic()
+    with pytest.raises(RunnerFailed) as failure:
+        run_case(device, workspace, "case", _pte(tmp_path), [()], tmp_path / "local", output_count=1, timeout_s=60,
+                 output_bytes=[[64]])
+    assert time.monotonic() - started < 30
+    assert "wrote too much: output_0_0.raw is 2147483648 bytes, expected 64 (not pulled)" in str(failure.value)
+    assert not (tmp_path / "local" / "outputs" / "output_0_0.raw").exists()
+    device.remove_workspaces()
+
+
+def test_an_output_file_of_its_program_s_size_is_pulled(device, tmp_path):
+    workspace = _fake_runner(device, tmp_path, "exact", "head -c 64 /dev/zero > outputs/output_0_0.raw; "
+                             "head -c 9 /dev/zero > outputs/stray.bin; exit 0")
+    run = run_case(device, workspace, "case", _pte(tmp_path), [()], tmp_path / "local", output_count=1, timeout_s=60,
+                   output_bytes=[[64]])
+    assert [array.nbytes for array in run.outputs[0]] == [64]
+    assert not (tmp_path / "local" / "outputs" / "stray.bin").exists(), "only the expected files are pulled"
+    device.remove_workspaces()
+
+
+class WedgedServer:
+    """An adb server that accepts connections and never answers (wedged)."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.held: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                connection, _ = self.listener.accept()
+            except OSError:
+                return
+            self.held.append(connection)
+
+    def close(self) -> None:
+        self.listener.close()
+        for connection in self.held:
+            connection.close()
+
+
+def test_a_wedged_server_costs_a_first_shell_seconds_not_ten_minutes(monkeypatch):
+    """adbutils asks the device's features before a first shell v2, with a 600 s default timeout."""
+    from harness.device import adb as adb_module
+    monkeypatch.setattr(adb_module, "CONNECT_TIMEOUT_S", 1.0)
+    server = WedgedServer()
+    client = AdbClient(host="127.0.0.1", port=server.port)
+    client._server_version = 41  # the version request is a host request, bounded already
+    started = time.monotonic()
+    try:
+        with pytest.raises(DeviceError) as failure:
+            Device("emulator-5554", client).shell("echo ok", timeout_s=5)
+    finally:
+        server.close()
+    assert time.monotonic() - started < 15, "bounded by the connection timeout, not adbutils' 600 s"
+    assert str(failure.value).startswith("device emulator-5554 ") and "\n" not in str(failure.value)
+    print(f"wedged server: {time.monotonic() - started:.1f} s: {failure.value}")
+
+
+def test_the_bounded_read_keeps_output_whole_when_it_fits():
+    tail = shell_v2.Tail(10)
+    tail.write(b"abc")
+    assert tail.value() == b"abc"
+    for _ in range(5):
+        tail.write(b"0123456789")
+    assert tail.value() == b"... 43 bytes dropped (only the last 10 are kept)\n0123456789"
