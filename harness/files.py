@@ -6,10 +6,14 @@ or a pipe may be broken or on a full disk, and a line that cannot be shown must 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import sys
 import threading
 from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+T = TypeVar("T")
 
 # The errors that mean "this folder cannot take the file" (full, read-only, not ours), as against a bug.
 UNWRITABLE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
@@ -42,14 +46,15 @@ def say(line: str) -> None:
         pass
 
 
-def read_state_text(path: Path, what: str) -> str | None:
-    """A state file's text (a cache entry, a record), None when it is missing; an unreadable one (not text,
-    no permission) is also None, with one line naming it: state is rebuilt, never the cause of a failed run."""
+def read_state(path: Path, what: str, build: Callable[[Any], T]) -> T | None:
+    """A JSON state file (a cache entry, a record) as build(its data); None when it is missing, and also when
+    it is unreadable or torn (not text, not JSON, not what build takes: a run killed mid-write by an older
+    suite, a full disk), with one line naming it: state is rebuilt, never the cause of a failed run."""
     try:
-        return path.read_text()
+        return build(json.loads(path.read_text()))
     except FileNotFoundError:
         return None
-    except (OSError, UnicodeDecodeError) as error:
+    except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError) as error:  # JSONDecodeError is a ValueError
         say(f"qnnsuite: {what} {path} is unreadable ({type(error).__name__}: {error}); treated as missing")
         return None
 

@@ -122,7 +122,7 @@ class CaseStore:
         if not is_lowered(directory):
             return None
         try:
-            facts = LoweringFacts.read(facts_path)
+            facts = LoweringFacts.read_cached(facts_path)
         except FactsError as error:
             problem = str(error)
         else:

@@ -146,3 +146,79 @@ def test_the_bounded_read_keeps_output_whole_when_it_fits():
     for _ in range(5):
         tail.write(b"0123456789")
     assert tail.value() == b"... 43 bytes dropped (only the last 10 are kept)\n0123456789"
+
+
+# --- torn state files are treated as missing, with one line ----------------------------------------------
+
+def _probe_cache(tmp_path: Path, monkeypatch) -> tuple[object, list, callable]:
+    from types import SimpleNamespace
+
+    from harness.qnn import toolchain as toolchain_module
+    probes = []
+    fresh = toolchain_module.Probe("build-1", False, None, None, "ok", None)
+    monkeypatch.setattr(toolchain_module, "state_dir", lambda: tmp_path / "state")
+    monkeypatch.setattr(toolchain_module, "_probe", lambda overlay: probes.append(overlay) or fresh)
+    library = tmp_path / "libQnnHtp.so"
+    library.write_bytes(b"\x7fELF")
+    sdk = SimpleNamespace(htp_library=library)
+    return fresh, probes, lambda: toolchain_module._cached_probe(sdk, tmp_path, library)
+
+
+def test_a_torn_probe_cache_is_probed_again_with_one_line(tmp_path, monkeypatch, capsys):
+    fresh, probes, cached_probe = _probe_cache(tmp_path, monkeypatch)
+    assert cached_probe() == fresh and len(probes) == 1
+    (entry,) = (tmp_path / "state" / "probe").iterdir()
+    entry.write_text(entry.read_text()[:20])  # torn, as a run killed mid-write by an older suite left it
+    assert cached_probe() == fresh and len(probes) == 2, "probed again, not a JSONDecodeError for every later run"
+    (said,) = capsys.readouterr().err.splitlines()
+    assert said.startswith(f"qnnsuite: probe cache {entry} is unreadable (JSONDecodeError: ") and said.endswith("treated as missing")
+    assert cached_probe() == fresh and len(probes) == 2, "the entry was rewritten whole"
+    assert [p.name for p in entry.parent.iterdir()] == [entry.name], "no temporary file left beside it"
+
+
+def test_a_sound_probe_cache_is_served_silently(tmp_path, monkeypatch, capsys):
+    fresh, probes, cached_probe = _probe_cache(tmp_path, monkeypatch)
+    cached_probe()
+    assert cached_probe() == fresh and len(probes) == 1 and capsys.readouterr().err == ""
+
+
+def _lowering_entry(tmp_path: Path, facts) -> Path:
+    directory = tmp_path / "entry"
+    directory.mkdir()
+    facts.write(directory / "facts.json")
+    (directory / "lower.log").write_text("")
+    return directory
+
+
+def test_a_non_cacheable_facts_json_left_by_a_killed_run_is_not_served(tmp_path, capsys):
+    """A machine failure's facts.json is removed by the run that wrote it; killed in between, it stays."""
+    from types import SimpleNamespace
+
+    from harness.pipeline.facts import LoweringFacts
+    from harness.results import CaseStore
+    directory = _lowering_entry(tmp_path, LoweringFacts.crashed("lowering process was killed by SIGKILL"))
+    assert CaseStore._cached(None, SimpleNamespace(id="counter_add-fp16"), directory) is None
+    (said,) = capsys.readouterr().err.splitlines()
+    assert "cached lowering of counter_add-fp16 is damaged (" in said and "records a failure of the machine " \
+        "(LoweringCrashed), never served from the cache); lowering it again" in said
+
+
+def test_a_case_s_own_lowering_failure_is_served_from_the_cache(tmp_path, capsys):
+    from types import SimpleNamespace
+
+    from harness.pipeline.facts import LoweringError, LoweringFacts
+    from harness.results import CaseStore
+    directory = _lowering_entry(tmp_path, LoweringFacts(error=LoweringError("RuntimeError", "unsupported op")))
+    served = CaseStore._cached(None, SimpleNamespace(id="counter_add-fp16"), directory)
+    assert served is not None and served.facts.error.message == "unsupported op" and capsys.readouterr().err == ""
+
+
+def test_a_torn_facts_json_is_lowered_again(tmp_path, capsys):
+    from types import SimpleNamespace
+
+    from harness.pipeline.facts import LoweringError, LoweringFacts
+    from harness.results import CaseStore
+    directory = _lowering_entry(tmp_path, LoweringFacts(error=LoweringError("RuntimeError", "unsupported op")))
+    (directory / "facts.json").write_text('{"timings_s": {}, "err')
+    assert CaseStore._cached(None, SimpleNamespace(id="c"), directory) is None
+    assert "unreadable facts (JSONDecodeError" in capsys.readouterr().err
