@@ -222,3 +222,47 @@ def test_a_torn_facts_json_is_lowered_again(tmp_path, capsys):
     (directory / "facts.json").write_text('{"timings_s": {}, "err')
     assert CaseStore._cached(None, SimpleNamespace(id="c"), directory) is None
     assert "unreadable facts (JSONDecodeError" in capsys.readouterr().err
+
+
+# --- the lowering key covers a card's helper modules ------------------------------------------------------
+
+def _user_tree(tmp_path: Path, monkeypatch, request, package: str) -> Path:
+    """A user's tree: a cards module importing a helper of its package (relatively, inside a function too)
+    and a sibling top-level module; an installed package it imports stays out of the key."""
+    tree = tmp_path / "tree"
+    (tree / package).mkdir(parents=True)
+    (tree / package / "__init__.py").write_text("")
+    (tree / package / "cards.py").write_text(
+        "import json\nfrom . import helpers\nimport {0}_shared\n\ndef build():\n"
+        "    from .lazy import WIDTH\n    return helpers.SCALE * WIDTH\n".format(package))
+    (tree / package / "helpers.py").write_text("SCALE = 2\n")
+    (tree / package / "lazy.py").write_text("WIDTH = 4\n")
+    (tree / package / "unrelated.py").write_text("NOT_IMPORTED = 1\n")
+    (tree / f"{package}_shared.py").write_text("import pytest\nOFFSET = 1\n")
+    monkeypatch.syspath_prepend(str(tree))
+    loaded = set(sys.modules)
+    __import__(f"{package}.cards")
+    request.addfinalizer(lambda: [sys.modules.pop(name, None) for name in set(sys.modules) - loaded])
+    return tree
+
+
+@pytest.mark.parametrize("edited, changes", [
+    ("{p}/helpers.py", True), ("{p}/lazy.py", True), ("{p}_shared.py", True), ("{p}/cards.py", True),
+    ("{p}/unrelated.py", False),
+])
+def test_the_lowering_key_covers_the_modules_a_card_imports_from_the_user_s_tree(tmp_path, monkeypatch, request, edited,
+                                                                                  changes):
+    from types import SimpleNamespace
+
+    from harness.pipeline import cache
+    package = f"labcards_{abs(hash((edited, str(tmp_path)))) % 10**8}"
+    tree = _user_tree(tmp_path, monkeypatch, request, package)
+    case = SimpleNamespace(card=SimpleNamespace(name="helper_card", module=f"{package}.cards"))
+    cache._card_sources.cache_clear()
+    before = cache.eager_key(case, 4), cache.exported_key(case, 4)
+    path = tree / edited.format(p=package)
+    path.write_text(path.read_text() + "# edited\n")
+    cache._card_sources.cache_clear()  # a new run
+    after = cache.eager_key(case, 4), cache.exported_key(case, 4)
+    assert (before != after) == changes, edited
+    cache._card_sources.cache_clear()
