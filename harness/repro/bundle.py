@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from harness.device.execute import DEVICE_LOG, write_inputs
+from harness.files import say
 from harness.known_failures import KnownFailure
 from harness.paths import REPO_ROOT
 from harness.qnn.toolchain import Toolchain
@@ -73,7 +74,7 @@ class BundleWriter:
             (folder / layout.CASE_FILE).write_text(json.dumps(case, indent=1, default=str) + "\n")
             (folder / "issue.md").write_text(issue.render(case))
         except Exception as error:  # a bundle that cannot be written must not cost the run its verdicts and reports
-            print(f"qnnsuite: no reproduction bundle for {record.case_id} ({type(error).__name__}: {error})", file=sys.stderr)
+            say(f"qnnsuite: no reproduction bundle for {record.case_id} ({type(error).__name__}: {error})")
             return record
         if self._unarchived != folder:
             self.archive()
@@ -88,8 +89,7 @@ class BundleWriter:
         try:
             _archive(folder)
         except Exception as error:
-            print(f"qnnsuite: no .tar.gz of the reproduction bundle {folder.name} ({type(error).__name__}: {error})",
-                  file=sys.stderr)
+            say(f"qnnsuite: no .tar.gz of the reproduction bundle {folder.name} ({type(error).__name__}: {error})")
 
     def _write_case_files(self, folder: Path, outcome: CaseOutcome) -> None:
         case, artifact = outcome.case, outcome.artifact

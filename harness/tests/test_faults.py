@@ -6,12 +6,18 @@ docs/FAULTS.md is the table of every fault the harness tests.
 """
 from __future__ import annotations
 
+import contextlib
+import errno
+import json
 import os
 import socket
+import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Iterator
 
 import pytest
 
@@ -21,6 +27,8 @@ from harness.device.device import Device, DeviceError
 from harness.device.execute import RunnerFailed, Workspace, run_case
 from harness.device.payload import RUNNER_NAME
 from harness.emulator.launcher import EmulatorFleet
+from harness.files import say
+from harness.paths import REPO_ROOT
 
 
 # --- device output and adb calls are bounded ------------------------------------------------------------
@@ -266,3 +274,134 @@ def test_the_lowering_key_covers_the_modules_a_card_imports_from_the_user_s_tree
     after = cache.eager_key(case, 4), cache.exported_key(case, 4)
     assert (before != after) == changes, edited
     cache._card_sources.cache_clear()
+
+
+# --- reports on a full or read-only filesystem ----------------------------------------------------------
+
+PAGE = 4096
+
+
+@contextlib.contextmanager
+def _tmpfs(where: Path, size: int, read_only: bool = False) -> Iterator[Path]:
+    """A tmpfs of `size` bytes (a whole number of pages) at where; skips where this account cannot mount."""
+    where.mkdir(parents=True, exist_ok=True)
+    options = f"size={size}" + (",ro" if read_only else "")
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=True)
+
+
+def _reporter(report_dir: Path, work_dir: Path):
+    from types import SimpleNamespace
+
+    from harness.context import RunContext
+    from harness.reporter import ConformanceReporter
+    from harness.tests.test_report import make_records, typed
+    options = SimpleNamespace(qnn_sdk=None, report_dir=report_dir, baseline=None, allow_missing=False, shard=None)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    reporter = ConformanceReporter(options, RunContext("run1", (), {}, (), work_dir), None)
+    reporter.records = typed(make_records(cards={"counter_add": ("counter",)}, socs=("SM8650",)))
+    return reporter
+
+
+def _report_json_bytes(tmp_path: Path, monkeypatch) -> int:
+    from harness import reporter as reporter_module
+    monkeypatch.setattr(reporter_module, "prepare", lambda sdk: None)
+    probe = _reporter(tmp_path / "measure", tmp_path / "measure-work")
+    probe.pytest_sessionfinish(SimpleNamespace(exitstatus=0))
+    return (tmp_path / "measure" / "run1" / "SM8650" / "report.json").stat().st_size
+
+
+class _Terminal:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def section(self, title: str) -> None:
+        self.lines.append(f"== {title}")
+
+    def write_line(self, line: str) -> None:
+        self.lines.append(line)
+
+
+def test_a_disk_full_at_report_time_keeps_report_json_and_the_records_and_exits_6(tmp_path, monkeypatch, capfd):
+    """Room for report.json and no more: it is written first, the rest fails in one line, the records go to
+    the work folder (another filesystem), `latest` stays at the last complete run, exit 6."""
+    from harness import reporter as reporter_module
+    pages = -(-_report_json_bytes(tmp_path, monkeypatch) // PAGE)
+    with _tmpfs(tmp_path / "full", pages * PAGE) as mount:
+        (mount / "run0").mkdir()
+        (mount / "latest").symlink_to("run0")
+        reporter = _reporter(mount, tmp_path / "work")
+        session = SimpleNamespace(exitstatus=0)
+        reporter.pytest_sessionfinish(session)
+        terminal = _Terminal()
+        reporter.pytest_terminal_summary(terminal)
+        assert session.exitstatus == reporter_module.REPORTS_NOT_WRITTEN == 6 and reporter.failed
+        (line,) = terminal.lines[1:]
+        assert line.startswith("reports not written: No space left on device (") and "report.json written for SM8650" in line
+        assert f"the records are in {tmp_path / 'work' / 'records.json'}" in line and "(exit 6)" in line
+        kept = json.loads((tmp_path / "work" / "records.json").read_text())
+        assert [r["verdict"] for r in kept] == [r.verdict for r in reporter.records]
+        assert json.loads((mount / "run1" / "SM8650" / "report.json").read_text())["summary"]["total"] == len(kept)
+        assert os.readlink(mount / "latest") == "run0", "latest names the last complete run"
+        assert sorted(p.name for p in mount.iterdir()) == ["latest", "run0", "run1"], "no staging link left"
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_with_every_folder_full_the_records_are_printed_compactly(tmp_path, monkeypatch):
+    from harness import reporter as reporter_module
+    monkeypatch.setattr(reporter_module, "prepare", lambda sdk: None)
+    with _tmpfs(tmp_path / "full", PAGE) as mount:
+        (mount / "filler").write_bytes(b"x" * PAGE)
+        reporter = _reporter(mount / "reports", mount / "work")
+        monkeypatch.setattr(reporter_module, "state_dir", lambda name: mount / "state")
+        session = SimpleNamespace(exitstatus=0)
+        reporter.pytest_sessionfinish(session)
+        terminal = _Terminal()
+        reporter.pytest_terminal_summary(terminal)
+    assert session.exitstatus == 6
+    assert "report.json written for no SoC" in terminal.lines[1] and "they follow, one JSON line per check" in terminal.lines[1]
+    printed = [json.loads(line) for line in terminal.lines[2:]]
+    assert [r["nodeid"] for r in printed] == [r.nodeid for r in reporter.records]
+
+
+def test_a_disk_with_room_gets_every_report_and_moves_latest(tmp_path, monkeypatch):
+    pages = -(-_report_json_bytes(tmp_path, monkeypatch) // PAGE)
+    with _tmpfs(tmp_path / "roomy", (pages + 64) * PAGE) as mount:
+        reporter = _reporter(mount, tmp_path / "work")
+        session = SimpleNamespace(exitstatus=0)
+        reporter.pytest_sessionfinish(session)
+        assert session.exitstatus == 0 and not reporter.failed
+        assert os.readlink(mount / "latest") == "run1"
+        assert {p.name for p in (mount / "run1" / "SM8650").iterdir()} >= {"report.json", "junit.xml", "summary.md", "report.html"}
+
+
+def test_a_broken_stderr_cannot_turn_a_diagnostic_line_into_an_error(monkeypatch):
+    class Full:
+        def write(self, text: str) -> int:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def flush(self) -> None:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(sys, "stderr", Full())
+    say("qnnsuite: no reproduction bundle for c (OSError: No space left on device)")  # does not raise
+
+
+def test_a_read_only_report_dir_is_a_usage_error_before_anything_starts(tmp_path):
+    with _tmpfs(tmp_path / "ro", PAGE, read_only=True) as mount:
+        started = time.monotonic()
+        completed = subprocess.run(
+            [sys.executable, "-m", "pytest", "suites", "-p", "no:cacheprovider", "-q", "--emulate", "SM8650",
+             "--report-dir", str(mount / "reports")], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    output = completed.stdout + completed.stderr
+    assert completed.returncode == 4, output[-2000:]
+    assert "INTERNALERROR" not in output and "Traceback" not in output
+    (line,) = [line for line in output.splitlines() if line.strip()]
+    assert line == f"ERROR: --report-dir {mount / 'reports'}: {mount} is on a read-only filesystem: pass a folder " \
+                   f"this user can write to"
+    assert time.monotonic() - started < 60, "before any device or lowering starts"
