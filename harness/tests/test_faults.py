@@ -10,6 +10,7 @@ import contextlib
 import errno
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from typing import Iterator
 
 import pytest
 
+from harness import run_records
 from harness.device import shell_v2
 from harness.device.adb import AdbClient
 from harness.device.device import Device, DeviceError
@@ -405,3 +407,65 @@ def test_a_read_only_report_dir_is_a_usage_error_before_anything_starts(tmp_path
     assert line == f"ERROR: --report-dir {mount / 'reports'}: {mount} is on a read-only filesystem: pass a folder " \
                    f"this user can write to"
     assert time.monotonic() - started < 60, "before any device or lowering starts"
+
+
+def _suite(report_dir: Path, cache_dir: Path, **popen: object) -> subprocess.Popen:
+    command = [sys.executable, "-m", "pytest", "suites", "-p", "no:cacheprovider", "-q", "-W", "ignore", "-rfE",
+               "--emulate", "SM8650", "--dtype", "fp16", "-k", "counter_add", "--cache-dir", str(cache_dir),
+               "--report-dir", str(report_dir)]
+    return subprocess.Popen(command, cwd=REPO_ROOT, env={**os.environ, "COLUMNS": "400"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, **popen)
+
+
+def _fill(folder: Path) -> None:
+    """Write until the filesystem is full."""
+    try:
+        with open(folder / "filler", "wb", buffering=0) as filler:
+            while True:
+                filler.write(b"\0" * 65536)
+    except OSError as error:
+        assert error.errno == errno.ENOSPC, error
+
+
+def test_a_suite_run_whose_report_disk_fills_up_exits_6_with_its_verdicts_kept(tmp_path):
+    """A real run on an emulated device; its report folder's disk fills while the cases run. The healthy
+    run before it (same cache, a roomy folder) exits 0 and moves `latest`."""
+    from harness.context import RunContext
+    cache_dir = tmp_path / "cache"
+    healthy = _suite(tmp_path / "roomy", cache_dir)
+    output = healthy.communicate(timeout=900)[0]
+    assert healthy.returncode == 0, output[-3000:]
+    assert (tmp_path / "roomy" / "latest" / "SM8650" / "report.html").is_file()
+    with _tmpfs(tmp_path / "full", 256 * PAGE) as mount:
+        (mount / "run0").mkdir()
+        (mount / "latest").symlink_to("run0")
+        run = _suite(mount, cache_dir)
+        try:
+            deadline = time.monotonic() + 300
+            while not list(mount.glob("*/run-context.json")) and run.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.2)
+            (published,) = mount.glob("*/run-context.json")
+            context = RunContext.from_json(published.read_text())
+            _fill(mount)
+            output = run.communicate(timeout=900)[0]
+        finally:
+            run.kill()  # only when the test failed before the run ended: it must not outlive the test
+            run.wait()
+        try:
+            assert run.returncode == 6, output[-3000:]
+            assert "Traceback" not in output and "INTERNALERROR" not in output and " ERROR " not in output, output[-3000:]
+            (line,) = [line for line in output.splitlines() if line.startswith("reports not written: ")]
+            assert "No space left on device" in line and f"the records are in {context.work_dir / 'records.json'}" in line
+            kept = json.loads((context.work_dir / "records.json").read_text())
+            healthy_report = json.loads((tmp_path / "roomy" / "latest" / "SM8650" / "report.json").read_text())
+            expected = {(case["case_id"], name): check["verdict"] for case in healthy_report["cases"]
+                        for name, check in case["checks"].items()}
+            assert kept and {(r["case_id"], r["check"]): r["verdict"] for r in kept} == expected, \
+                "the cases' verdicts are kept, as the healthy run found them"
+            assert os.readlink(mount / "latest") == "run0"
+            alive = [pid for pid in context.started_pids if run_records.start_time(pid) is not None]
+            assert alive == [], f"processes left running: {alive}"
+            stray = subprocess.run(["pgrep", "-f", str(context.work_dir)], capture_output=True, text=True).stdout.split()
+            assert stray == [], stray
+        finally:
+            shutil.rmtree(context.work_dir, ignore_errors=True)
