@@ -22,6 +22,7 @@ from harness.options import RunOptions
 from harness.qnn.toolchain import prepare
 from harness.record import REPORT_ATTRIBUTE, CheckRecord
 from harness.repro import layout
+from harness.repro.bundle import BUNDLED_VERDICTS
 from harness.report.gate import Key, Outcome
 from harness.user_state import UnsafeStateDir, state_dir
 
@@ -115,6 +116,9 @@ class ConformanceReporter:
             if bundles := layout.sizes(folders[soc]):
                 self._lines.append(f"{soc}: {len(bundles)} reproduction bundle(s), "
                                    f"{sum(b.archive_bytes for b in bundles) / 1024:.0f} KiB as .tar.gz -> {folders[soc] / layout.REPRO_DIR}")
+        if unbundled := [r for r in self.records if r.verdict in BUNDLED_VERDICTS and not r.repro]:
+            self._lines.append(f"{len(unbundled)} check(s) have no reproduction bundle (it could not be written; "
+                               f"stderr says why), e.g. {unbundled[0].case_id} {unbundled[0].check}")
         if verdict is not None:
             named = len(verdict.entries())
             self._lines += [f"gate against {self._options.baseline}: " + ("no regressions" if verdict.ok else "FAILED")

@@ -469,3 +469,20 @@ def test_a_suite_run_whose_report_disk_fills_up_exits_6_with_its_verdicts_kept(t
             assert stray == [], stray
         finally:
             shutil.rmtree(context.work_dir, ignore_errors=True)
+
+
+@pytest.mark.parametrize("bundled", [False, True])
+def test_a_failing_check_whose_bundle_could_not_be_written_is_a_line_in_the_summary(tmp_path, monkeypatch, bundled):
+    from dataclasses import replace
+
+    from harness import reporter as reporter_module
+    monkeypatch.setattr(reporter_module, "prepare", lambda sdk: None)
+    reporter = _reporter(tmp_path / "reports", tmp_path / "work")
+    failed = replace(reporter.records[0], verdict="failed", message="state differs at step 2",
+                     repro=f"repro/{reporter.records[0].case_id}" if bundled else "")
+    reporter.records[0] = failed
+    reporter.pytest_sessionfinish(SimpleNamespace(exitstatus=0))
+    lines = [line for line in reporter._lines if "no reproduction bundle" in line]
+    assert lines == ([] if bundled else
+                     [f"1 check(s) have no reproduction bundle (it could not be written; stderr says why), "
+                      f"e.g. {failed.case_id} {failed.check}"])
