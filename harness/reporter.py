@@ -22,7 +22,6 @@ from harness.options import RunOptions
 from harness.qnn.toolchain import prepare
 from harness.record import REPORT_ATTRIBUTE, CheckRecord
 from harness.repro import layout
-from harness.repro.bundle import BUNDLED_VERDICTS
 from harness.report.gate import Key, Outcome
 from harness.user_state import UnsafeStateDir, state_dir
 
@@ -116,7 +115,7 @@ class ConformanceReporter:
             if bundles := layout.sizes(folders[soc]):
                 self._lines.append(f"{soc}: {len(bundles)} reproduction bundle(s), "
                                    f"{sum(b.archive_bytes for b in bundles) / 1024:.0f} KiB as .tar.gz -> {folders[soc] / layout.REPRO_DIR}")
-        if unbundled := [r for r in self.records if r.verdict in BUNDLED_VERDICTS and not r.repro]:
+        if unbundled := [r for r in self.records if r.verdict in layout.BUNDLED_VERDICTS and not r.repro]:
             self._lines.append(f"{len(unbundled)} check(s) have no reproduction bundle (it could not be written; "
                                f"stderr says why), e.g. {unbundled[0].case_id} {unbundled[0].check}")
         if verdict is not None:

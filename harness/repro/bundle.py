@@ -34,7 +34,7 @@ from harness.outcome import CaseOutcome
 from harness.versions import package_version
 
 PTE_LIMIT_BYTES = 2 * 1024 * 1024  # a larger .pte is left out: repro.py makes it again
-BUNDLED_VERDICTS = ("failed", "xfailed", "xpassed")
+BUNDLED_VERDICTS = layout.BUNDLED_VERDICTS
 SCHEMA_VERSION = 1
 
 
