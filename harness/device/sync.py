@@ -95,12 +95,9 @@ class SyncSession:
                 target.write(self._connection.read_exact(value))
                 size += value
 
-    def list_files(self, remote: str) -> list[str]:
-        """Names of the regular files in a directory (none when it does not exist, as adbd answers)."""
-        return list(self.list_sizes(remote))
-
     def list_sizes(self, remote: str) -> dict[str, int]:
-        """{name: size} of the regular files in a directory (a v1 size: modulo 4 GiB)."""
+        """{name: size} of the regular files in a directory (none when it does not exist, as adbd answers; a v1
+        size: modulo 4 GiB, so a pull is bounded on its own too)."""
         self._request(b"LIST", remote)
         sizes = {}
         while True:
