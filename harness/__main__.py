@@ -61,7 +61,7 @@ def doctor(args: argparse.Namespace) -> int:
         print(f"adb         {adb} ({version[0] if version else 'unknown version'})")
         server = discovery.default_server()
         if discovery.server_listening(server.port, server.host):
-            devices = adbutils.AdbClient(host=server.host, port=server.port).list()
+            devices = adbutils.AdbClient(host=server.host, port=server.port, socket_timeout=10).list()  # bounded
             listed = ", ".join(f"{d.serial} ({d.state})" for d in devices) or "none"
             print(f"adb server  {server.address}; attached devices: {listed}")
         else:

@@ -1,9 +1,22 @@
-"""File helpers shared across the harness (a leaf: nothing here imports the rest of the suite)."""
+"""File helpers shared across the harness (a leaf: nothing here imports the rest of the suite).
+
+Also the one print that cannot fail: a diagnostic line is written where a terminal, a pytest capture file
+or a pipe may be broken or on a full disk, and a line that cannot be shown must not become the error.
+"""
 from __future__ import annotations
 
+import errno
+import json
 import os
+import sys
 import threading
 from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+T = TypeVar("T")
+
+# The errors that mean "this folder cannot take the file" (full, read-only, not ours), as against a bug.
+UNWRITABLE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
 
 
 def write_atomically(path: Path, text: str, encoding: str = "utf-8", errors: str = "strict") -> None:
@@ -18,4 +31,49 @@ def write_bytes_atomically(path: Path, data: bytes) -> None:
         temporary.write_bytes(data)
         temporary.replace(path)
     finally:
-        temporary.unlink(missing_ok=True)
+        try:
+            temporary.unlink(missing_ok=True)
+        except OSError:  # a read-only folder: the write failed first, and that is the error to report
+            pass
+
+
+def say(line: str) -> None:
+    """Print one diagnostic line on stderr; a stderr that cannot take it (closed, broken pipe, its capture
+    file on a full disk) loses the line instead of raising where the line was meant to explain a failure."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):  # ValueError: a closed file
+        pass
+
+
+def read_state(path: Path, what: str, build: Callable[[Any], T]) -> T | None:
+    """A JSON state file (a cache entry, a record) as build(its data); None when it is missing, and also when
+    it is unreadable or torn (not text, not JSON, not what build takes: a run killed mid-write by an older
+    suite, a full disk), with one line naming it: state is rebuilt, never the cause of a failed run."""
+    try:
+        return build(json.loads(path.read_text()))
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError) as error:  # JSONDecodeError is a ValueError
+        say(f"qnnsuite: {what} {path} is unreadable ({type(error).__name__}: {error}); treated as missing")
+        return None
+
+
+def unwritable(error: BaseException) -> bool:
+    """Whether an error says that a folder cannot take a file (full, read-only, not ours), not a bug."""
+    return isinstance(error, OSError) and error.errno in UNWRITABLE
+
+
+def unwritable_reason(folder: Path) -> str | None:
+    """None when files can be created in folder (or in the folder that would hold it, when it is not made
+    yet), else why not in a few words; creates nothing, so a usage check leaves no trace."""
+    existing = folder.absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is not a folder"
+    if os.statvfs(existing).f_flag & os.ST_RDONLY:
+        return f"{existing} is on a read-only filesystem"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable by this user"
+    return None

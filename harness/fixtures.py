@@ -6,7 +6,6 @@ executorch or the emulator behind it.
 from __future__ import annotations
 
 import os
-import sys
 import time
 from typing import Iterator
 
@@ -17,6 +16,7 @@ from harness.check_registry import (WORDED_BY_THE_SUITE, CheckFailure, CheckSpec
 from harness.context import RunContext
 from harness.device import kinds
 from harness.device.pool import DevicePool
+from harness.files import say
 from harness.options import RunOptions
 from harness.qnn.toolchain import Toolchain, ToolchainError, prepare
 from harness.repro.bundle import BundleWriter
@@ -61,7 +61,7 @@ def device_pool(run_context, qnnsuite_options, toolchain, worker_id_name):
                       trace_interposer=given.trace_interposer, quarantined=dict(run_context.quarantined))
     yield pool
     for line in pool.close(keep=qnnsuite_options.keep_workspace):
-        print(line, file=sys.stderr)
+        say(line)  # a teardown line that cannot be shown must not become an error charged to a test
 
 
 @pytest.fixture(scope="session")

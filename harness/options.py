@@ -13,6 +13,7 @@ import pytest
 
 from harness import shard as sharding
 from harness.device import adb
+from harness.files import unwritable_reason
 from harness.known_failures import MANIFEST
 from harness.paths import REPO_ROOT
 from harness.qnn import soc as soc_table
@@ -144,6 +145,9 @@ def parse(config: pytest.Config) -> RunOptions:
     baseline = config.getoption("--baseline")
     if baseline and not Path(baseline).exists():
         raise pytest.UsageError(f"--baseline {baseline} does not exist: pass a previous report.json or a folder of them")
+    report_dir = Path(config.getoption("--report-dir"))
+    if (problem := unwritable_reason(report_dir)) is not None:  # found now, not after an hour of running
+        raise pytest.UsageError(f"--report-dir {report_dir}: {problem}: pass a folder this user can write to")
     emulate = config.getoption("--emulate")
     backend_lib = config.getoption("--backend-lib")
     return RunOptions(
@@ -157,7 +161,7 @@ def parse(config: pytest.Config) -> RunOptions:
         runner=Path(runner).absolute() if runner else None,  # not resolved: a linked runner keeps its build folder
         qnn_sdk=config.getoption("--qnn-sdk"),
         models=tuple(config.getoption("--models")),
-        report_dir=Path(config.getoption("--report-dir")),
+        report_dir=report_dir,
         baseline=Path(baseline) if baseline else None,
         allow_missing=config.getoption("--allow-missing"),
         known_failures=manifest,

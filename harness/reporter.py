@@ -11,19 +11,25 @@ import json
 import sys
 import time
 import traceback
+from pathlib import Path
 
 import pytest
 
 from harness import check_registry, environment, report
 from harness.context import RunContext
-from harness.files import write_atomically
+from harness.files import say, unwritable, write_atomically
 from harness.options import RunOptions
 from harness.qnn.toolchain import prepare
 from harness.record import REPORT_ATTRIBUTE, CheckRecord
 from harness.repro import layout
 from harness.report.gate import Key, Outcome
+from harness.user_state import UnsafeStateDir, state_dir
 
 SECTION = "QNN mutable-buffer conformance"
+# The run's exit code when its reports could not be written (disk full, read-only or foreign folder): not 1,
+# which reads as "tests failed", nor pytest's own 0-5. docs/FAULTS.md lists it.
+REPORTS_NOT_WRITTEN = 6
+KEPT_RECORDS = "records"  # the user's state folder for records no report could take
 
 
 def _now() -> str:
@@ -39,6 +45,7 @@ class ConformanceReporter:
         self._notes: list[str] = []  # records that could not be read
         self._started = _now()
         self.failed = False  # reporting failed: the run's work folder must be kept
+        self._printed_records: list[str] = []  # the records, when no folder could take them
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         data = getattr(report, REPORT_ATTRIBUTE, None)
@@ -56,12 +63,40 @@ class ConformanceReporter:
             self._report(session)
         except Exception as error:  # keep what the run found: the records and the work folder
             self.failed = True
-            kept = self._context.work_dir / "records.json"
-            write_atomically(kept, json.dumps([r.to_dict() for r in self.records], indent=1))
-            traceback.print_exc(file=sys.stderr)
-            self._lines.append(f"writing the reports failed ({type(error).__name__}: {error}); the records are in "
-                               f"{kept} and the run's work folder is kept")
+            kept = self._keep_records()
+            if unwritable(error):  # the lab's fault, not the suite's: one line, no traceback, a code of its own
+                written = [soc for soc in sorted({r.soc for r in self.records})
+                           if (self._options.report_dir / self._context.run_id / soc / "report.json").is_file()]
+                self._lines = [*self._notes, (
+                    f"reports not written: {error.strerror} ({getattr(error, 'filename', None) or self._options.report_dir})"
+                    f"; report.json written for {', '.join(written) if written else 'no SoC'}; {kept}; `latest` still "
+                    f"names the last complete run: free space there or pass --report-dir on another filesystem "
+                    f"(exit {REPORTS_NOT_WRITTEN})")]
+                session.exitstatus = REPORTS_NOT_WRITTEN
+                return
+            try:
+                traceback.print_exc(file=sys.stderr)
+            except (OSError, ValueError):
+                pass
+            self._lines = [*self._notes, f"writing the reports failed ({type(error).__name__}: {error}); {kept}"]
             session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
+
+    def _keep_records(self) -> str:
+        """Keep the records where they can be written: the run's work folder (then kept), else the user's
+        state folder (XDG_RUNTIME_DIR or the temporary folder: often another filesystem), else the terminal
+        (one compact JSON line per record). Returns what was done, in words."""
+        data = json.dumps([r.to_dict() for r in self.records], separators=(",", ":"))
+        candidates = [lambda: self._context.work_dir / "records.json",
+                      lambda: state_dir(KEPT_RECORDS) / f"{self._context.run_id}.json"]
+        for candidate in candidates:
+            try:
+                path: Path = candidate()
+                write_atomically(path, data)
+            except (OSError, UnsafeStateDir):
+                continue
+            return f"the records are in {path} and the run's work folder is kept"
+        self._printed_records = [json.dumps(r.to_dict(), separators=(",", ":")) for r in self.records]
+        return "no folder could take the records either: they follow, one JSON line per check"
 
     def _report(self, session: pytest.Session) -> None:
         verdict = None
@@ -80,6 +115,9 @@ class ConformanceReporter:
             if bundles := layout.sizes(folders[soc]):
                 self._lines.append(f"{soc}: {len(bundles)} reproduction bundle(s), "
                                    f"{sum(b.archive_bytes for b in bundles) / 1024:.0f} KiB as .tar.gz -> {folders[soc] / layout.REPRO_DIR}")
+        if unbundled := [r for r in self.records if r.verdict in layout.BUNDLED_VERDICTS and not r.repro]:
+            self._lines.append(f"{len(unbundled)} check(s) have no reproduction bundle (it could not be written; "
+                               f"stderr says why), e.g. {unbundled[0].case_id} {unbundled[0].check}")
         if verdict is not None:
             named = len(verdict.entries())
             self._lines += [f"gate against {self._options.baseline}: " + ("no regressions" if verdict.ok else "FAILED")
@@ -89,8 +127,12 @@ class ConformanceReporter:
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
-        lines = self._lines or self._notes
-        if lines:
+        lines = (self._lines or self._notes) + self._printed_records
+        if not lines:
+            return
+        try:
             terminalreporter.section(SECTION)
             for line in lines:
                 terminalreporter.write_line(line)
+        except (OSError, ValueError):  # a terminal that cannot take them: the exit code still tells
+            say(f"qnnsuite: {lines[0]}")

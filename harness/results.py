@@ -123,7 +123,7 @@ class CaseStore:
         if not is_lowered(directory):
             return None
         try:
-            facts = LoweringFacts.read(facts_path)
+            facts = LoweringFacts.read_cached(facts_path)
         except FactsError as error:
             problem = str(error)
         else:
@@ -151,7 +151,8 @@ class CaseStore:
                     outcome.device = kinds.of(outcome.device_kind)
                     outcome.run = run_case(device, workspace, case.id, outcome.artifact.pte, outcome.steps, local,
                                            output_count=len(outcome.reference[0]), timeout_s=self._runner_timeout_s,
-                                           method_index=outcome.artifact.facts.method_index)
+                                           method_index=outcome.artifact.facts.method_index,
+                                           output_bytes=[[array.nbytes for array in row] for row in outcome.reference])
                     outcome.timings_s.update(outcome.run.timings_s)
                 break
             except DeviceLost as lost:

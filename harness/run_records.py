@@ -22,7 +22,7 @@ import shutil
 import signal
 from pathlib import Path
 
-from harness.files import write_atomically
+from harness.files import read_state, write_atomically
 from harness.user_state import state_dir
 
 RECORDS = "runs"
@@ -63,12 +63,11 @@ def clean_up_after_killed_runs(folder: Path | None = None) -> list[str]:
     """Remove what killed runs left; returns one line per run cleaned up."""
     lines = []
     for path in sorted(_folder(folder).glob("*.json")):
-        try:
-            entry = json.loads(path.read_text())
-            pid, started = entry["controller"]
-        except (OSError, ValueError, KeyError, TypeError):
-            path.unlink(missing_ok=True)  # a torn record: nothing in it can be trusted to kill by
+        entry = read_state(path, "run record", _checked_record)
+        if entry is None:  # a torn record (one line said so): nothing in it can be trusted to kill by
+            path.unlink(missing_ok=True)
             continue
+        pid, started = entry["controller"]
         if start_time(pid) == started and started is not None:
             continue  # that run is still going
         killed = 0
@@ -104,23 +103,36 @@ def leftover_folders(serials: set[str], folder: Path | None = None) -> list[tupl
     """(killed run id, serial) for each folder a killed run left on one of these devices."""
     found = []
     for path in sorted(_leftovers_folder(folder).glob("*.json")):
-        try:
-            entry = json.loads(path.read_text())
-            run_id = str(entry["run_id"])
-            if not SAFE_RUN_ID.fullmatch(run_id):  # it becomes a device path that is removed: one plain name only
-                raise ValueError(run_id)
-            found += [(run_id, serial) for serial in entry["devices"] if serial in serials]
-        except (OSError, ValueError, KeyError, TypeError):
+        entry = read_state(path, "leftover list", _checked_leftovers)
+        if entry is None:
             path.unlink(missing_ok=True)
+            continue
+        found += [(entry["run_id"], serial) for serial in entry["devices"] if serial in serials]
     return found
+
+
+def _checked_record(entry: dict) -> dict:
+    """A run record whose controller can be read (KeyError, TypeError, ValueError otherwise)."""
+    pid, started = entry["controller"]
+    if not isinstance(pid, int) or not isinstance(started, (int, type(None))):
+        raise TypeError(f"controller {entry['controller']!r}")
+    return entry
+
+
+def _checked_leftovers(entry: dict) -> dict:
+    run_id = str(entry["run_id"])
+    if not SAFE_RUN_ID.fullmatch(run_id):  # it becomes a device path that is removed: one plain name only
+        raise ValueError(f"run id {run_id!r}")
+    if not isinstance(entry["devices"], list):
+        raise TypeError("devices")
+    return {"run_id": run_id, "devices": [serial for serial in entry["devices"] if isinstance(serial, str)]}
 
 
 def leftover_removed(run_id: str, serial: str, folder: Path | None = None) -> None:
     """Tick one device off a killed run's leftovers; the list goes when no device is left on it."""
     path = _leftovers_folder(folder) / f"{run_id}.json"
-    try:
-        entry = json.loads(path.read_text())
-    except (OSError, ValueError):
+    entry = read_state(path, "leftover list", _checked_leftovers)
+    if entry is None:
         return
     remaining = [serial_ for serial_ in entry.get("devices", []) if serial_ != serial]
     if remaining:

@@ -24,7 +24,9 @@ from dataclasses import dataclass
 from typing import Iterator, Optional
 
 import adbutils
+from adbutils._proto import ShellReturnRaw
 
+from harness.device import shell_v2
 
 CONNECT_TIMEOUT_S = 10.0  # a request's own timeout, when it has none
 CLOSE_WAIT_S = 0.01  # adbutils' pause in every close: the longest a close here waits for the server's
@@ -91,6 +93,9 @@ class AdbClient(adbutils.AdbClient):
         finally:
             self._opened_here.sockets = None
 
+    def device(self, serial: Optional[str] = None, transport_id: Optional[int] = None) -> adbutils.AdbDevice:
+        return _Device(self, serial=serial, transport_id=transport_id)
+
     def server_version(self) -> int:
         if self._server_version is None:
             self._server_version = super().server_version()
@@ -107,3 +112,21 @@ class AdbClient(adbutils.AdbClient):
         if collecting is not None:
             collecting.append(connection.conn)
         return connection
+
+
+class _Device(adbutils.AdbDevice):
+    """adbutils' device with every request bounded: its own requests (`features`, asked before a first shell,
+    `get-state`, ...) default to a 600 s timeout, which a wedged server holds in full; and a command's output
+    is kept to its last shell_v2.OUTPUT_KEEP_BYTES per stream, not in full."""
+
+    def open_transport(self, command: Optional[str] = None, timeout: Optional[float] = None) -> adbutils.AdbConnection:
+        return super().open_transport(command, timeout)  # None: the client's CONNECT_TIMEOUT_S
+
+    def _shell_v2(self, cmdargs: str, timeout: Optional[float] = None) -> ShellReturnRaw:
+        connection = self.open_transport(timeout=timeout)
+        try:
+            connection.send_command(f"shell,v2:{cmdargs}")
+            connection.check_okay()
+            return shell_v2.read(connection, cmdargs)
+        finally:
+            connection.close()

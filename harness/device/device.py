@@ -25,7 +25,7 @@ import adbutils
 from filelock import FileLock
 
 from harness.device.adb import AdbServer
-from harness.device.sync import SyncRefused, SyncSession
+from harness.device.sync import SyncRefused, SyncSession, check_sizes
 from harness.qnn import soc as soc_table
 from harness.user_state import UnsafeStateDir, open_append, state_dir
 
@@ -311,17 +311,21 @@ class Device:
         with self._sync("pulling") as session:
             session.pull(remote, local)
 
-    def pull_files(self, remote_dir: str, local_dir: Path) -> list[str]:
-        """Pull every regular file of a device directory over one sync session; returns their names."""
+    def pull_files(self, remote_dir: str, local_dir: Path, limits: dict[str, int] | None = None) -> list[str]:
+        """Pull every regular file of a device directory over one sync session; returns their names.
+        limits: only these names, each at most so many bytes (sync.Oversized, before any is pulled)."""
         local_dir.mkdir(parents=True, exist_ok=True)
         with self._sync("pulling") as session:
-            names = session.list_files(remote_dir)
-            for name in names:
+            sizes = session.list_sizes(remote_dir)
+            if limits is not None:
+                sizes = {name: size for name, size in sizes.items() if name in limits}
+                check_sizes(sizes, limits)
+            for name in sizes:
                 if not safe_pull_name(name):
                     raise DeviceError(f"device {self.serial} listed a file named {name!r} in {remote_dir}, which "
                                       f"would land outside {local_dir}: nothing more is pulled; check the device")
-                session.pull(f"{remote_dir}/{name}", local_dir / name)
-        return names
+                session.pull(f"{remote_dir}/{name}", local_dir / name, limits[name] if limits is not None else None)
+        return list(sizes)
 
     def list_dir(self, remote: str) -> list[str]:
         result = self.shell(f"ls {shlex.quote(remote)} 2>/dev/null", timeout_s=60)

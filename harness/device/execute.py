@@ -14,6 +14,7 @@ import numpy as np
 
 from harness.device.device import Device, DeviceError, RunResult, shell_line
 from harness.device.payload import RUNNER_NAME, PayloadFile
+from harness.device.sync import Oversized
 
 RUNNER_TIMEOUT_S = 300
 TRACE_VARIABLE = "QNNSUITE_TRACE"  # read by the interposer (harness/qnn/interposer.c)
@@ -24,6 +25,10 @@ RUNNER_EXECUTION = re.compile(r"^runner: .* in ([0-9.]+) ms$", re.MULTILINE)
 # anchored: stderr is merged write by write, and QNN's logger writes its "[INFO] [Qnn ExecuTorch]: "
 # prefix apart from its message, so the line can follow one (measured).
 HEAP_PATTERN = re.compile(r"runner: heap pattern 0x([0-9a-f]{2})\b")
+# The most a pulled file may hold when its size is not known in advance: an output file (without eager's
+# sizes) and the interposer's trace (a line per graph execute). A larger one fails the case, unpulled.
+OUTPUT_FILE_MAX_BYTES = 256 * 1024 * 1024
+TRACE_MAX_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -151,8 +156,18 @@ def _failed(device: Device, remote: str, local_dir: Path, line: str) -> RunnerFa
     return RunnerFailed(line, device_log=pull_device_log(device, since, local_dir))
 
 
+def pull_limits(output_count: int, steps: int, output_bytes: list[list[int]] | None) -> dict[str, int]:
+    """The files a run's outputs folder may give back, each with its most bytes: eager's size of each output
+    (output_bytes[step][index]) where known, and the trace."""
+    limits = {f"output_{step}_{index}.raw": output_bytes[step][index] if output_bytes else OUTPUT_FILE_MAX_BYTES
+              for step in range(steps) for index in range(output_count)}
+    return {**limits, TRACE_NAME: TRACE_MAX_BYTES}
+
+
 def run_case(device: Device, workspace: Workspace, case_dir_name: str, pte: Path, steps: list[tuple],
-             local_dir: Path, output_count: int, timeout_s: float = RUNNER_TIMEOUT_S, method_index: int = 0) -> DeviceRun:
+             local_dir: Path, output_count: int, timeout_s: float = RUNNER_TIMEOUT_S, method_index: int = 0,
+             output_bytes: list[list[int]] | None = None) -> DeviceRun:
+    """output_bytes: eager's byte size of each output [step][index]; a larger file fails the case unpulled."""
     timings: dict[str, float] = {}
     started = time.perf_counter()
     remote = f"{workspace.cases}/{case_dir_name}"
@@ -191,7 +206,12 @@ def run_case(device: Device, workspace: Workspace, case_dir_name: str, pte: Path
                            f"{_last_words(result)}); its log:\n{_tail(result.output)}")
 
     started = time.perf_counter()
-    present = set(device.pull_files(f"{remote}/outputs", local_dir / "outputs"))
+    try:
+        present = set(device.pull_files(f"{remote}/outputs", local_dir / "outputs",
+                                        pull_limits(output_count, len(steps), output_bytes)))
+    except Oversized as oversized:
+        raise _failed(device, remote, local_dir, f"runner on {device.serial} wrote too much: {oversized} "
+                      f"(not pulled); its log:\n{_tail(result.output)}") from oversized
     outputs, files = [], []
     for step in range(len(steps)):
         names = [f"output_{step}_{index}.raw" for index in range(output_count)]

@@ -28,6 +28,15 @@ class SyncProtocolError(ConnectionError):
     """The device answered something the protocol does not allow: the session cannot go on."""
 
 
+class Oversized(Exception):
+    """A file on the device is larger than its reader expects (a runaway writer): refused before it is pulled
+    whole, or while it is pulled (a v1 listing's size is 32 bits), so that it cannot fill the host's memory or disk."""
+
+    def __init__(self, name: str, size: int, limit: int, listed: bool = True) -> None:
+        super().__init__(f"{name} is {size} bytes{'' if listed else ' or more'}, expected {limit}")
+        self.name, self.size, self.limit = name, size, limit
+
+
 class SyncSession:
     """One `sync:` session on a device; a context manager that ends it with QUIT."""
 
@@ -67,8 +76,9 @@ class SyncSession:
             raise SyncProtocolError(f"SEND of {remote} answered {kind!r}")
         return size
 
-    def pull(self, remote: str, local: Path) -> int:
-        """Receive one file; returns its size. SyncRefused when the device cannot send it."""
+    def pull(self, remote: str, local: Path, max_bytes: int | None = None) -> int:
+        """Receive one file; returns its size. SyncRefused when the device cannot send it; Oversized (and the
+        session is over) as soon as more than max_bytes arrive."""
         size = 0
         self._request(b"RECV", remote)
         with open(local, "wb") as target:
@@ -80,22 +90,25 @@ class SyncSession:
                     raise SyncRefused(self._text(value))
                 if kind != b"DATA":
                     raise SyncProtocolError(f"RECV of {remote} answered {kind!r}")
+                if max_bytes is not None and size + value > max_bytes:
+                    raise Oversized(remote.rpartition("/")[2], size + value, max_bytes, listed=False)
                 target.write(self._connection.read_exact(value))
                 size += value
 
-    def list_files(self, remote: str) -> list[str]:
-        """Names of the regular files in a directory (none when it does not exist, as adbd answers)."""
+    def list_sizes(self, remote: str) -> dict[str, int]:
+        """{name: size} of the regular files in a directory (none when it does not exist, as adbd answers; a v1
+        size: modulo 4 GiB, so a pull is bounded on its own too)."""
         self._request(b"LIST", remote)
-        names = []
+        sizes = {}
         while True:
-            kind, mode, _size, _mtime, name_length = DIRENT.unpack(self._connection.read_exact(DIRENT.size))
+            kind, mode, size, _mtime, name_length = DIRENT.unpack(self._connection.read_exact(DIRENT.size))
             if kind == b"DONE":
-                return names
+                return sizes
             if kind != b"DENT":
                 raise SyncProtocolError(f"LIST of {remote} answered {kind!r}")
             name = self._connection.read_exact(name_length).decode(errors="surrogateescape")
             if stat.S_ISREG(mode):
-                names.append(name)
+                sizes[name] = size
 
     def _request(self, kind: bytes, argument: str) -> None:
         self.current = argument.rpartition(",")[0] if kind == b"SEND" else argument
@@ -107,3 +120,10 @@ class SyncSession:
 
     def _text(self, length: int) -> str:
         return self._connection.read_exact(length).decode(errors="replace")
+
+
+def check_sizes(sizes: dict[str, int], limits: dict[str, int]) -> None:
+    """Oversized for the first listed file larger than its limit (before anything is pulled)."""
+    for name, size in sizes.items():
+        if size > limits[name]:
+            raise Oversized(name, size, limits[name])

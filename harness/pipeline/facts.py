@@ -59,7 +59,7 @@ class LoweringRequest:
     schema_version: int = SCHEMA_VERSION
 
     def write(self, path: Path) -> None:
-        path.write_text(json.dumps(asdict(self), indent=1))
+        write_atomically(path, json.dumps(asdict(self), indent=1))
 
     @classmethod
     def read(cls, path: Path) -> LoweringRequest:
@@ -174,6 +174,18 @@ class LoweringFacts:
             method_index=int(data.get("method_index", 0)),
             exported=bool(data.get("exported", False)), quantized=bool(data.get("quantized", False)),
             program=ProgramFacts(**data["program"]) if data["program"] else None))
+
+    @classmethod
+    def read_cached(cls, path: Path) -> LoweringFacts:
+        """The facts of a cache entry that may be served: FactsError also when they record a failure of the
+        machine (no space, no memory, a killed lowering), which a run removes after writing it; a run killed
+        in between leaves it, and the next one must lower the case again rather than serve that failure."""
+        facts = cls.read(path)
+        if not facts.cacheable:
+            assert facts.error is not None
+            raise FactsError(f"{path}: records a failure of the machine ({facts.error.type}), never served from "
+                             f"the cache")
+        return facts
 
     @classmethod
     def crashed(cls, message: str) -> LoweringFacts:

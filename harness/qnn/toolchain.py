@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 
+from harness.files import read_state, write_atomically
 from harness.paths import REPO_ROOT, state_dir
 from harness.qnn import interposer, qnnlog
 from harness.qnn.sdk import QnnSdk, resolve
@@ -97,11 +98,11 @@ def _cached_probe(sdk: QnnSdk, overlay_root: Path, library: Path) -> Probe:
     key_source = "|".join([executorch_version(), str(executorch_dir), str(real), str(stat.st_size),
                            str(stat.st_mtime_ns), library.parent.name, sys.executable])
     cache = state_dir() / "probe" / (hashlib.sha256(key_source.encode()).hexdigest()[:16] + ".json")
-    if cache.exists():
-        return Probe(**json.loads(cache.read_text()))
+    if (cached := read_state(cache, "probe cache", lambda data: Probe(**data))) is not None:
+        return cached
     probe = _probe(overlay_root)
     cache.parent.mkdir(parents=True, exist_ok=True)
-    cache.write_text(json.dumps(asdict(probe), indent=1))
+    write_atomically(cache, json.dumps(asdict(probe), indent=1))
     return probe
 
 

@@ -19,8 +19,14 @@ def _point_latest(report_root: Path, run_id: str) -> None:
     """Swap reports/latest to this run in one rename, so a reader never sees it missing or half made."""
     staging = report_root / f".{LATEST}.{os.getpid()}"
     staging.unlink(missing_ok=True)
-    staging.symlink_to(run_id, target_is_directory=True)
-    os.replace(staging, report_root / LATEST)
+    try:
+        staging.symlink_to(run_id, target_is_directory=True)
+        os.replace(staging, report_root / LATEST)
+    finally:
+        try:
+            staging.unlink(missing_ok=True)  # gone after the rename; left by a failed one
+        except OSError:
+            pass
 
 
 def write_run(records: list[CheckRecord], environments: dict[str, dict], report_root: Path, run_id: str,
@@ -28,12 +34,18 @@ def write_run(records: list[CheckRecord], environments: dict[str, dict], report_
               provenance: dict[str, dict] | None = None) -> dict[str, Path]:
     """report.json, junit.xml, summary.md and report.html (and gate.json when gated) under
     report_root/run_id/SOC/ for each SoC in the records, each file written whole or not at all; returns
-    {soc: folder}. A run without records writes nothing and keeps `latest`. provenance: per SoC."""
-    folders = {}
-    for soc in sorted({record.soc for record in records}):
-        folders[soc] = report_root / run_id / soc
-        write_soc(records, environments.get(soc, {"soc": soc}), folders[soc], run_id, soc, columns, gate,
-                  (provenance or {}).get(soc))
+    {soc: folder}. Every SoC's report.json comes first (the record of the run, should the disk fill up
+    meanwhile), and `latest` moves only once every file is written: a run that could not write them all
+    raises (OSError) and leaves `latest` at the last complete run. A run without records writes nothing.
+    provenance: per SoC."""
+    folders = {soc: report_root / run_id / soc for soc in sorted({record.soc for record in records})}
+    documents = {soc: build(records, environments.get(soc, {"soc": soc}), run_id, soc, columns,
+                            (provenance or {}).get(soc)) for soc in folders}
+    for soc, folder in folders.items():
+        folder.mkdir(parents=True, exist_ok=True)
+        _write_json(folder, documents[soc])
+    for soc, folder in folders.items():
+        _write_views(folder, documents[soc], soc, gate)
     if folders:
         _point_latest(report_root, run_id)
     return folders
@@ -44,8 +56,17 @@ def write_soc(records: list[CheckRecord], environment: dict, folder: Path, run_i
     """One SoC's files in folder (a run's, or a merge's), each written whole or not at all."""
     document = build(records, environment, run_id, soc, columns, provenance)
     folder.mkdir(parents=True, exist_ok=True)
-    mine = gate.for_soc(soc) if gate is not None else None
+    _write_json(folder, document)
+    _write_views(folder, document, soc, gate)
+
+
+def _write_json(folder: Path, document: dict) -> None:
     write_atomically(folder / "report.json", json.dumps(document, indent=1, allow_nan=False) + "\n")
+
+
+def _write_views(folder: Path, document: dict, soc: str, gate: GateResult | None) -> None:
+    """What report.json is read as (JUnit, Markdown, HTML) and the gate's verdict."""
+    mine = gate.for_soc(soc) if gate is not None else None
     write_atomically(folder / "junit.xml", junit.render(document))
     # A lone surrogate (from a name or a log) is written as its escape rather than failing the file.
     write_atomically(folder / "summary.md", markdown.render(document, mine, layout.sizes(folder)), errors="backslashreplace")

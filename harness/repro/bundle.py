@@ -29,6 +29,7 @@ import numpy as np
 
 from harness.device.execute import DEVICE_LOG, write_inputs
 from harness import check_registry
+from harness.files import say
 from harness.known_failures import KnownFailure
 from harness.paths import REPO_ROOT
 from harness.qnn.toolchain import Toolchain
@@ -38,7 +39,7 @@ from harness.outcome import CaseOutcome
 from harness.versions import package_version
 
 PTE_LIMIT_BYTES = 2 * 1024 * 1024  # a larger .pte is left out: repro.py makes it again
-BUNDLED_VERDICTS = ("failed", "xfailed", "xpassed")
+BUNDLED_VERDICTS = layout.BUNDLED_VERDICTS
 SCHEMA_VERSION = 1
 
 
@@ -84,7 +85,7 @@ class BundleWriter:
             (folder / layout.CASE_FILE).write_text(json.dumps(case, indent=1, default=str) + "\n")
             (folder / "issue.md").write_text(issue.render(case))
         except Exception as error:  # a bundle that cannot be written must not cost the run its verdicts and reports
-            print(f"qnnsuite: no reproduction bundle for {record.case_id} ({type(error).__name__}: {error})", file=sys.stderr)
+            say(f"qnnsuite: no reproduction bundle for {record.case_id} ({type(error).__name__}: {error})")
             return record
         if self._unarchived != folder:
             self.archive()
@@ -99,8 +100,7 @@ class BundleWriter:
         try:
             _archive(folder)
         except Exception as error:
-            print(f"qnnsuite: no .tar.gz of the reproduction bundle {folder.name} ({type(error).__name__}: {error})",
-                  file=sys.stderr)
+            say(f"qnnsuite: no .tar.gz of the reproduction bundle {folder.name} ({type(error).__name__}: {error})")
 
     def _write_case_files(self, folder: Path, outcome: CaseOutcome) -> None:
         case, artifact = outcome.case, outcome.artifact

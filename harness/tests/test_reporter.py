@@ -57,7 +57,8 @@ def test_a_failed_report_keeps_the_records(tmp_path, monkeypatch):
     monkeypatch.setattr(reporter_module.report, "write_run", full_disk)
     session = SimpleNamespace(exitstatus=0)
     reporter.pytest_sessionfinish(session)
-    assert reporter.failed and session.exitstatus == pytest.ExitCode.INTERNAL_ERROR
+    assert reporter.failed and session.exitstatus == reporter_module.REPORTS_NOT_WRITTEN
     kept = json.loads((tmp_path / "work" / "records.json").read_text())
     assert kept == [record.to_dict()]
     assert "the records are in" in reporter._lines[-1] and "work folder is kept" in reporter._lines[-1]
+    assert reporter._lines[-1].startswith("reports not written: No space left on device")

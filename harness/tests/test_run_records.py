@@ -74,3 +74,35 @@ def test_a_leftover_list_naming_a_path_is_dropped_not_followed(tmp_path):
     (leftovers / "evil.json").write_text(json.dumps({"run_id": "../..", "devices": ["PHONE1"]}))
     assert run_records.leftover_folders({"PHONE1"}, records) == []
     assert not (leftovers / "evil.json").exists()
+
+
+def test_a_torn_record_is_one_line_and_treated_as_missing(tmp_path, capsys):
+    """A record half written (a disk full under an older suite, a crash) must not stop the next run, nor
+    the clean-up of the others."""
+    records = tmp_path / "runs"
+    records.mkdir()
+    (records / "torn.json").write_text('{"run_id": "torn", "contr')
+    (records / "odd.json").write_text('{"run_id": "odd", "controller": "not a pair"}')
+    work_dir = tmp_path / "qnnsuite-killed"
+    work_dir.mkdir()
+    _write(records, "killed", [_dead_pid(), 12345], work_dir, [])
+    lines = run_records.clean_up_after_killed_runs(records)
+    assert lines == [f"qnnsuite: cleaned up after run killed, which was killed: 0 process(es) stopped, {work_dir} removed"]
+    said = capsys.readouterr().err.splitlines()
+    assert len(said) == 2 and all("treated as missing" in line for line in said), said
+    assert any(line.startswith(f"qnnsuite: run record {records / 'torn.json'} is unreadable (JSONDecodeError: ")
+               for line in said)
+    assert list(records.iterdir()) == []
+
+
+def test_a_torn_leftover_list_is_one_line_and_dropped(tmp_path, capsys):
+    records = tmp_path / "runs"
+    records.mkdir()
+    leftovers = tmp_path / run_records.LEFTOVERS
+    leftovers.mkdir()
+    (leftovers / "torn.json").write_bytes(b"\xff\xfe{")
+    (leftovers / "good-1.json").write_text(json.dumps({"run_id": "good-1", "devices": ["PHONE1"]}))
+    assert run_records.leftover_folders({"PHONE1"}, records) == [("good-1", "PHONE1")]
+    (said,) = capsys.readouterr().err.splitlines()
+    assert said.startswith(f"qnnsuite: leftover list {leftovers / 'torn.json'} is unreadable (UnicodeDecodeError")
+    assert not (leftovers / "torn.json").exists() and (leftovers / "good-1.json").exists()

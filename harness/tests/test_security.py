@@ -309,7 +309,7 @@ def test_list_name_with_dotdot_never_leaves_the_pull_folder(fleet: EmulatorFleet
     assert device.shell("mkdir -p /data/local/tmp/pulls && echo x > /data/local/tmp/pulls/ok.raw").exit_code == 0
     pulled = tmp_path / "pull" / "outputs"
     assert device.pull_files("/data/local/tmp/pulls", pulled) == ["ok.raw"]
-    monkeypatch.setattr(SyncSession, "list_files", lambda self, remote: ["ok.raw", "../escape"])
+    monkeypatch.setattr(SyncSession, "list_sizes", lambda self, remote: {"ok.raw": 2, "../escape": 2})
     with pytest.raises(DeviceError, match="listed a file named '../escape'"):
         device.pull_files("/data/local/tmp/pulls", pulled)
     assert not (tmp_path / "pull" / "escape").exists()
