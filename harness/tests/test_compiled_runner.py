@@ -142,8 +142,11 @@ def ones_input(tmp_path_factory) -> Path:
     return path
 
 
-def _values(path: Path) -> np.ndarray:
-    return np.fromfile(path, dtype=np.float32)
+def _near(path: Path, value: float) -> bool:
+    """Every element of a float32 output within fp16 rounding of value (the HTP computes in fp16 here and gives
+    1.0000001 for 1: measured); 1, 2 and 3, the values told apart below, are far outside it."""
+    found = np.fromfile(path, dtype=np.float32)
+    return found.size == ROW and bool(np.allclose(found, value, rtol=1e-3, atol=0))
 
 
 @pytest.mark.qnn
@@ -153,9 +156,9 @@ def test_state_crosses_methods_in_one_process(runner_binary, two_method_program,
     ran = runner_run.run_plan(runner_binary, two_method_program, plan, tmp_path / "out", runner_run.runner_env(toolchain),
                               ("--share_memory_arenas",))
     assert ran.exit_code == 0, (ran.stdout + ran.stderr)[-3000:]
-    assert list(_values(tmp_path / "out" / "output_0_0.raw")) == [1.0] * ROW
-    assert list(_values(tmp_path / "out" / "output_1_0.raw")) == [2.0] * ROW
-    assert list(_values(tmp_path / "out" / "output_2_0.raw")) == [3.0] * ROW, "read must see both writes: 2x + x"
+    assert _near(tmp_path / "out" / "output_0_0.raw", 1.0)
+    assert _near(tmp_path / "out" / "output_1_0.raw", 2.0)
+    assert _near(tmp_path / "out" / "output_2_0.raw", 3.0), "read must see both writes: 2x + x"
     # One timing line per execute, each method loaded once, peak memory reported.
     assert [(step.step, step.method) for step in ran.steps] == [(0, "write"), (1, "write"), (2, "read")]
     assert all(step.execute_us > 0 for step in ran.steps)
@@ -173,8 +176,8 @@ def test_control_separate_processes_do_not_carry_state(runner_binary, two_method
         ran = runner_run.run_plan(runner_binary, two_method_program, plan, tmp_path / f"out_{step}", env,
                                   ("--share_memory_arenas",))
         assert ran.exit_code == 0, (ran.stdout + ran.stderr)[-3000:]
-    assert list(_values(tmp_path / "out_1" / "output_0_0.raw")) == [1.0] * ROW, "a fresh process starts from zeros"
-    assert list(_values(tmp_path / "out_2" / "output_0_0.raw")) == [1.0] * ROW
+    assert _near(tmp_path / "out_1" / "output_0_0.raw", 1.0), "a fresh process starts from zeros"
+    assert _near(tmp_path / "out_2" / "output_0_0.raw", 1.0)
 
 
 @pytest.mark.qnn
@@ -186,8 +189,8 @@ def test_without_shared_arenas_each_method_has_its_own_state(runner_binary, two_
                                  tmp_path / "plan.txt")
     ran = runner_run.run_plan(runner_binary, two_method_program, plan, tmp_path / "out", runner_run.runner_env(toolchain))
     assert ran.exit_code == 0, (ran.stdout + ran.stderr)[-3000:]
-    assert list(_values(tmp_path / "out" / "output_1_0.raw")) == [2.0] * ROW, "state still carries across steps"
-    assert list(_values(tmp_path / "out" / "output_2_0.raw")) == [1.0] * ROW
+    assert _near(tmp_path / "out" / "output_1_0.raw", 2.0), "state still carries across steps"
+    assert _near(tmp_path / "out" / "output_2_0.raw", 1.0)
 
 
 # --- (c) a zoo card: bit-equal to executorch's Python runtime at every step ----------------------------------
