@@ -45,8 +45,9 @@
  * Shared buffers: the wheel's libexecutorch_backend_qnn.so exports QnnExecuTorchAllocCustomMem (declared here,
  * as upstream's header does). With --shared_buffer every input's storage comes from it (the QNN backend then
  * registers it as shared memory instead of copying, where the program leaves inputs unplanned); when it
- * cannot allocate (no rpcmem, e.g. on the host simulator) the runner stops with exit 11 rather than silently
- * using ordinary memory.
+ * cannot allocate (no rpcmem) the runner stops with exit 11 rather than silently using ordinary memory. The
+ * x86_64 (host simulator) build refuses --shared_buffer at once, exit 11: the wheel's host QNN backend has no
+ * rpcmem and QnnExecuTorchAllocCustomMem crashes there with SIGSEGV (measured with executorch 1.5.1).
  * --share_memory_arenas is Module's share_memory_arenas (one set of planned arenas for all methods), which
  * programs exported with share_mutable_buffers rely on.
  */
@@ -131,6 +132,12 @@ Options parse_args(int argc, char** argv) {
   if (options.model.empty() || options.plan.empty() || options.output.empty()) {
     fail(kUsage, "--model_path, --plan_path and --output_folder_path are required");
   }
+#if defined(__x86_64__)
+  if (options.shared_buffer) {
+    fail(kBadOption, "--shared_buffer needs rpcmem, which the host (x86_64) QNN backend does not have: run without it "
+                     "on the simulator, use it on a phone");
+  }
+#endif
   return options;
 }
 

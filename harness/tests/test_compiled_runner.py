@@ -259,6 +259,7 @@ BAD_INPUTS = {
     "missing_input_file": ("qnnsuite-plan 1\nstep write {x}.gone\n", (), 6, "cannot read input file"),
     "input_count": ("qnnsuite-plan 1\nstep write {x} {x}\n", (), 7, "2 input file(s) given, the method takes 1"),
     "input_size": ("qnnsuite-plan 1\nstep write {short}\n", (), 7, "has 12 bytes, input 0 takes 32"),
+    "shared_buffer_on_the_host": ("qnnsuite-plan 1\nstep write {x}\n", ("--shared_buffer",), 11, "needs rpcmem"),
 }
 
 
@@ -293,6 +294,22 @@ def test_good_plan_gives_no_error_line(runner_binary, two_method_program, ones_i
     plan = runner_run.write_plan([("write", [ones_input])], tmp_path / "plan.txt")
     ran = runner_run.run_plan(runner_binary, two_method_program, plan, tmp_path / "out", runner_run.runner_env(toolchain))
     assert ran.exit_code == 0 and ran.error_line is None, ran.stderr[-2000:]
+
+
+@pytest.mark.qnn
+def test_backend_options_reach_the_qnn_backend(runner_binary, two_method_program, ones_input, toolchain, tmp_path):
+    """--log_level and --performance_mode go through executorch's set_option to the QNN backend, which logs
+    what it applied; without them it logs neither (the compile spec's level 1 hides the mode line)."""
+    plan = runner_run.write_plan([("write", [ones_input])], tmp_path / "plan.txt")
+    env = runner_run.runner_env(toolchain)
+    given = runner_run.run_plan(runner_binary, two_method_program, plan, tmp_path / "given", env,
+                                ("--log_level", "3", "--performance_mode", "2"))
+    assert given.exit_code == 0, given.stderr[-2000:]
+    log = given.stdout + given.stderr
+    assert "create QNN Logger with log_level 3" in log and "performance_mode in htp_options: kHtpBurst" in log
+    plain = runner_run.run_plan(runner_binary, two_method_program, plan, tmp_path / "plain", env)
+    log = plain.stdout + plain.stderr
+    assert "create QNN Logger with log_level 3" not in log and "kHtpBurst" not in log
 
 
 @pytest.mark.parametrize("method,inputs,words", [("write x", ["a.raw"], "not an identifier"),
