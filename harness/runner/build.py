@@ -60,7 +60,7 @@ def find_executorch() -> ExecutorchInstall:
         spec = importlib.util.find_spec(name)
         if spec is None or not spec.submodule_search_locations:
             raise RunnerBuildError(f"{name} is not installed in this Python: run the README's set-up command")
-        found[name] = Path(list(spec.submodule_search_locations)[0])
+        found[name] = Path(next(iter(spec.submodule_search_locations)))
     install = ExecutorchInstall(found["executorch"], found["torch"] / "include")
     if not (install.include / PROBE_HEADER).is_file():
         raise RunnerBuildError(f"the executorch under test ({install.package}) has no C++ headers "
@@ -102,7 +102,7 @@ def _tree_identity(folder: Path, pattern: str) -> str:
 
 def _compiler_identity(compiler: str) -> str:
     try:
-        result = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60)
+        result = subprocess.run([compiler, "--version"], check=False, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as error:
         raise RunnerBuildError(f"cannot run the C++ compiler {compiler} ({error}): check that it is an executable "
                                f"C++ compiler, or install g++ (`apt-get install g++`)") from error
@@ -130,7 +130,7 @@ def build(compiler: str | None = None) -> Path:
     partial = folder / f"{BINARY_NAME}.{os.getpid()}.partial"
     command = compile_command(compiler, install, partial)
     try:
-        result = subprocess.run(command, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+        result = subprocess.run(command, check=False, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as error:
         raise RunnerBuildError(f"cannot run {compiler} ({error}): check that it is an executable C++ compiler, "
                                f"or install g++ (`apt-get install g++`)") from error

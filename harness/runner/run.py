@@ -59,7 +59,8 @@ class RunnerRun:
 
 def write_plan(steps: list[tuple[str, list[Path]]], path: Path) -> Path:
     """The plan for (method, input files) per step. Names are checked here, so nothing a card or a report
-    supplies can smuggle a second word into a line: a method is an identifier, a file name has no whitespace."""
+    supplies can smuggle a second word into a line: a method is an identifier, a file name has no whitespace.
+    The runner resolves a relative input path against the plan file's folder."""
     lines = [PLAN_HEADER]
     for index, (method, inputs) in enumerate(steps):
         if not METHOD_NAME.fullmatch(method):
@@ -93,5 +94,5 @@ def run_plan(binary: Path, program: Path, plan: Path, output_dir: Path, env: dic
     output_dir.mkdir(parents=True, exist_ok=True)
     completed = subprocess.run([str(binary), "--model_path", str(program), "--plan_path", str(plan),
                                 "--output_folder_path", str(output_dir), *options],
-                               env=env, capture_output=True, text=True, timeout=timeout_s)
+                               env=env, check=False, capture_output=True, text=True, timeout=timeout_s)
     return parse(completed.returncode, completed.stdout, completed.stderr)

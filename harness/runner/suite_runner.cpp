@@ -149,7 +149,8 @@ struct Step {
 std::vector<Step> read_plan(const std::string& path) {
   std::ifstream file(path);
   if (!file) fail(kBadPlan, "cannot read the plan file " + path + ": check the path");
-  std::string folder = path.find('/') == std::string::npos ? "." : path.substr(0, path.rfind('/'));
+  size_t slash = path.rfind('/');
+  std::string folder = slash == std::string::npos ? "." : slash == 0 ? "" : path.substr(0, slash);
   std::vector<Step> steps;
   bool header = false;
   std::string line;
@@ -205,7 +206,8 @@ void check_plan(Module& module, const std::vector<Step>& steps) {
       if (size < 0) fail(kBadInputFile, where + "cannot read input file " + step.inputs[input] + ": check the path");
       auto tag = meta.input_tag(input);
       if (!tag.ok() || *tag != Tag::Tensor) {
-        fail(kInputMismatch, where + "input " + std::to_string(input) + " is not a tensor: this runner feeds tensors only");
+        fail(kInputMismatch,
+             where + "input " + std::to_string(input) + " is not a tensor: this runner feeds tensors only");
       }
       size_t expected = meta.input_tensor_meta(input)->nbytes();
       if (static_cast<size_t>(size) != expected) {
@@ -245,7 +247,8 @@ executorch::extension::TensorPtr read_input(const std::string& path, const execu
   }
   std::vector<executorch::aten::SizesType> sizes(info.sizes().begin(), info.sizes().end());
   std::vector<executorch::aten::DimOrderType> dim_order(info.dim_order().begin(), info.dim_order().end());
-  auto deleter = shared ? std::function<void(void*)>(QnnExecuTorchFreeCustomMem) : std::function<void(void*)>(std::free);
+  std::function<void(void*)> deleter = QnnExecuTorchFreeCustomMem;
+  if (!shared) deleter = std::free;
   return executorch::extension::make_tensor_ptr(std::move(sizes), data, std::move(dim_order), {}, info.scalar_type(),
                                                 executorch::aten::Device(executorch::aten::DeviceType::CPU),
                                                 executorch::aten::TensorShapeDynamism::STATIC, deleter);

@@ -38,7 +38,7 @@ def runner_binary() -> Path:
 
 def _child(toolchain, *args: str, env: dict[str, str] | None = None, timeout_s: float = 600) -> subprocess.CompletedProcess:
     completed = subprocess.run([sys.executable, __file__, *args], cwd=REPO_ROOT, env=env or toolchain.child_env(),
-                               capture_output=True, text=True, timeout=timeout_s)
+                               check=False, capture_output=True, text=True, timeout=timeout_s)
     assert completed.returncode == 0, (completed.stdout + completed.stderr)[-3000:]
     return completed
 
@@ -244,7 +244,7 @@ def _bad_run(runner_binary, program: Path, plan_text: str | None, tmp_path: Path
     (tmp_path / "out").mkdir(exist_ok=True)
     completed = subprocess.run([str(runner_binary), "--model_path", str(program), "--plan_path", str(plan),
                                 "--output_folder_path", str(tmp_path / "out"), *extra],
-                               capture_output=True, text=True, timeout=120, env={**os.environ, "LD_LIBRARY_PATH": ""})
+                               check=False, capture_output=True, text=True, timeout=120, env={**os.environ, "LD_LIBRARY_PATH": ""})
     return runner_run.parse(completed.returncode, completed.stdout, completed.stderr)
 
 
