@@ -1,0 +1,144 @@
+"""Building suite_runner.cpp with the host C++ compiler against the executorch installation under test.
+
+The executorch wheel ships what a C++ runner needs on x86_64: `executorch/include/`, `executorch/lib/`
+(libexecutorch.so, the QNN backend, the kernel libraries). The binary is cached by content under the suite's
+state folder, as the interposer is (harness/qnn/interposer.py): the key covers the source, the compiler's
+identity and flags, and the identity of every header and library it is built against, so another
+executorch (a wheel of another release, an editable build) gets its own binary and an unchanged one is
+never rebuilt. A failed build is one line that names the fix.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.paths import state_dir
+
+SOURCE = Path(__file__).with_name("suite_runner.cpp")
+BINARY_NAME = "suite_runner"
+CACHE_FOLDER = "runner"
+# Linked whether or not a symbol is referenced: the backend and the kernels register themselves from static
+# initialisers. Without the kernel libraries a program with any op outside the delegate (skip-mode buffer
+# copies) fails to load with "Missing operator: aten::copy_" (measured with executorch 1.5.1).
+LIBRARIES = ("executorch", "executorch_backend_qnn", "executorch_kernels_optimized", "executorch_kernels_quantized")
+CXX_FLAGS = ("-std=c++17", "-O2", "-Wall", "-Werror")
+# The wheel's portable c10 headers are included as <c10/...> by the runtime's headers.
+C10_INCLUDE = Path("executorch") / "runtime" / "core" / "portable_type" / "c10"
+PROBE_HEADER = Path("executorch") / "extension" / "module" / "module.h"
+COMPILE_TIMEOUT_S = 600
+
+
+class RunnerBuildError(RuntimeError):
+    """The runner cannot be built here; the message is one line naming the fix."""
+
+
+@dataclass(frozen=True)
+class ExecutorchInstall:
+    """Where the executorch under test keeps its C++ headers and libraries (and torch its headers)."""
+
+    package: Path  # the `executorch` package folder
+    torch_include: Path
+
+    @property
+    def include(self) -> Path:
+        return self.package / "include"
+
+    @property
+    def lib(self) -> Path:
+        return self.package / "lib"
+
+
+def find_executorch() -> ExecutorchInstall:
+    """The executorch and torch of this Python, located without importing them (an import takes seconds)."""
+    found = {}
+    for name in ("executorch", "torch"):
+        spec = importlib.util.find_spec(name)
+        if spec is None or not spec.submodule_search_locations:
+            raise RunnerBuildError(f"{name} is not installed in this Python: run the README's set-up command")
+        found[name] = Path(next(iter(spec.submodule_search_locations)))
+    install = ExecutorchInstall(found["executorch"], found["torch"] / "include")
+    if not (install.include / PROBE_HEADER).is_file():
+        raise RunnerBuildError(f"the executorch under test ({install.package}) has no C++ headers "
+                               f"({install.include / PROBE_HEADER} is missing): install a wheel that ships include/ "
+                               f"(1.5 and newer do) or build executorch from source with its CMake install step")
+    missing = [name for name in LIBRARIES if not (install.lib / f"lib{name}.so").is_file()]
+    if missing:
+        raise RunnerBuildError(f"the executorch under test has no {', '.join(f'lib{m}.so' for m in missing)} in "
+                               f"{install.lib}: use a build with the QNN backend and kernels (EXECUTORCH_BUILD_QNN=ON)")
+    if not install.torch_include.is_dir():
+        raise RunnerBuildError(f"torch has no C++ headers at {install.torch_include}: reinstall torch from the registry")
+    return install
+
+
+def find_compiler() -> str:
+    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if not compiler:
+        raise RunnerBuildError("no C++ compiler found (g++): install one, e.g. `apt-get install g++`")
+    return compiler
+
+
+def compile_command(compiler: str, install: ExecutorchInstall, output: Path) -> list[str]:
+    """The one command that builds the runner; also what a repro bundle would record."""
+    includes = [install.include, install.include / C10_INCLUDE, install.torch_include]
+    return [compiler, *CXX_FLAGS, *(f"-isystem{path}" for path in includes), "-o", str(output), str(SOURCE),
+            f"-L{install.lib}", "-Wl,--no-as-needed", *(f"-l{name}" for name in LIBRARIES), "-Wl,--as-needed",
+            f"-Wl,-rpath,{install.lib}"]
+
+
+def _tree_identity(folder: Path, pattern: str) -> str:
+    """Name, size and modification time of every matching file: a rebuilt executorch makes a new key."""
+    rows = []
+    for path in sorted(folder.rglob(pattern)):
+        if path.is_file():
+            info = path.stat()
+            rows.append(f"{path.relative_to(folder)}:{info.st_size}:{info.st_mtime_ns}")
+    return "\n".join(rows)
+
+
+def _compiler_identity(compiler: str) -> str:
+    try:
+        result = subprocess.run([compiler, "--version"], check=False, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise RunnerBuildError(f"cannot run the C++ compiler {compiler} ({error}): check that it is an executable "
+                               f"C++ compiler, or install g++ (`apt-get install g++`)") from error
+    resolved = Path(shutil.which(compiler) or compiler).resolve()
+    info = resolved.stat() if resolved.exists() else None
+    return f"{resolved}:{info.st_size if info else ''}:{info.st_mtime_ns if info else ''}\n{result.stdout}"
+
+
+def cache_key(compiler: str, install: ExecutorchInstall) -> str:
+    parts = [SOURCE.read_text(), _compiler_identity(compiler), " ".join(compile_command(compiler, install, Path("out"))),
+             _tree_identity(install.include, "*.h"), _tree_identity(install.lib, "*.so"),
+             _tree_identity(install.torch_include / "c10" / "util", "*.h")]
+    return hashlib.sha256("\n\0".join(parts).encode()).hexdigest()[:16]
+
+
+def build(compiler: str | None = None) -> Path:
+    """The runner binary for this executorch: built once, then returned from the cache."""
+    compiler = compiler or find_compiler()
+    install = find_executorch()
+    folder = state_dir() / CACHE_FOLDER / cache_key(compiler, install)
+    output = folder / BINARY_NAME
+    if output.is_file():
+        return output
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    partial = folder / f"{BINARY_NAME}.{os.getpid()}.partial"
+    command = compile_command(compiler, install, partial)
+    try:
+        result = subprocess.run(command, check=False, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise RunnerBuildError(f"cannot run {compiler} ({error}): check that it is an executable C++ compiler, "
+                               f"or install g++ (`apt-get install g++`)") from error
+    if result.returncode != 0:
+        partial.unlink(missing_ok=True)
+        first_error = next((line for line in result.stderr.splitlines() if "error" in line), result.stderr.strip())
+        raise RunnerBuildError(f"building the suite's runner with {compiler} against {install.package} failed: "
+                               f"{first_error[:300]} (the executorch under test may not match suite_runner.cpp's API)")
+    partial.chmod(0o700)
+    partial.rename(output)
+    return output

@@ -1,0 +1,98 @@
+"""Running a step plan through the compiled runner (suite_runner.cpp) on the HTP simulator, and reading what
+it reports.
+
+The plan format, the output names and the exit codes are defined in suite_runner.cpp's header; this module
+writes that format and names the codes for messages. The environment is the toolchain's (the overlay SDK,
+LD_LIBRARY_PATH and the device-config bridge of harness/qnn/toolchain.py), so the runner loads the same QNN
+libraries, behind the same interposer, as every other process of the suite that runs QNN.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.qnn.toolchain import Toolchain
+
+PLAN_HEADER = "qnnsuite-plan 1"
+# suite_runner.cpp's exit codes (its header and its `constexpr int` line); test_compiled_runner checks that
+# the two agree.
+EXIT_CODES = {2: "usage", 3: "bad plan", 4: "bad program", 5: "unknown method", 6: "bad input file",
+              7: "input mismatch", 8: "load failed", 9: "execute failed", 10: "output failed", 11: "bad option"}
+ERROR_PREFIX = "suite_runner: error: "
+RUN_TIMEOUT_S = 300
+METHOD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+STEP_LINE = re.compile(r"^step (\d+) method (\S+) execute_us (\d+)$", re.MULTILINE)
+LOAD_LINE = re.compile(r"^runner: load method (\S+) load_us (\d+)$", re.MULTILINE)
+PEAK_LINE = re.compile(r"^runner: peak_rss_kb (\d+)$", re.MULTILINE)
+
+
+class PlanError(ValueError):
+    """A step plan the runner would refuse; one line naming the step and the fix."""
+
+
+@dataclass(frozen=True)
+class StepTime:
+    step: int
+    method: str
+    execute_us: int
+
+
+@dataclass
+class RunnerRun:
+    """One runner process: how it ended, what it said, and the per-step times it measured."""
+
+    exit_code: int
+    stdout: str
+    stderr: str
+    steps: list[StepTime] = field(default_factory=list)
+    load_us: dict[str, int] = field(default_factory=dict)
+    peak_rss_kb: int | None = None
+
+    @property
+    def error_line(self) -> str | None:
+        """The runner's own one-line diagnosis (None when it gave none)."""
+        lines = [line for line in self.stderr.splitlines() if line.startswith(ERROR_PREFIX)]
+        return lines[-1] if lines else None
+
+
+def write_plan(steps: list[tuple[str, list[Path]]], path: Path) -> Path:
+    """The plan for (method, input files) per step. Names are checked here, so nothing a card or a report
+    supplies can smuggle a second word into a line: a method is an identifier, a file name has no whitespace.
+    The runner resolves a relative input path against the plan file's folder."""
+    lines = [PLAN_HEADER]
+    for index, (method, inputs) in enumerate(steps):
+        if not METHOD_NAME.fullmatch(method):
+            raise PlanError(f"step {index}: method name {method!r} is not an identifier: use the program's method name")
+        for name in map(str, inputs):
+            if any(character.isspace() for character in name):
+                raise PlanError(f"step {index}: input file name {name!r} holds whitespace: rename the file")
+        lines.append(" ".join(["step", method, *map(str, inputs)]))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def runner_env(toolchain: Toolchain, trace: Path | None = None, base: dict[str, str] | None = None) -> dict[str, str]:
+    """What the runner needs to run a QNN-delegated program on the HTP simulator: the toolchain's own child
+    environment (one body for it: Toolchain.child_env). The executorch libraries are found by the binary's
+    rpath, set at build."""
+    return toolchain.child_env(trace=trace, base=base)
+
+
+def parse(exit_code: int, stdout: str, stderr: str) -> RunnerRun:
+    peak = PEAK_LINE.search(stdout)
+    return RunnerRun(exit_code, stdout, stderr,
+                     [StepTime(int(step), method, int(micros)) for step, method, micros in STEP_LINE.findall(stdout)],
+                     {method: int(micros) for method, micros in LOAD_LINE.findall(stdout)},
+                     int(peak.group(1)) if peak else None)
+
+
+def run_plan(binary: Path, program: Path, plan: Path, output_dir: Path, env: dict[str, str],
+             options: tuple[str, ...] = (), timeout_s: float = RUN_TIMEOUT_S) -> RunnerRun:
+    """Run the plan in one runner process; outputs land in output_dir as output_<step>_<index>.raw."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    completed = subprocess.run([str(binary), "--model_path", str(program), "--plan_path", str(plan),
+                                "--output_folder_path", str(output_dir), *options],
+                               env=env, check=False, capture_output=True, text=True, timeout=timeout_s)
+    return parse(completed.returncode, completed.stdout, completed.stderr)

@@ -1,0 +1,335 @@
+/*
+ * suite_runner: the conformance suite's own ExecuTorch runner (issue 31).
+ *
+ * Why it exists: upstream's qnn_executor_runner runs one method per process and reports only an average
+ * time, so state can never cross methods and no single step can be timed. This runner executes a whole
+ * step plan in ONE process on executorch's public Module API, so what one step (of any method) leaves in
+ * the program's state is what the next step sees, exactly as an application holding one Module does.
+ *
+ * Usage:
+ *   suite_runner --model_path M.pte --plan_path plan.txt --output_folder_path OUT
+ *                [--log_level N] [--performance_mode N] [--share_memory_arenas] [--shared_buffer]
+ *
+ * Step plan (a strict, line-based text file; '#' starts a comment line, blank lines are ignored):
+ *   qnnsuite-plan 1                      first meaningful line: the format and its version
+ *   step METHOD [INPUT_FILE ...]         one line per execute, in order; METHOD is a method of the program,
+ *                                        each INPUT_FILE holds one input's raw bytes (the tensor's dtype, in
+ *                                        its dim order, little-endian), as many files as the method has inputs.
+ * Relative input paths are resolved against the plan file's folder. File names cannot hold whitespace.
+ * Every step and every file is checked (method exists, input count, each file's size against the method's
+ * input tensor meta) before any method is loaded, so a bad plan fails without starting the backend.
+ *
+ * Outputs: step S's output K is written to OUT/output_S_K.raw (raw bytes, the same naming as the harness's
+ * emulated runner: harness/emulator/host_runner.py), right after that step's execute. Non-tensor outputs are
+ * written as int64 (Int), float64 (Double) or one byte (Bool).
+ *
+ * Stdout, one line each:
+ *   runner: load method METHOD load_us N        once per distinct method of the plan, before the first step
+ *   step S method METHOD execute_us N            per execute (wall time of Module::execute, inputs included)
+ *   runner: peak_rss_kb N                        at the end (getrusage(RUSAGE_SELF).ru_maxrss)
+ *
+ * Errors: one line on stderr starting "suite_runner: error: " that names the problem and the fix, and a
+ * distinct exit code (executorch's own log lines may precede it for load or execute failures):
+ *   2 usage (unknown or missing argument)       3 plan file unreadable or malformed
+ *   4 program missing or not loadable            5 a step names a method the program does not have
+ *   6 an input file is missing or unreadable     7 input count or an input file's size does not match the method
+ *   8 load_method failed                         9 execute failed
+ *  10 an output could not be written            11 a backend option was rejected or is unavailable
+ *
+ * QNN backend options: executorch 1.5.1 exposes runtime options through the public
+ * executorch::runtime::set_option("QnnBackend", ...) (runtime/backend/interface.h). The QNN backend reads the
+ * int keys "qnn_runtime_log_level" (0 off .. 5 debug) and "qnn_runtime_htp_performance_mode" (0 default ..
+ * 8 balanced, QnnExecuTorchHtpPerformanceMode) at method load; they override what the program was compiled
+ * with. They are set only when given on the command line. The wheel ships no QNN backend headers, so the keys
+ * are spelled here (upstream: backends/qualcomm/runtime/QnnExecuTorch.h).
+ * Shared buffers: the wheel's libexecutorch_backend_qnn.so exports QnnExecuTorchAllocCustomMem (declared here,
+ * as upstream's header does). With --shared_buffer every input's storage comes from it (the QNN backend then
+ * registers it as shared memory instead of copying, where the program leaves inputs unplanned); when it
+ * cannot allocate (no rpcmem) the runner stops with exit 11 rather than silently using ordinary memory. The
+ * x86_64 (host simulator) build refuses --shared_buffer at once, exit 11: the wheel's host QNN backend has no
+ * rpcmem and QnnExecuTorchAllocCustomMem crashes there with SIGSEGV (measured with executorch 1.5.1).
+ * --share_memory_arenas is Module's share_memory_arenas (one set of planned arenas for all methods), which
+ * programs exported with share_mutable_buffers rely on.
+ */
+#include <executorch/extension/module/module.h>
+#include <executorch/extension/tensor/tensor_ptr.h>
+#include <executorch/runtime/backend/interface.h>
+#include <executorch/runtime/backend/options.h>
+#include <executorch/runtime/platform/runtime.h>
+
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+extern "C" {
+void* QnnExecuTorchAllocCustomMem(size_t bytes, size_t alignment);
+void QnnExecuTorchFreeCustomMem(void* buffer_ptr);
+}
+
+namespace {
+
+using executorch::extension::Module;
+using executorch::runtime::Error;
+using executorch::runtime::EValue;
+using executorch::runtime::MethodMeta;
+using executorch::runtime::Tag;
+
+constexpr int kUsage = 2, kBadPlan = 3, kBadProgram = 4, kUnknownMethod = 5, kBadInputFile = 6,
+              kInputMismatch = 7, kLoadFailed = 8, kExecuteFailed = 9, kOutputFailed = 10, kBadOption = 11;
+constexpr const char* kPlanHeader = "qnnsuite-plan 1";
+constexpr size_t kSharedAlignment = 64;
+
+[[noreturn]] void fail(int code, const std::string& message) {
+  std::fflush(stdout);
+  std::cerr << "suite_runner: error: " << message << std::endl;
+  std::exit(code);
+}
+
+struct Options {
+  std::string model, plan, output;
+  int log_level = -1, performance_mode = -1;
+  bool share_memory_arenas = false, shared_buffer = false;
+};
+
+int parse_int(const std::string& flag, const std::string& text, int low, int high) {
+  char* end = nullptr;
+  long value = std::strtol(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || value < low || value > high) {
+    fail(kUsage, flag + " takes an integer from " + std::to_string(low) + " to " + std::to_string(high) +
+                     ", not '" + text + "'");
+  }
+  return static_cast<int>(value);
+}
+
+Options parse_args(int argc, char** argv) {
+  Options options;
+  for (int i = 1; i < argc; ++i) {
+    std::string flag = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) fail(kUsage, flag + " needs a value");
+      return argv[++i];
+    };
+    if (flag == "--model_path") options.model = value();
+    else if (flag == "--plan_path") options.plan = value();
+    else if (flag == "--output_folder_path") options.output = value();
+    else if (flag == "--log_level") options.log_level = parse_int(flag, value(), 0, 5);
+    else if (flag == "--performance_mode") options.performance_mode = parse_int(flag, value(), 0, 8);
+    else if (flag == "--share_memory_arenas") options.share_memory_arenas = true;
+    else if (flag == "--shared_buffer") options.shared_buffer = true;
+    else fail(kUsage, "unknown argument '" + flag + "': see the usage in suite_runner.cpp's header");
+  }
+  if (options.model.empty() || options.plan.empty() || options.output.empty()) {
+    fail(kUsage, "--model_path, --plan_path and --output_folder_path are required");
+  }
+#if defined(__x86_64__)
+  if (options.shared_buffer) {
+    fail(kBadOption, "--shared_buffer needs rpcmem, which the host (x86_64) QNN backend does not have: run without it "
+                     "on the simulator, use it on a phone");
+  }
+#endif
+  return options;
+}
+
+struct Step {
+  std::string method;
+  std::vector<std::string> inputs;
+};
+
+std::vector<Step> read_plan(const std::string& path) {
+  std::ifstream file(path);
+  if (!file) fail(kBadPlan, "cannot read the plan file " + path + ": check the path");
+  size_t slash = path.rfind('/');
+  std::string folder = slash == std::string::npos ? "." : slash == 0 ? "" : path.substr(0, slash);
+  std::vector<Step> steps;
+  bool header = false;
+  std::string line;
+  for (int number = 1; std::getline(file, line); ++number) {
+    std::istringstream words(line);
+    std::string first;
+    if (!(words >> first) || first[0] == '#') continue;
+    std::string where = path + " line " + std::to_string(number) + ": ";
+    if (!header) {
+      std::string version;
+      words >> version;
+      if (first + " " + version != kPlanHeader || (words >> version)) {
+        fail(kBadPlan, where + "expected the header '" + kPlanHeader + "' (see suite_runner.cpp's header)");
+      }
+      header = true;
+      continue;
+    }
+    if (first != "step") fail(kBadPlan, where + "expected 'step METHOD [INPUT_FILE ...]', not '" + first + "'");
+    Step step;
+    if (!(words >> step.method)) fail(kBadPlan, where + "a step needs a method name");
+    for (std::string name; words >> name;) step.inputs.push_back(name[0] == '/' ? name : folder + "/" + name);
+    steps.push_back(step);
+  }
+  if (!header) fail(kBadPlan, path + " is empty: a plan starts with '" + kPlanHeader + "'");
+  if (steps.empty()) fail(kBadPlan, path + " has no step: add 'step METHOD [INPUT_FILE ...]' lines");
+  return steps;
+}
+
+long file_size(const std::string& path) {
+  std::ifstream file(path, std::ios::binary | std::ios::ate);
+  return file ? static_cast<long>(file.tellg()) : -1;
+}
+
+// Every step checked against the program's methods and input metas, before any method is loaded.
+void check_plan(Module& module, const std::vector<Step>& steps) {
+  auto names = module.method_names();
+  if (!names.ok()) fail(kBadProgram, "cannot read the methods of the program: is it a .pte of this executorch?");
+  for (size_t index = 0; index < steps.size(); ++index) {
+    const Step& step = steps[index];
+    std::string where = "step " + std::to_string(index) + " (method " + step.method + "): ";
+    if (!names->count(step.method)) {
+      std::string known;
+      for (const auto& name : *names) known += (known.empty() ? "" : ", ") + name;
+      fail(kUnknownMethod, where + "the program has no such method (it has: " + known + "): fix the plan");
+    }
+    MethodMeta meta = module.method_meta(step.method).get();
+    if (step.inputs.size() != meta.num_inputs()) {
+      fail(kInputMismatch, where + std::to_string(step.inputs.size()) + " input file(s) given, the method takes " +
+                               std::to_string(meta.num_inputs()) + ": fix the plan");
+    }
+    for (size_t input = 0; input < step.inputs.size(); ++input) {
+      long size = file_size(step.inputs[input]);
+      if (size < 0) fail(kBadInputFile, where + "cannot read input file " + step.inputs[input] + ": check the path");
+      auto tag = meta.input_tag(input);
+      if (!tag.ok() || *tag != Tag::Tensor) {
+        fail(kInputMismatch,
+             where + "input " + std::to_string(input) + " is not a tensor: this runner feeds tensors only");
+      }
+      size_t expected = meta.input_tensor_meta(input)->nbytes();
+      if (static_cast<size_t>(size) != expected) {
+        fail(kInputMismatch, where + "input file " + step.inputs[input] + " has " + std::to_string(size) +
+                                 " bytes, input " + std::to_string(input) + " takes " + std::to_string(expected) +
+                                 ": write the tensor's raw bytes in the method's dtype and shape");
+      }
+    }
+  }
+}
+
+void set_backend_options(const Options& options) {
+  if (options.log_level < 0 && options.performance_mode < 0) return;
+  executorch::runtime::BackendOptions<2> backend_options;
+  if (options.log_level >= 0) backend_options.set_option("qnn_runtime_log_level", options.log_level);
+  if (options.performance_mode >= 0) {
+    backend_options.set_option("qnn_runtime_htp_performance_mode", options.performance_mode);
+  }
+  if (executorch::runtime::set_option("QnnBackend", backend_options.view()) != Error::Ok) {
+    fail(kBadOption, "the QNN backend rejected --log_level/--performance_mode: is QnnBackend linked in?");
+  }
+}
+
+// An input's bytes, in memory the tensor keeps alive (the QNN shared allocator's with --shared_buffer).
+executorch::extension::TensorPtr read_input(const std::string& path, const executorch::runtime::TensorInfo& info,
+                                            bool shared) {
+  size_t bytes = info.nbytes();
+  void* data = shared ? QnnExecuTorchAllocCustomMem(bytes, kSharedAlignment) : std::malloc(bytes ? bytes : 1);
+  if (data == nullptr) {
+    if (shared) fail(kBadOption, "--shared_buffer: QnnExecuTorchAllocCustomMem could not allocate (no rpcmem on this "
+                                 "device, e.g. the host simulator): run without --shared_buffer");
+    fail(kBadInputFile, "out of memory reading " + path);
+  }
+  std::ifstream file(path, std::ios::binary);
+  if (!file.read(static_cast<char*>(data), static_cast<std::streamsize>(bytes))) {
+    fail(kBadInputFile, "cannot read " + std::to_string(bytes) + " bytes from " + path + ": check the file");
+  }
+  std::vector<executorch::aten::SizesType> sizes(info.sizes().begin(), info.sizes().end());
+  std::vector<executorch::aten::DimOrderType> dim_order(info.dim_order().begin(), info.dim_order().end());
+  std::function<void(void*)> deleter = QnnExecuTorchFreeCustomMem;
+  if (!shared) deleter = std::free;
+  return executorch::extension::make_tensor_ptr(std::move(sizes), data, std::move(dim_order), {}, info.scalar_type(),
+                                                executorch::aten::Device(executorch::aten::DeviceType::CPU),
+                                                executorch::aten::TensorShapeDynamism::STATIC, deleter);
+}
+
+void write_output(const std::string& path, const EValue& value) {
+  std::ofstream file(path, std::ios::binary | std::ios::trunc);
+  if (value.isTensor()) {
+    const auto& tensor = value.toTensor();
+    file.write(static_cast<const char*>(tensor.const_data_ptr()), static_cast<std::streamsize>(tensor.nbytes()));
+  } else if (value.isInt()) {
+    int64_t number = value.toInt();
+    file.write(reinterpret_cast<const char*>(&number), sizeof(number));
+  } else if (value.isDouble()) {
+    double number = value.toDouble();
+    file.write(reinterpret_cast<const char*>(&number), sizeof(number));
+  } else if (value.isBool()) {
+    char flag = value.toBool() ? 1 : 0;
+    file.write(&flag, 1);
+  } else {
+    fail(kOutputFailed, path + ": output of a type this runner cannot write (not a tensor, int, double or bool)");
+  }
+  if (!file) fail(kOutputFailed, "cannot write " + path + ": check that the output folder exists and is writable");
+}
+
+long long micros_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options options = parse_args(argc, argv);
+  executorch::runtime::runtime_init();
+  std::vector<Step> steps = read_plan(options.plan);
+  if (file_size(options.model) < 0) fail(kBadProgram, "cannot read the program " + options.model + ": check the path");
+  if (file_size(options.output) < 0) {
+    fail(kOutputFailed, "the output folder " + options.output + " does not exist: create it first");
+  }
+
+  Module module(options.model, Module::LoadMode::File, nullptr, nullptr, nullptr, options.share_memory_arenas);
+  if (module.load() != Error::Ok) fail(kBadProgram, "cannot load the program " + options.model + ": is it a .pte?");
+  check_plan(module, steps);
+  set_backend_options(options);
+
+  std::set<std::string> loaded;
+  for (const Step& step : steps) {
+    if (!loaded.insert(step.method).second) continue;
+    auto start = std::chrono::steady_clock::now();
+    if (module.load_method(step.method) != Error::Ok) {
+      fail(kLoadFailed, "loading method " + step.method + " failed (its backend's log is above): check the QNN "
+                        "libraries and the program's SoC");
+    }
+    std::cout << "runner: load method " << step.method << " load_us " << micros_since(start) << std::endl;
+  }
+
+  for (size_t index = 0; index < steps.size(); ++index) {
+    const Step& step = steps[index];
+    MethodMeta meta = module.method_meta(step.method).get();
+    std::vector<executorch::extension::TensorPtr> tensors;
+    std::vector<EValue> inputs;
+    for (size_t input = 0; input < step.inputs.size(); ++input) {
+      tensors.push_back(read_input(step.inputs[input], meta.input_tensor_meta(input).get(), options.shared_buffer));
+      inputs.emplace_back(tensors.back());
+    }
+    auto start = std::chrono::steady_clock::now();
+    auto outputs = module.execute(step.method, inputs);
+    long long elapsed = micros_since(start);
+    if (!outputs.ok()) {
+      fail(kExecuteFailed, "step " + std::to_string(index) + " (method " + step.method + ") failed to execute (error " +
+                               std::to_string(static_cast<int>(outputs.error())) + "; its backend's log is above)");
+    }
+    std::cout << "step " << index << " method " << step.method << " execute_us " << elapsed << std::endl;
+    // Written before the next step: with shared arenas the next execute may reuse this step's output memory.
+    for (size_t output = 0; output < outputs->size(); ++output) {
+      write_output(options.output + "/output_" + std::to_string(index) + "_" + std::to_string(output) + ".raw",
+                   (*outputs)[output]);
+    }
+  }
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  std::cout << "runner: peak_rss_kb " << usage.ru_maxrss << std::endl;
+  return 0;
+}
