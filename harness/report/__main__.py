@@ -18,6 +18,7 @@ from pathlib import Path
 
 from harness.report import merge as merging
 from harness.report.gate import BaselineError, MalformedReport, changes, compare, load
+from harness.report.text import printable
 from harness.report.writer import summary_line
 
 MALFORMED = 4  # a report file that is not a valid report.json: pytest's usage-error code, as --baseline gets
@@ -56,7 +57,7 @@ def merge(folders: list[Path], out: Path, baseline: Path | None, allow_missing: 
         return 0
     print(f"gate against {baseline}: " + ("no regressions" if verdict.ok else "FAILED"))
     for line in verdict.lines():
-        print(f"  {line}")
+        print(f"  {printable(line)}")  # a part's failure message may carry terminal escapes
     return 0 if verdict.ok else 1
 
 

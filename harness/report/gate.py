@@ -135,7 +135,8 @@ def of_document(document: dict) -> dict[Key, Outcome]:
 
 def read_documents(path: Path) -> list[tuple[Path, dict]]:
     """(file, document) of a report.json, or of every report.json under a folder (a run, or one SoC of
-    it); one SoC per folder, so a folder holding two runs is refused rather than silently mixed."""
+    it); one SoC per folder, so a folder holding two runs is refused rather than silently mixed. Each file is
+    validated first (harness/report/intake.py): a file that is not a valid report.json is MalformedReport."""
     if not path.exists():
         raise BaselineError(f"{path} does not exist: pass a report.json or a run folder such as reports/latest")
     files = [path] if path.is_file() else sorted(path.rglob("report.json"))

@@ -7,6 +7,10 @@ that do not fit (a mix of counts, an index twice or missing, a sharded run with 
 The merged documents are rebuilt from the parts' check records by the same code as a run's
 (harness/report/document.py, writer.py), so a merge of shards 1/2 and 2/2 reads like the unsharded run
 and `--baseline` and `diff` take it as they take any run. Reproduction bundles are copied along.
+
+The parts are data from other jobs or hosts: each report.json is validated before use (harness/report/
+intake.py; a bad one is MalformedReport, exit code 4), the merge writes only under --out (a part's SoC
+names a folder there, and nothing else), and only directories and regular files of a part are copied.
 """
 from __future__ import annotations
 
