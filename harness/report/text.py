@@ -18,7 +18,7 @@ UNPRINTABLE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
 # makes no emphasis of it), so names stay as they read in the raw file.
 _MARKUP = re.compile(r"""([\\`*{}\[\]<>()#+!|~&$^@"]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9]))""")
 # What starts a block only at the start of a line: a list item, a quote, a heading, a rule.
-_LINE_START = re.compile(r"^(?:([-=])|(\d+)\.)")
+_LINE_START = re.compile(r"^(?:([-=])|(\d+)\.(?=\s|$))")  # an ordered list needs "1. "; a version 1.5.1 is none
 # GitHub links @user, @org/team, #123 and bare URLs after Markdown is rendered, escaped or not: a
 # zero-width space after the sign (and inside `://` and `www.`) keeps the text as it reads and links nothing.
 _LINKED = re.compile(r"(\\[@#](?=\w)|:(?=//)|(?<![\w.])www(?=\.))", re.IGNORECASE)

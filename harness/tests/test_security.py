@@ -764,6 +764,8 @@ def test_markdown_injection_in_a_failure_message_renders_inert_in_summary_md(tmp
     assert "\n# heading" not in summary and "\n- item" not in summary
     assert markdown_text("state differs: 3 element(s) in step 1") == "state differs: 3 element\\(s\\) in step 1"
     assert markdown_text("kv_index_copy_dim1-16a4w-skip_mutbuf-SM8650") == "kv_index_copy_dim1-16a4w-skip_mutbuf-SM8650"
+    assert [markdown_text(t) for t in ("- item", "1. item", "1.5.1")] == ["\\- item", "1\\. item", "1.5.1"], \
+        "what would start a list when the text starts a line is escaped; a version is not"
 
 
 CARD_MODULES = {
