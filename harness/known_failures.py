@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import fnmatch
 import re
+import re._constants as sre  # the parsed form of a pattern: what backtracking can blow up is read from it
+import re._parser
 import tomllib
 from dataclasses import dataclass
 from functools import cache
@@ -28,6 +30,14 @@ from harness.check_registry import CheckFailure
 from harness.paths import REPO_ROOT
 
 MANIFEST = REPO_ROOT / "fixtures" / "known_failures.toml"
+# A manifest's message pattern meets every failure of its signature, and Python's re backtracks: `(a+)+$`
+# takes hours on 30 characters, `.*a.*a.*b` two minutes on 1000. So patterns with a quantifier inside a
+# quantified group (or an alternation under one) are refused at load, at most MAX_OPEN_REPEATS quantifiers
+# may repeat without bound, and a message is matched on its first MATCHED_MESSAGE_CHARS characters (a
+# check's message is one line, measured at 223 characters at most: the bound cuts no real one).
+MATCHED_MESSAGE_CHARS = 2000
+MAX_OPEN_REPEATS = 2
+_REPEATS = (sre.MAX_REPEAT, sre.MIN_REPEAT, sre.POSSESSIVE_REPEAT)
 
 
 @dataclass(frozen=True)
@@ -49,23 +59,88 @@ class KnownFailure:
                 and (not self.qnn or SpecifierSet(self.qnn).contains(versions.qnn(), prereleases=True)))
 
     def explains(self, failure: BaseException) -> bool:
+        """The failure is the one this entry expects: its signature, and its message (the first
+        MATCHED_MESSAGE_CHARS characters, so no message makes a pattern's match run long) matches."""
         return (isinstance(failure, CheckFailure) and failure.signature == self.signature
-                and re.search(self.message, str(failure)) is not None)
+                and re.search(self.message, str(failure)[:MATCHED_MESSAGE_CHARS]) is not None)
 
     def describe(self) -> str:
         return f"known failure [{self.signature}]: {self.reason}" + (f" ({self.reference})" if self.reference else "")
 
 
+def backtracking_risk(pattern: str) -> str:
+    """Why matching pattern could take exponential (or high polynomial) time, or "" if it cannot."""
+    open_repeats = 0
+
+    def walk(parsed: re._parser.SubPattern | list, repeated: bool) -> str:
+        nonlocal open_repeats
+        for op, value in parsed:
+            if op in _REPEATS:
+                low, high, body = value
+                if high > 1 and repeated:
+                    return "a quantifier inside a quantified group, as in (a+)+"
+                open_repeats += high == sre.MAXREPEAT
+                if problem := walk(body, repeated or high > 1):
+                    return problem
+            elif op is sre.BRANCH:
+                if repeated:
+                    return "an alternation inside a quantified group, as in (ab|ab)*"
+                for alternative in value[1]:
+                    if problem := walk(alternative, repeated):
+                        return problem
+            elif op is sre.SUBPATTERN and (problem := walk(value[3], repeated)):
+                return problem
+            elif op in (sre.ASSERT, sre.ASSERT_NOT) and (problem := walk(value[1], repeated)):
+                return problem
+            elif op is sre.ATOMIC_GROUP and (problem := walk(value, repeated)):
+                return problem
+            elif op is sre.GROUPREF_EXISTS:
+                for branch in value[1:]:
+                    if branch is not None and (problem := walk(branch, repeated)):
+                        return problem
+        return ""
+
+    problem = walk(re._parser.parse(pattern), False)
+    if not problem and open_repeats > MAX_OPEN_REPEATS:
+        problem = f"{open_repeats} unbounded quantifiers (at most {MAX_OPEN_REPEATS})"
+    return problem
+
+
+def _checked_message(path: Path, entry: KnownFailure) -> None:
+    """The entry's message pattern compiles and cannot make a match run long; else one ValueError line."""
+    if not isinstance(entry.message, str):
+        raise ValueError(f"{path}: entry {entry.pattern!r} has message = {entry.message!r}: write a string")
+    try:
+        re.compile(entry.message)
+    except re.error as error:
+        raise ValueError(f"{path}: entry {entry.pattern!r} has message {entry.message!r}, not a regular "
+                         f"expression ({error}): fix or escape it") from None
+    if problem := backtracking_risk(entry.message):
+        raise ValueError(f"{path}: entry {entry.pattern!r} has message {entry.message!r} with {problem}: a "
+                         f"failure's message could make matching it run for hours; match a plainer part of the "
+                         f"message (e.g. a literal phrase)")
+
+
 @cache
 def load(path: Path = MANIFEST) -> tuple[KnownFailure, ...]:
-    """The manifest's entries; every signature must be one a registered check declares (load the checks first)."""
+    """The manifest's entries; every signature must be one a registered check declares (load the checks first).
+    A manifest that cannot be used is one ValueError naming the file (and the entry)."""
     signatures = check_registry.signatures()
+    try:
+        raws = tomllib.loads(path.read_text(encoding="utf-8")).get("known_failure", [])
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
+        raise ValueError(f"{path} is not a readable TOML manifest ({error})") from None
+    if not isinstance(raws, list) or not all(isinstance(raw, dict) for raw in raws):
+        raise ValueError(f"{path}: known_failure must be a list of tables ([[known_failure]] entries)")
     entries = []
-    for raw in tomllib.loads(path.read_text()).get("known_failure", []):
-        entry = KnownFailure(**raw)
+    for raw in raws:
+        try:
+            entry = KnownFailure(**raw)
+        except TypeError as error:
+            raise ValueError(f"{path}: entry {raw.get('pattern')!r}: {error}") from None
         if entry.signature not in signatures:
             raise ValueError(f"{path}: signature {entry.signature!r} is not one of {', '.join(signatures)}")
-        re.compile(entry.message)
+        _checked_message(path, entry)
         for field, scope in (("executorch", entry.executorch), ("qnn", entry.qnn)):
             try:
                 SpecifierSet(scope)

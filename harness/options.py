@@ -6,6 +6,8 @@ declares options and turns them into a RunOptions value, with one clear line for
 from __future__ import annotations
 
 import os
+import shlex
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -168,11 +170,34 @@ def parse(config: pytest.Config) -> RunOptions:
         compile_only=config.getoption("--compile-only"),
         keep_workspace=config.getoption("--keep-workspace"),
         runner_timeout_s=config.getoption("--runner-timeout"),
-        cache_dir=None if config.getoption("--no-cache") else Path(config.getoption("--cache-dir")).resolve(),
+        cache_dir=None if config.getoption("--no-cache") else trusted_cache_dir(Path(config.getoption("--cache-dir"))),
         repro_all=config.getoption("--repro-all"),
         backend_lib=Path(backend_lib).resolve() if backend_lib else None,
         android_ndk=_android_ndk(config.getoption("--android-ndk")),
     )
+
+
+def trusted_cache_dir(given: Path) -> Path:
+    """--cache-dir (or the default) resolved, created 0700 if missing, and refused (UsageError, one line with
+    the fix) unless it is this user's own folder that nobody else may write: entries in it are lowered
+    programs and quantized programs, which a lowering reads back, so a folder another account can write
+    into is a way to plant them (harness/pipeline/prepared.py also authenticates what it unpickles)."""
+    path = given.resolve()
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = os.stat(path)
+    except OSError as error:
+        raise pytest.UsageError(f"--cache-dir {path} cannot be created ({error.strerror}): pass a folder of "
+                                f"your own with --cache-dir, or --no-cache") from None
+    if not stat.S_ISDIR(info.st_mode):
+        raise pytest.UsageError(f"--cache-dir {path} is not a folder: pass a folder of your own with --cache-dir")
+    if info.st_uid != os.getuid():
+        raise pytest.UsageError(f"--cache-dir {path} belongs to uid {info.st_uid}, not to you (uid {os.getuid()}): "
+                                f"someone else could plant entries there; pass a folder of your own with --cache-dir")
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise pytest.UsageError(f"--cache-dir {path} has mode {stat.S_IMODE(info.st_mode):o}, writable by others: "
+                                f"run `chmod go-w {shlex.quote(str(path))}`, or pass another folder with --cache-dir")
+    return path
 
 
 def _android_ndk(option: str | None) -> Path | None:

@@ -8,6 +8,7 @@ and passing `--models MODULE`; nothing in the suite changes.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import re
 
 from harness.vocabulary import ModelCard
@@ -36,11 +37,39 @@ def cards() -> list[ModelCard]:
 
 
 def load_module(module: str) -> None:
-    """Import a module of cards (it registers them on import)."""
+    """Import a module of cards (it registers them on import). Whatever the import raises, a SyntaxError or
+    a `sys.exit` included, is one ValueError naming the module's file and the error (the options turn it
+    into a usage line, not an INTERNALERROR); only KeyboardInterrupt goes through, as the user meant it."""
     try:
         importlib.import_module(module)
-    except ImportError as error:
-        raise ValueError(f"cannot import model cards from {module!r} ({error}): pass an importable module name") from error
+    except ModuleNotFoundError as error:
+        if error.name is not None and (module == error.name or module.startswith(error.name + ".")):
+            raise ValueError(f"cannot import model cards from {module!r} ({error}): pass an importable module name") from None
+        raise ValueError(f"model cards {module!r} ({_file_of(module)}) failed to import: {_one_line(error)}") from None
+    except KeyboardInterrupt:
+        raise
+    except SyntaxError as error:
+        raise ValueError(f"model cards {module!r} ({error.filename}, line {error.lineno}) are not valid Python: "
+                         f"{error.msg}") from None
+    except BaseException as error:  # noqa: BLE001  (a card module is the user's code: any failure is one line)
+        raise ValueError(f"model cards {module!r} ({_file_of(module)}) failed to import: {_one_line(error)}") from None
+
+
+def _file_of(module: str) -> str:
+    """The file a module is imported from, for the user to open; its name if it cannot be found."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        spec = None
+    return spec.origin if spec is not None and spec.origin else module
+
+
+def _one_line(error: BaseException) -> str:
+    """The error as its type and first line: a card module's failure, said in a usage line."""
+    if isinstance(error, SystemExit):
+        return f"it called sys.exit({error.code!r}): a card module must only register cards"
+    first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return f"{type(error).__name__}: {first}" if first else type(error).__name__
 
 
 def find(reference: str) -> ModelCard:

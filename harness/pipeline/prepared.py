@@ -25,17 +25,23 @@ the entry's facts as they would the bytes.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import io
+import os
+import secrets
+import stat
 import sys
 import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Callable, Iterator, TypeVar
 
 import torch
 from filelock import FileLock
 
+from harness import user_state
 from harness.files import write_bytes_atomically
 from harness.pipeline import stages
 from harness.pipeline.card import ModelCard
@@ -44,6 +50,9 @@ from harness.pipeline.facts import (ENVIRONMENTAL, ExportedFacts, ExportFacts, F
 
 T = TypeVar("T")
 PROGRAM = "program.pt2"
+SEAL = "program.pt2.hmac"  # HMAC-SHA256 of the program under this user's key: only programs this user made are read
+KEY_FILE = "cache-hmac.key"  # in the user's private state folder (harness/user_state.py)
+KEY_BYTES = 32
 FACTS = "prepared.json"
 EXPORT_FACTS = "export.json"
 # Programs the lowering server read (preload), by sha256: its forked children each take their own copy.
@@ -132,6 +141,7 @@ def _quantize(directory: Path, card: ModelCard, model: torch.nn.Module, dtype: s
     torch.export.save(torch.export.export(converted, calibration[0], strict=True), buffer)
     data = buffer.getvalue()
     write_bytes_atomically(directory / PROGRAM, data)
+    write_bytes_atomically(directory / SEAL, _seal(data).encode())
     facts = PreparedFacts(QuantizeFacts(**quantize_facts), ProgramFacts(hashlib.sha256(data).hexdigest(), len(data)))
     facts.write(directory / FACTS)
     return facts, _load(data)
@@ -144,8 +154,8 @@ def preload(directory: Path) -> None:
         facts = PreparedFacts.read(directory / FACTS)
         if facts.error is None and facts.program.sha256 not in _PRELOADED:
             _PRELOADED[facts.program.sha256] = _load(_program_bytes(directory, facts))
-    except (FactsError, OSError):
-        return  # not made yet, or damaged: the child makes it, or says so and makes it again
+    except (FactsError, OSError, user_state.UnsafeStateDir):
+        return  # not made yet, damaged or not sealed: the child makes it, or says why and makes it again
 
 
 def _read_entry(directory: Path) -> tuple[PreparedFacts, torch.nn.Module | None] | None:
@@ -167,11 +177,56 @@ def _read_entry(directory: Path) -> tuple[PreparedFacts, torch.nn.Module | None]
 
 
 def _program_bytes(directory: Path, facts: PreparedFacts) -> bytes:
-    """The entry's program, if it is the one its facts describe (else FactsError)."""
+    """The entry's program, if it is the one its facts describe and this user sealed it (else FactsError).
+
+    torch.export.load unpickles: a program.pt2 planted with a matching prepared.json would run code in the
+    lowering server. The sha256 in the facts only says the files agree; the seal, an HMAC under a key only
+    this user can read, says this user's suite wrote them."""
     data = (directory / PROGRAM).read_bytes()
     if len(data) != facts.program.bytes or hashlib.sha256(data).hexdigest() != facts.program.sha256:
         raise FactsError(f"{PROGRAM} is not the program its facts describe")
+    try:
+        seal = (directory / SEAL).read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        seal = ""
+    if not hmac.compare_digest(seal.encode("ascii", "replace"), _seal(data).encode()):
+        raise FactsError(f"{PROGRAM} is not sealed by this user's key (made elsewhere, or planted): not read")
     return data
+
+
+def _seal(data: bytes) -> str:
+    return hmac.new(_key(), data, hashlib.sha256).hexdigest()
+
+
+@cache
+def _key() -> bytes:
+    """This user's key for sealing prepared programs: made once (0600, atomically: the first writer wins)
+    in the user's private 0700 state folder, and read only if it is a regular file of this user's that
+    nobody else can read."""
+    path = user_state.base_dir() / KEY_FILE
+    if not os.path.lexists(path):
+        temporary = path.with_name(f".{KEY_FILE}.{os.getpid()}.{secrets.token_hex(4)}")
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(descriptor, secrets.token_bytes(KEY_BYTES))
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+        try:
+            os.link(temporary, path)  # fails if another process made it first: then theirs is the key
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(temporary)
+    descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(descriptor, "rb") as file:
+        info = os.fstat(descriptor)
+        key = file.read(KEY_BYTES + 1)
+    if (not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077
+            or len(key) != KEY_BYTES):
+        raise user_state.UnsafeStateDir(f"cache key {path} is not a 0600 file of {KEY_BYTES} bytes of yours: "
+                                        f"remove it (a new one is made; cached quantized programs are made again)")
+    return key
 
 
 def _load(data: bytes) -> torch.nn.Module:

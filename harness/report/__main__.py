@@ -4,9 +4,11 @@
 diff: A and B are report.json files or run folders. Prints one line per check whose verdict changed
 (regressions, new failures and known failures that now pass are marked); exits 1 if B regressed against A
 or has a new failure,
-2 on unreadable input, else 0.
-merge: exits 2 when the parts cannot be merged (one line says why), 1 when --baseline is given and the
-merged run fails its gate (gate.json beside each report.json names the checks), else 0.
+2 on a path that holds no report, 4 on a report file that is not a valid report.json (one line on stderr
+names it: report files from elsewhere are data, harness/report/intake.py), else 0.
+merge: exits 2 when the parts cannot be merged (one line says why), 4 on a part or baseline that is not a
+valid report.json, 1 when --baseline is given and the merged run fails its gate (gate.json beside each
+report.json names the checks), else 0.
 """
 from __future__ import annotations
 
@@ -15,8 +17,11 @@ import sys
 from pathlib import Path
 
 from harness.report import merge as merging
-from harness.report.gate import BaselineError, changes, compare, load
+from harness.report.gate import BaselineError, MalformedReport, changes, compare, load
+from harness.report.text import printable
 from harness.report.writer import summary_line
+
+MALFORMED = 4  # a report file that is not a valid report.json: pytest's usage-error code, as --baseline gets
 
 
 def diff(before_path: Path, after_path: Path) -> int:
@@ -24,7 +29,7 @@ def diff(before_path: Path, after_path: Path) -> int:
         before, after = load(before_path), load(after_path)
     except BaselineError as error:
         print(f"diff: {error}", file=sys.stderr)
-        return 2
+        return MALFORMED if isinstance(error, MalformedReport) else 2
     result = compare(before, after)
     notes = {**{c.key: "known failure now passes" for c in result.fixed_known_failures},
              **{c.key: "new failure" for c in result.new_failures},
@@ -37,6 +42,9 @@ def diff(before_path: Path, after_path: Path) -> int:
 def merge(folders: list[Path], out: Path, baseline: Path | None, allow_missing: bool) -> int:
     try:
         merged = merging.merge(folders, out, baseline, allow_missing)
+    except MalformedReport as error:
+        print(f"merge: {error}", file=sys.stderr)
+        return MALFORMED
     except merging.MergeError as error:
         print(f"merge: {error}", file=sys.stderr)
         return 2
@@ -49,7 +57,7 @@ def merge(folders: list[Path], out: Path, baseline: Path | None, allow_missing: 
         return 0
     print(f"gate against {baseline}: " + ("no regressions" if verdict.ok else "FAILED"))
     for line in verdict.lines():
-        print(f"  {line}")
+        print(f"  {printable(line)}")  # a part's failure message may carry terminal escapes
     return 0 if verdict.ok else 1
 
 

@@ -1,6 +1,7 @@
 """Inline SVG of a state check's max abs error per step (log scale), small enough for a table popover.
 
-Drawn by hand so the HTML stays self-contained: no chart library, no script, no network.
+Drawn by hand so the HTML stays self-contained: no chart library, no script, no network. The page inserts
+it as markup, so every value from the report that reaches it is escaped here (a step label, a tooltip).
 """
 from __future__ import annotations
 
@@ -54,14 +55,15 @@ def error_chart(steps: list[dict]) -> str:
     points = [(x_of(i), y_of(e)) for i, e in enumerate(errors)]
     parts.append('<polyline class="line" points="' + " ".join(f"{x:.1f},{y:.1f}" for x, y in points) + '"/>')
     for step, error, (x, y) in zip(steps, errors, points):
-        bad = int(step.get("mismatches") or 0) > 0 or not math.isfinite(error)
+        bad = _number(step.get("mismatches")) > 0 or not math.isfinite(error)
         tip = (f"step {step.get('step')}: max abs error {error:.3g}, SQNR {_number(step.get('sqnr_db')):.1f} dB, "
                f"{step.get('mismatches')} mismatch(es)")
         parts.append(f'<circle class="{"bad" if bad else "ok"}" cx="{x:.1f}" cy="{y:.1f}" r="3">'
                      f'<title>{escape(tip)}</title></circle>')
     baseline = HEIGHT - 5
-    parts.append(f'<text class="axis" x="{LEFT}" y="{baseline}">step {steps[0].get("step")}</text>'
-                 f'<text class="axis" x="{WIDTH - RIGHT}" y="{baseline}" text-anchor="end">step {steps[-1].get("step")}</text>'
+    first, last = (escape(str(step.get("step"))) for step in (steps[0], steps[-1]))
+    parts.append(f'<text class="axis" x="{LEFT}" y="{baseline}">step {first}</text>'
+                 f'<text class="axis" x="{WIDTH - RIGHT}" y="{baseline}" text-anchor="end">step {last}</text>'
                  f'<text class="axis" x="{LEFT + plot_w / 2:.1f}" y="{baseline}" text-anchor="middle">max abs error</text>'
                  '</svg>')
     return "".join(parts)

@@ -15,12 +15,12 @@ A run compared with itself is ok, unless a known failure passes in it (that alon
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from harness.record import CheckRecord
-from harness.report.document import SCHEMA_VERSION, checks_of
+from harness.report.document import checks_of
+from harness.report.intake import ReportDataError, read_report
 
 Key = tuple[str, str, str]  # soc, case_id, check
 # A check that passed in the baseline and is now an expected failure still regressed: somebody added
@@ -34,6 +34,10 @@ MESSAGE_CHARS = 160
 
 class BaselineError(ValueError):
     """A baseline or report path that cannot be read as reports."""
+
+
+class MalformedReport(BaselineError):
+    """A report file that is not a valid report.json (harness/report/intake.py): bad input, exit code 4."""
 
 
 @dataclass(frozen=True)
@@ -131,7 +135,8 @@ def of_document(document: dict) -> dict[Key, Outcome]:
 
 def read_documents(path: Path) -> list[tuple[Path, dict]]:
     """(file, document) of a report.json, or of every report.json under a folder (a run, or one SoC of
-    it); one SoC per folder, so a folder holding two runs is refused rather than silently mixed."""
+    it); one SoC per folder, so a folder holding two runs is refused rather than silently mixed. Each file is
+    validated first (harness/report/intake.py): a file that is not a valid report.json is MalformedReport."""
     if not path.exists():
         raise BaselineError(f"{path} does not exist: pass a report.json or a run folder such as reports/latest")
     files = [path] if path.is_file() else sorted(path.rglob("report.json"))
@@ -141,11 +146,9 @@ def read_documents(path: Path) -> list[tuple[Path, dict]]:
     origin: dict[str, Path] = {}
     for file in files:
         try:
-            document = json.loads(file.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise BaselineError(f"{file} is not a readable report.json ({error})") from error
-        if not isinstance(document, dict) or document.get("schema_version") != SCHEMA_VERSION:
-            raise BaselineError(f"{file} is not a report.json of schema_version {SCHEMA_VERSION}")
+            document = read_report(file)
+        except ReportDataError as error:
+            raise MalformedReport(str(error)) from None
         soc = document["soc"]
         if soc in origin:
             raise BaselineError(f"{path} holds two reports for {soc} ({origin[soc]} and {file}): pass one run folder")

@@ -7,16 +7,23 @@ that do not fit (a mix of counts, an index twice or missing, a sharded run with 
 The merged documents are rebuilt from the parts' check records by the same code as a run's
 (harness/report/document.py, writer.py), so a merge of shards 1/2 and 2/2 reads like the unsharded run
 and `--baseline` and `diff` take it as they take any run. Reproduction bundles are copied along.
+
+The parts are data from other jobs or hosts: each report.json is validated before use (harness/report/
+intake.py; a bad one is MalformedReport, exit code 4), the merge writes only under --out (a part's SoC
+names a folder there, and nothing else), and only directories and regular files of a part are copied.
 """
 from __future__ import annotations
 
+import os
 import shutil
+import stat
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from harness.record import CheckRecord
 from harness.report.document import Column, records_of
-from harness.report.gate import BaselineError, GateResult, compare, load, of_records, read_documents
+from harness.report.gate import BaselineError, GateResult, MalformedReport, compare, load, of_records, read_documents
 from harness.report.writer import write_soc
 from harness.repro.layout import REPRO_DIR
 
@@ -42,9 +49,44 @@ class Part:
         return labels.pop()
 
 
+def _inside(out: Path, name: str) -> Path:
+    """out/name, refused unless it resolves inside out: a part's SoC (validated by the schema already)
+    is a name from a file, and must not make the merge write anywhere else."""
+    folder = (out / name).resolve()
+    if not folder.is_relative_to(out.resolve()) or folder == out.resolve():
+        raise MergeError(f"a part's SoC {name!r} is not a folder name: merge only report.json files a run wrote")
+    return folder
+
+
+def _copy_regular_files(source: Path, target: Path) -> None:
+    """The reproduction bundles of a part: directories and regular files only. A symlink (or a device, a
+    FIFO) in a part is not copied, so a merged report never links to, nor copies, a file outside its
+    parts; each one skipped is named on stderr."""
+    if not source.is_dir() or source.is_symlink() or source.parent.is_symlink():
+        if source.is_symlink() or source.parent.is_symlink():
+            print(f"merge: skipped {source}: a symlink, not a folder of the part", file=sys.stderr)
+        return
+    for folder, directories, files in os.walk(source):  # os.walk does not descend into linked directories
+        here = Path(folder)
+        destination = target / here.relative_to(source)
+        destination.mkdir(parents=True, exist_ok=True)
+        for name in [*directories, *files]:
+            entry = here / name
+            info = entry.lstat()
+            if stat.S_ISDIR(info.st_mode):
+                continue
+            if not stat.S_ISREG(info.st_mode):
+                print(f"merge: skipped {entry}: not a regular file (a symlink or a special file)", file=sys.stderr)
+                continue
+            shutil.copyfile(entry, destination / name, follow_symlinks=False)
+            os.chmod(destination / name, stat.S_IMODE(info.st_mode) & 0o755)  # repro.py stays runnable, by nobody else
+
+
 def read_parts(folders: list[Path]) -> list[Part]:
     try:
         return [Part(folder, [document for _, document in read_documents(folder)]) for folder in folders]
+    except MalformedReport:
+        raise  # bad input, not parts that do not fit: the caller says so apart (exit code 4)
     except BaselineError as error:
         raise MergeError(str(error)) from error
 
@@ -154,12 +196,14 @@ def merge(folders: list[Path], out: Path, baseline: Path | None = None, allow_mi
     every = [record for soc_records in records.values() for record in soc_records]
     try:
         verdict = compare(load(baseline), of_records(every), allow_missing) if baseline is not None else None
+    except MalformedReport as error:
+        raise MalformedReport(f"--baseline: {error}") from None
     except BaselineError as error:
         raise MergeError(f"--baseline: {error}") from error
+    targets = {soc: _inside(out, soc) for soc in by_soc}  # all checked before anything is written
     for soc, documents in sorted(by_soc.items()):
-        folder = out / soc
+        folder = targets[soc]
         for part, _ in documents:
-            if (part.folder / soc / REPRO_DIR).is_dir():
-                shutil.copytree(part.folder / soc / REPRO_DIR, folder / REPRO_DIR, dirs_exist_ok=True, symlinks=True)
+            _copy_regular_files(part.folder / soc / REPRO_DIR, folder / REPRO_DIR)
         write_soc(records[soc], _environment(documents, out.name), folder, out.name, soc, _columns(parts, soc), verdict)
     return Merged(every, verdict)

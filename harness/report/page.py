@@ -6,7 +6,6 @@ Rows are model cards, column groups dtype x mode, one cell per check. The page i
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from markupsafe import Markup
 
 from harness.report.chart import error_chart
 from harness.report.document import check_order, known_failures, problems, rank, stage_times, with_verdict
+from harness.report.text import printable
 from harness.repro.layout import LINK
 from harness.vocabulary import DTYPES, MODE_ORDER, VERDICTS
 
@@ -26,8 +26,6 @@ ENVIRONMENT_FIRST = ("executorch", "torch", "torchao", "qnn_build_id", "bridge",
                      "device_serial", "host", "python", "started", "finished")
 ENV_PAIRS_PER_ROW = 4
 SLOWEST_STAGES = 8
-# Shown as their escapes (`\x1b`, `\udc80`): control characters a runner log carries, and lone surrogates.
-_UNPRINTABLE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -151,10 +149,9 @@ def _provenance(document: dict) -> dict | None:
 
 def visible(value: object) -> object:
     """Every value the template prints, before HTML escaping: unprintable characters become their escapes.
-    Markup is the page's own (the charts), built from numbers."""
+    Markup is the page's own: the charts, which escape what they take from the report (chart.py)."""
     if isinstance(value, str) and not isinstance(value, Markup):
-        return _UNPRINTABLE.sub(lambda match: match.group(0).encode("unicode_escape", "backslashreplace").decode(),
-                                value)
+        return printable(value)
     return value
 
 

@@ -427,3 +427,408 @@ def test_control_characters_and_lone_surrogates_keep_reports_well_formed(tmp_pat
     assert "\\ud800 lone" in html and "\\udc80" in html
     assert json.loads((folder / "report.json").read_text())["cases"]
     assert "\\ud800 lone" in (folder / "summary.md").read_text(encoding="utf-8")
+
+
+# --- file attacks (issue 29) ---
+# Files the suite did not write this run (a cache, report.json files, card modules, manifests) are handed to
+# it crafted, as an attacker (or a broken CI job) would: each is refused, or made inert, in one line.
+import hashlib  # noqa: E402
+import io  # noqa: E402
+import re  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import zipfile  # noqa: E402
+
+from harness import known_failures, options as run_options, shard as sharding  # noqa: E402
+from harness.paths import REPO_ROOT  # noqa: E402
+from harness.pipeline import prepared  # noqa: E402
+from harness.pipeline.facts import PreparedFacts, ProgramFacts, QuantizeFacts  # noqa: E402
+from harness.report.gate import BaselineError, MalformedReport, load as load_reports  # noqa: E402
+from harness.report.chart import error_chart  # noqa: E402
+from harness.report.text import ZERO_WIDTH_SPACE, markdown_text  # noqa: E402
+from harness.user_state import base_dir  # noqa: E402
+
+NOBODY = 65534
+
+
+def _program(evil_marker: Path | None = None) -> bytes:
+    """A torch.export archive of a one-layer module; with evil_marker, its weight is a pickle that creates
+    that file when the archive is loaded (torch.export.load unpickles weights marked use_pickle)."""
+    import torch
+
+    class Layer(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(2, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.lin(x)
+
+    class Payload:
+        def __reduce__(self):
+            return (open, (str(evil_marker), "w"))
+
+    saved = io.BytesIO()
+    torch.export.save(torch.export.export(Layer(), (torch.ones(1, 2),)), saved)
+    if evil_marker is None:
+        return saved.getvalue()
+    pickled = io.BytesIO()
+    torch.save(Payload(), pickled)
+    source, crafted = zipfile.ZipFile(io.BytesIO(saved.getvalue())), io.BytesIO()
+    with zipfile.ZipFile(crafted, "w", zipfile.ZIP_STORED) as target:
+        for info in source.infolist():
+            data = source.read(info.filename)
+            if info.filename.endswith("weights/model_weights_config.json"):
+                config = json.loads(data)
+                config["config"]["lin.weight"]["use_pickle"] = True
+                data = json.dumps(config).encode()
+            elif info.filename.endswith("weights/weight_0"):
+                data = pickled.getvalue()
+            target.writestr(info.filename, data)
+    return crafted.getvalue()
+
+
+def _prepared_entry(folder: Path, program: bytes, sealed: bool) -> Path:
+    """A prepared entry as an attacker plants it: the program and facts that describe it exactly."""
+    folder.mkdir(parents=True)
+    (folder / prepared.PROGRAM).write_bytes(program)
+    PreparedFacts(QuantizeFacts([], [], {}), ProgramFacts(hashlib.sha256(program).hexdigest(), len(program))).write(
+        folder / prepared.FACTS)
+    if sealed:
+        (folder / prepared.SEAL).write_text(prepared._seal(program))
+    return folder
+
+
+def test_planted_prepared_program_is_never_unpickled(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """Attack: a program.pt2 whose pickled weight runs code, planted in the cache with its matching prepared.json."""
+    marker = tmp_path / "pwned"
+    entry = _prepared_entry(tmp_path / "cache" / "prepared" / "counter_add-8a8w-0123", _program(marker), sealed=False)
+    prepared._PRELOADED.clear()
+    prepared.preload(entry)  # what the lowering server does before it forks a lowering
+    assert not prepared._PRELOADED and not marker.exists()
+    assert prepared._read_entry(entry) is None, "an unsealed entry is missing: it is made again"
+    assert not marker.exists(), "the planted pickle ran"
+    lines = [line for line in capfd.readouterr().err.splitlines() if line.strip()]
+    assert lines == [f"qnnsuite: prepared program {entry.name} is damaged ({prepared.PROGRAM} is not sealed by this "
+                     f"user's key (made elsewhere, or planted): not read); preparing it again"]
+    forged = tmp_path / "forged"  # a seal made with another key does not pass either
+    _prepared_entry(forged, _program(marker), sealed=False)
+    (forged / prepared.SEAL).write_text(hashlib.sha256(b"another key" + (forged / prepared.PROGRAM).read_bytes()).hexdigest())
+    assert prepared._read_entry(forged) is None and not marker.exists()
+    import torch  # the payload is live: loaded the way the cache used to, it runs
+
+    with pytest.raises(Exception):
+        torch.export.load(io.BytesIO((entry / prepared.PROGRAM).read_bytes()))
+    assert marker.exists()
+
+
+def test_an_entry_this_user_sealed_is_read(tmp_path: Path) -> None:
+    """Not an attack: the seal check must not refuse the entries the suite makes itself."""
+    program = _program()
+    entry = _prepared_entry(tmp_path / "prepared" / "layer-fp16-0", program, sealed=True)
+    found = prepared._read_entry(entry)
+    assert found is not None and found[1] is not None and found[0].program.sha256 == hashlib.sha256(program).hexdigest()
+    key_file = base_dir() / prepared.KEY_FILE
+    info = os.lstat(key_file)
+    assert len(prepared._key()) == prepared.KEY_BYTES and prepared._key() == key_file.read_bytes()
+    assert info.st_uid == os.getuid() and (info.st_mode & 0o777) == 0o600
+
+
+def _usage_line(error: pytest.ExceptionInfo[pytest.UsageError]) -> str:
+    message = str(error.value)
+    assert "\n" not in message, message
+    return message
+
+
+def test_group_writable_cache_dir_is_refused(tmp_path: Path) -> None:
+    """Attack: --cache-dir in a folder another account (a group member) can write entries into."""
+    cache = tmp_path / "shared cache"
+    cache.mkdir()
+    for mode in (0o775, 0o757, 0o777):
+        cache.chmod(mode)
+        with pytest.raises(pytest.UsageError) as refused:
+            run_options.trusted_cache_dir(cache)
+        assert _usage_line(refused) == (f"--cache-dir {cache} has mode {mode:o}, writable by others: run "
+                                        f"`chmod go-w '{cache}'`, or pass another folder with --cache-dir")
+    cache.chmod(0o755)
+    assert run_options.trusted_cache_dir(cache) == cache.resolve()
+    fresh = tmp_path / "new" / "cache"
+    assert run_options.trusted_cache_dir(fresh) == fresh and (fresh.stat().st_mode & 0o777) == 0o700
+
+
+def test_cache_dir_owned_by_another_uid_is_refused_by_a_run(tmp_path: Path) -> None:
+    """Attack: another account made the cache folder first (or owns it), as in a shared /tmp."""
+    if os.getuid() != 0:
+        pytest.skip("chown to another uid needs root")
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o755)
+    os.chown(cache, NOBODY, NOBODY)
+    with pytest.raises(pytest.UsageError) as refused:
+        run_options.trusted_cache_dir(cache)
+    assert _usage_line(refused).startswith(f"--cache-dir {cache} belongs to uid {NOBODY}, not to you")
+    completed = _pytest_run("suites", "--collect-only", "-q", "--cache-dir", str(cache))
+    assert completed.returncode == pytest.ExitCode.USAGE_ERROR, completed.stdout[-2000:] + completed.stderr[-2000:]
+    assert _stderr_lines(completed) == [f"ERROR: --cache-dir {cache} belongs to uid {NOBODY}, not to you (uid 0): "
+                                        f"someone else could plant entries there; pass a folder of your own with --cache-dir"]
+
+
+def _pytest_run(*args: str, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """A suite run with a state folder of its own, as harness/tests/test_plugin.py runs them."""
+    with tempfile.TemporaryDirectory() as runtime:
+        return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=REPO_ROOT,
+                              env={**os.environ, "COLUMNS": "300", "XDG_RUNTIME_DIR": runtime, **(env or {})},
+                              capture_output=True, text=True, timeout=timeout)
+
+
+def _report_tool(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "harness.report", *args], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=300)
+
+
+def _stderr_lines(completed: subprocess.CompletedProcess) -> list[str]:
+    lines = [line for line in completed.stderr.splitlines() if line.strip()]
+    assert "Traceback" not in completed.stderr and "INTERNALERROR" not in completed.stdout + completed.stderr, (
+        completed.stdout[-2000:] + completed.stderr[-3000:])
+    return lines
+
+
+def _part(root: Path, name: str, records: list[dict] | None = None) -> Path:
+    """A run folder as a shard writes it (reports/<run>/<SOC>/...), SM8650 only."""
+    records = records if records is not None else make_records(cards={"counter_add": ("counter",)}, socs=("SM8650",))
+    write_run(typed(records), {"SM8650": {"soc": "SM8650", "executorch": "1.0.0"}}, root, name, COLUMNS)
+    return root / name
+
+
+def _hostile_report(part: Path, change) -> Path:
+    """The part's report.json rewritten by change(document)."""
+    path = part / "SM8650" / "report.json"
+    document = json.loads(path.read_text())
+    change(document)
+    path.write_text(json.dumps(document))
+    return path
+
+
+@pytest.mark.parametrize("soc", ["../../../x", "/tmp/qnnsuite-escape-{uid}"])
+def test_merge_never_writes_outside_out_for_a_climbing_or_absolute_soc(tmp_path: Path, soc: str) -> None:
+    """Attack: a part whose report.json says soc `../../../x` (or an absolute path), to make merge write there."""
+    soc = soc.format(uid=os.getuid())
+    part = _part(tmp_path / "parts", "run-a")
+    _hostile_report(part, lambda document: [document.update(soc=soc)] + [c.update(soc=soc) for c in document["cases"]])
+    out = tmp_path / "a" / "b" / "c" / "merged"
+    before = set(tmp_path.rglob("*"))
+    completed = _report_tool("merge", str(part), "--out", str(out))
+    assert completed.returncode == 4 and completed.stdout == ""
+    [line] = _stderr_lines(completed)
+    assert line.startswith(f"merge: {part / 'SM8650' / 'report.json'} is not a valid report.json: at soc: ")
+    assert set(tmp_path.rglob("*")) == before and not Path(soc).exists() and not (tmp_path / "x").exists()
+    fine = _report_tool("merge", str(_part(tmp_path / "parts", "run-b")), "--out", str(out))
+    assert fine.returncode == 0 and (out / "SM8650" / "report.html").is_file(), fine.stderr
+
+
+def test_script_step_label_is_inert_in_merged_html_and_chart(tmp_path: Path) -> None:
+    """Attack: a step label `<script>` in a part's evidence, which the chart drew raw into report.html."""
+    script = "<script>alert(document.cookie)</script>"
+    records = make_records(cards={"counter_add": ("counter",)}, socs=("SM8650",))
+    state = next(r for r in records if r["check"] == "state")
+    state["evidence"]["steps"][0]["step"] = script
+    state["evidence"]["steps"][-1]["step"] = script
+    chart = error_chart(state["evidence"]["steps"])
+    assert "<script" not in chart and "step &lt;script&gt;alert(document.cookie)&lt;/script&gt;" in chart
+    part = _part(tmp_path / "parts", "run-a", records)  # a run writes what its records hold; its page is inert
+    assert "<script>alert" not in (part / "SM8650" / "report.html").read_text()
+    completed = _report_tool("merge", str(part), "--out", str(tmp_path / "merged"))
+    assert completed.returncode == 4 and not (tmp_path / "merged").exists()
+    [line] = _stderr_lines(completed)
+    assert re.fullmatch(r"merge: .*report\.json is not a valid report\.json: at cases/\d+/checks/state/evidence/"
+                        r"steps/\d+/step: .*is not of type 'integer'", line), line
+    numbered = error_chart([{"step": 3, "max_abs_error": 0.5, "sqnr_db": 20, "mismatches": 0}])
+    assert ">step 3</text>" in numbered, "a real step label is still drawn"
+
+
+def test_symlinks_in_a_parts_repro_folder_are_not_copied(tmp_path: Path) -> None:
+    """Attack: a part's repro folder holding symlinks to a private file and folder, to copy them into the merge."""
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "id_ed25519").write_text("PRIVATE KEY")
+    part = _part(tmp_path / "parts", "run-a")
+    bundle = part / "SM8650" / "repro" / "counter_add-fp16-delegate_mutbuf-SM8650"
+    bundle.mkdir(parents=True)
+    (bundle / "repro.py").write_text("print('repro')\n")
+    (bundle / "key").symlink_to(secret / "id_ed25519")
+    (bundle / "home").symlink_to(secret)
+    os.mkfifo(bundle / "fifo")
+    out = tmp_path / "merged"
+    completed = _report_tool("merge", str(part), "--out", str(out))
+    assert completed.returncode == 0, completed.stderr
+    copied = out / "SM8650" / "repro" / bundle.name
+    assert (copied / "repro.py").read_text() == "print('repro')\n"
+    assert sorted(p.name for p in copied.iterdir()) == ["repro.py"]
+    assert not any(p.is_symlink() for p in out.rglob("*")) and "PRIVATE KEY" not in "".join(
+        p.read_text(errors="replace") for p in out.rglob("*") if p.is_file())
+    assert sorted(_stderr_lines(completed)) == sorted(
+        f"merge: skipped {bundle / name}: not a regular file (a symlink or a special file)" for name in ("fifo", "home", "key"))
+
+
+def _deep(depth: int) -> str:
+    return '{"schema_version": 1, "run_id": ' + "[" * depth + "]" * depth + "}"
+
+
+MALFORMED = {
+    "missing keys": lambda d: d.pop("cases"),
+    "wrong types": lambda d: d["cases"][0].update(checks=["state"]),
+    "deep nesting": None,  # 100000 levels: json's recursion
+    "invalid JSON": None,
+}
+EXPECTED = {"missing keys": "is not a valid report.json: at the top level: 'cases' is a required property",
+            "wrong types": "is not a valid report.json: at cases/0/checks: ['state'] is not of type 'object'",
+            "deep nesting": "nests deeper than any report.json (32 levels at most)",
+            "invalid JSON": "is not JSON (Expecting ':' delimiter at line 1 column 29)"}
+
+
+def _malformed(part: Path, kind: str) -> Path:
+    path = part / "SM8650" / "report.json"
+    if kind == "deep nesting":
+        path.write_text(_deep(100_000))
+    elif kind == "invalid JSON":
+        path.write_text('{"schema_version": 1, "soc" "SM8650"}')
+    else:
+        _hostile_report(part, MALFORMED[kind])
+    return path
+
+
+@pytest.mark.parametrize("kind", list(MALFORMED))
+@pytest.mark.parametrize("command", ["merge", "diff"])
+def test_malformed_report_is_one_line_and_exit_4(tmp_path: Path, command: str, kind: str) -> None:
+    """Attack: a report.json with missing keys, wrong types, 100000-deep nesting or broken JSON, handed to
+    `python -m harness.report merge` / `diff`."""
+    good, bad = _part(tmp_path / "parts", "run-good"), _part(tmp_path / "parts", "run-bad")
+    path = _malformed(bad, kind)
+    args = ("merge", str(bad), "--out", str(tmp_path / "merged")) if command == "merge" else ("diff", str(good), str(bad))
+    completed = _report_tool(*args)
+    assert completed.returncode == 4 and completed.stdout == ""
+    assert _stderr_lines(completed) == [f"{command}: {path} {EXPECTED[kind]}"]
+    if command == "diff":
+        assert _report_tool("diff", str(good), str(good)).returncode == 0, "a valid report is still read"
+
+
+def test_huge_or_special_report_file_is_refused_before_it_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Attack: report.json as a FIFO (a read that never ends) or a file bigger than any report."""
+    from harness.report import intake
+
+    part = _part(tmp_path / "parts", "run-a")
+    path = part / "SM8650" / "report.json"
+    path.unlink()
+    os.mkfifo(path)
+    with pytest.raises(MalformedReport, match=f"^{re.escape(str(path))} is not a regular file"):
+        load_reports(part)
+    path.unlink()
+    path.write_bytes(b" " * 2048)
+    monkeypatch.setattr(intake, "MAX_BYTES", 1024)
+    with pytest.raises(MalformedReport, match=f"^{re.escape(str(path))} is 2048 bytes, more than any report.json"):
+        load_reports(path)
+
+
+@pytest.mark.parametrize("option", ["--baseline", "--shard-timings"])
+def test_malformed_baseline_or_shard_timings_is_a_usage_line_before_the_run(tmp_path: Path, option: str) -> None:
+    """Attack: `--baseline` / `--shard-timings` pointing at a 100000-deep (or key-less) report.json."""
+    part = _part(tmp_path / "parts", "run-a")
+    path = _malformed(part, "deep nesting")
+    extra = ("--shard", "1/2") if option == "--shard-timings" else ()
+    completed = _pytest_run("suites", "--collect-only", "-q", option, str(part), *extra, "--emulate", "SM8650")
+    assert completed.returncode == pytest.ExitCode.USAGE_ERROR, completed.stdout[-2000:] + completed.stderr[-2000:]
+    assert _stderr_lines(completed) == [f"ERROR: {option}: {path} {EXPECTED['deep nesting']}"]
+    keyless = _part(tmp_path / "parts", "run-keyless")
+    _malformed(keyless, "missing keys")
+    with pytest.raises((BaselineError, sharding.ShardError), match="'cases' is a required property"):
+        load_reports(keyless) if option == "--baseline" else sharding.parse("1/2", keyless)
+    assert sharding.parse("1/2", _part(tmp_path / "parts", "run-b")).durations_s, "a valid report's timings are read"
+
+
+def test_markdown_injection_in_a_failure_message_renders_inert_in_summary_md(tmp_path: Path) -> None:
+    """Attack: a failure message with `<img>`, a link, `@team`, `|`, backticks and a newline, in summary.md."""
+    hostile = ("pwn <img src=https://evil.example/x.png> [click](https://evil.example) @qnn/team fixes #12 "
+               "a|b `code` *bold*\n# heading\n- item")
+    records = make_records(cards={"counter_add": ("counter",)}, socs=("SM8650",))
+    failed = next(r for r in records if r["check"] == "state")
+    failed.update(verdict="failed", message=hostile)
+    folder = write_run(typed(records), {"SM8650": {"soc": "SM8650"}}, tmp_path, "run-1", COLUMNS)["SM8650"]
+    summary = (folder / "summary.md").read_text(encoding="utf-8")
+    [row] = [line for line in summary.splitlines() if "pwn" in line]
+    assert row == f"| failed | {failed['case_id']} | state | {markdown_text(hostile)} |"
+    cells = re.split(r"(?<!\\)\|", row)
+    assert len(cells) == 6, "the message stays in its one cell"
+    unescaped = re.findall(r"(?<!\\)[<>\[\]`*#|@]", cells[4])
+    assert unescaped == [], unescaped
+    assert f"\\@{ZERO_WIDTH_SPACE}qnn" in row and f"\\#{ZERO_WIDTH_SPACE}12" in row, "no mention, no issue link"
+    assert f"https:{ZERO_WIDTH_SPACE}//evil" in row, "no bare link either"
+    assert "\n# heading" not in summary and "\n- item" not in summary
+    assert markdown_text("state differs: 3 element(s) in step 1") == "state differs: 3 element\\(s\\) in step 1"
+    assert markdown_text("kv_index_copy_dim1-16a4w-skip_mutbuf-SM8650") == "kv_index_copy_dim1-16a4w-skip_mutbuf-SM8650"
+    assert [markdown_text(t) for t in ("- item", "1. item", "1.5.1")] == ["\\- item", "1\\. item", "1.5.1"], \
+        "what would start a list when the text starts a line is escaped; a version is not"
+
+
+CARD_MODULES = {
+    "raises": ('raise RuntimeError("card registry unavailable")\n',
+               "model cards 'hostile_cards' ({file}) failed to import: RuntimeError: card registry unavailable"),
+    "syntax error": ("def broken(:\n    pass\n", "model cards 'hostile_cards' ({file}, line 1) are not valid Python: "),
+    "sys.exit": ("import sys\nsys.exit(3)\n",
+                 "model cards 'hostile_cards' ({file}) failed to import: it called sys.exit(3): a card module must "
+                 "only register cards"),
+}
+
+
+@pytest.mark.parametrize("kind", list(CARD_MODULES))
+def test_card_module_that_fails_to_import_is_one_usage_line(tmp_path: Path, kind: str) -> None:
+    """Attack: `--models` naming a card module that raises, has a syntax error or calls sys.exit."""
+    source, expected = CARD_MODULES[kind]
+    module = tmp_path / "hostile_cards.py"
+    module.write_text(source)
+    completed = _pytest_run("suites", "--collect-only", "-q", "--models", "hostile_cards",
+                            env={"PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
+    assert completed.returncode == pytest.ExitCode.USAGE_ERROR, completed.stdout[-2000:] + completed.stderr[-2000:]
+    [line] = _stderr_lines(completed)
+    assert line.startswith("ERROR: --models: " + expected.format(file=module)), line
+
+
+def _manifest(tmp_path: Path, message: str) -> Path:
+    path = tmp_path / "manifest.toml"
+    path.write_text(f'[[known_failure]]\npattern = "test_state[counter_add-*]"\nsignature = "state_mismatch"\n'
+                    f'reason = "r"\nmessage = {json.dumps(message)}\n')
+    return path
+
+
+def test_manifest_with_an_invalid_regex_is_one_usage_line(tmp_path: Path) -> None:
+    """Attack: --known-failures with an entry whose message is not a regular expression."""
+    import harness.checks  # noqa: F401  (registers the signatures the manifest names)
+
+    manifest = _manifest(tmp_path, "state (differs")
+    with pytest.raises(ValueError) as refused:
+        known_failures.load(manifest)
+    assert str(refused.value) == (f"{manifest}: entry 'test_state[counter_add-*]' has message 'state (differs', not a "
+                                  f"regular expression (missing ), unterminated subpattern at position 6): fix or escape it")
+    completed = _pytest_run("harness/tests/test_architecture.py", "--collect-only", "-q", "--known-failures", str(manifest))
+    assert completed.returncode == pytest.ExitCode.USAGE_ERROR, completed.stdout[-2000:] + completed.stderr[-2000:]
+    assert _stderr_lines(completed) == [f"ERROR: {manifest}: {refused.value}"]
+
+
+def test_manifest_pattern_that_backtracks_for_hours_is_refused_and_no_check_hangs(tmp_path: Path) -> None:
+    """Attack: a manifest `message = "(a+)+$"`, which hangs every check whose failure it meets."""
+    import harness.checks  # noqa: F401
+    from harness.check_registry import CheckFailure
+
+    for pattern, problem in (("(a+)+$", "a quantifier inside a quantified group"),
+                             ("(a*)*b", "a quantifier inside a quantified group"),
+                             ("(ab|ab)*c", "an alternation inside a quantified group"),
+                             (".*a.*a.*b", "3 unbounded quantifiers")):
+        known_failures.load.cache_clear()
+        with pytest.raises(ValueError, match=re.escape(f"has message {pattern!r} with {problem}")):
+            known_failures.load(_manifest(tmp_path, pattern))
+    known_failures.load.cache_clear()
+    [entry] = known_failures.load(_manifest(tmp_path, "^state .*a.*b"))  # allowed: two open quantifiers
+    message = "state " + "a" * 200_000  # a long message cannot make even the allowed pattern run long
+    started = time.monotonic()
+    assert not entry.explains(CheckFailure(message, signature="state_mismatch"))
+    assert time.monotonic() - started < 10
+    assert entry.explains(CheckFailure("state a then b", signature="state_mismatch")), "the entry still explains its failure"
+    known_failures.load.cache_clear()
