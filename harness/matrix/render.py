@@ -11,17 +11,15 @@ from pathlib import Path
 import jinja2
 
 from harness.matrix.layout import OUTPUTS
+from harness.report.text import markdown_text
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 LABELS = {"passed": "pass", "failed": "FAIL", "xpassed": "XPASS", "xfailed": "xfail", "skipped": "skip", "absent": "absent"}
 
 
 def md(value: object) -> str:
-    """One Markdown table cell's worth of text from any value."""
-    text = " ".join(str("" if value is None else value).split())
-    for raw, safe in (("\\", "\\\\"), ("|", "\\|"), ("`", "'"), ("<", "&lt;"), (">", "&gt;"), ("*", "\\*")):
-        text = text.replace(raw, safe)
-    return text
+    """One Markdown table cell's worth of text from any value (harness/report/text.py: the one escape)."""
+    return markdown_text("" if value is None else value)
 
 
 def _environment(autoescape: bool) -> jinja2.Environment:

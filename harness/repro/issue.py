@@ -3,12 +3,12 @@
 Markdown is not escaped by a template engine, so values from the run (messages, names, sources) go into a
 code span or a fence longer than any run of backticks inside it, and every other value the template prints
 (the title, a failure's wording, a check's name and docstring) is escaped as Markdown text by the template's
-finalize: no HTML, links, emphasis, headings or @mentions from a message (escape_text). code() and fenced()
+finalize: no HTML, links, emphasis, headings or @mentions from a message (harness/report/text.py's
+markdown_text, the one escape every report format uses). code() and fenced()
 return Markup, which the finalize leaves as it is.
 """
 from __future__ import annotations
 
-import html
 import re
 from functools import cache
 from pathlib import Path
@@ -19,6 +19,7 @@ from markupsafe import Markup
 from harness import check_registry
 from harness.numerics import TOLERANCES
 from harness.paths import REPO_ROOT
+from harness.report.text import markdown_text
 from harness.repro import layout
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -33,25 +34,9 @@ def _longest_backticks(text: str) -> int:
     return max((len(run) for run in re.findall(r"`+", text)), default=0)
 
 
-# Markdown's punctuation that can start markup, backslash-escaped: anywhere, an _ that is not inside a word
-# (snake_case stays readable: GFM does not emphasise within words) and a # that starts the value (a heading).
-# What GitHub turns into links or mentions by itself is broken with a word joiner (U+2060, shows as nothing).
-_MARKDOWN_PUNCTUATION = re.compile(r"([\\`*\[\]|~]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])|^#)")
-_AUTOLINKED = re.compile(r"(@|://|www\.)", re.IGNORECASE)
-WORD_JOINER = "\u2060"
-
-
-def escape_text(value: object) -> str:
-    """value as plain Markdown text on one line: HTML as entities, markup punctuation escaped, mentions and
-    autolinks broken. (Private to the bundles until harness/report/markdown.py's escape lands: then one.)"""
-    text = html.escape(" ".join(str(value).split()), quote=False)
-    text = _MARKDOWN_PUNCTUATION.sub(r"\\\1", text)
-    return _AUTOLINKED.sub(lambda found: found.group(1)[0] + WORD_JOINER + found.group(1)[1:], text)
-
-
 def _finalize(value: object) -> object:
     """Every `{{ }}` of the template: Markup (code spans, fences) as it is, anything else escaped."""
-    return value if isinstance(value, Markup) or value is None else escape_text(value)
+    return value if isinstance(value, Markup) or value is None else markdown_text(value)
 
 
 def code(value: object) -> Markup:
