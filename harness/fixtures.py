@@ -20,7 +20,7 @@ from harness.device.pool import DevicePool
 from harness.options import RunOptions
 from harness.qnn.toolchain import Toolchain, ToolchainError, prepare
 from harness.repro.bundle import BundleWriter
-from harness.results import CaseStore
+from harness.case_store import CaseStore
 from harness.stash import CASE_ORDER, CONTEXT, OPTIONS
 from harness.verdicts import DRAFT, CheckDraft
 from harness.vocabulary import Case
