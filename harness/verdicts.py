@@ -19,8 +19,8 @@ from typing import Callable
 import pytest
 
 from harness import known_failures
-from harness.check_registry import WORDED_BY_THE_SUITE, CheckFailure, CheckSpec, InfrastructureError, NotApplicable, \
-    NotMeasured
+from harness.check_registry import (WORDED_BY_THE_SUITE, CheckFailure, CheckSpec, InfrastructureError, NotApplicable,
+                                    NotMeasured)
 from harness.device.device import DeviceError
 from harness.known_failures import KnownFailure
 from harness.outcome import CaseOutcome

@@ -10,8 +10,8 @@ import pytest
 from harness.check_registry import CheckFailure, CheckSpec, InfrastructureError, NotApplicable, NotMeasured
 from harness.device.device import DeviceError
 from harness.known_failures import KnownFailure
-from harness.record import CheckRecord
-from harness.verdicts import decide, judge
+from harness.record import REPORT_ATTRIBUTE, CheckRecord
+from harness.verdicts import EXPECTED, JUDGEMENT, decide, judge, settle
 from harness.vocabulary import VERDICTS, Case, ModelCard, Mode, Verdict
 
 CARD = ModelCard(name="made_up", build=lambda: None, steps=lambda n: [], mutated_buffers=("state",),
@@ -111,3 +111,38 @@ def test_verdicts_travel_as_the_strings_reports_hold():
     assert CheckRecord.from_dict(data).verdict is Verdict.XFAILED
     with pytest.raises(ValueError):
         CheckRecord.from_dict({**data, "verdict": "made_up"})
+
+
+def _settled(when: str, failure: BaseException | None, judgement=None, expected: tuple = ()) -> SimpleNamespace:
+    """The report pytest made for a phase, after settle() (outcome as pytest decides it from the exception)."""
+    item = SimpleNamespace(stash=pytest.Stash(), nodeid=NODEID, path="suites/test_state.py", location=("x", 7, "y"))
+    item.stash[EXPECTED] = list(expected)
+    if judgement is not None:
+        item.stash[JUDGEMENT] = judgement
+    outcome = "passed" if failure is None else ("skipped" if isinstance(failure, pytest.skip.Exception) else "failed")
+    report = SimpleNamespace(outcome=outcome, longrepr="pytest's words" if failure else None, duration=1.23456)
+    settle(item, SimpleNamespace(when=when, excinfo=SimpleNamespace(value=failure) if failure else None), report)
+    return report
+
+
+def test_settle_words_the_report_as_the_judgement_says_and_carries_the_record():
+    failure = CheckFailure("state differs", signature="state_mismatch")
+    xfailed = _settled("call", failure, _judge(failure, expected=(STATE_MISMATCH,)), (STATE_MISMATCH,))
+    assert (xfailed.outcome, xfailed.wasxfail, xfailed.longrepr) == ("skipped", STATE_MISMATCH.describe(), "pytest's words")
+    record = getattr(xfailed, REPORT_ATTRIBUTE)
+    assert (record["verdict"], record["duration_s"], record["message"]) == ("xfailed", 1.235, "state differs")
+    xpassed = _settled("call", None, _judge(expected=(STATE_MISMATCH,)), (STATE_MISMATCH,))
+    assert xpassed.outcome == "failed" and xpassed.longrepr.startswith("[XPASS(strict)] known failure [state_mismatch]")
+    measured = _settled("call", NotMeasured("no trace"), _judge(NotMeasured("no trace")))
+    assert (measured.outcome, measured.longrepr) == ("skipped", ("suites/test_state.py", 7, "not measured: no trace"))
+    passed = _settled("call", None, _judge())
+    assert (passed.outcome, passed.longrepr, getattr(passed, REPORT_ATTRIBUTE)["verdict"]) == ("passed", None, "passed")
+
+
+def test_settle_words_a_fixture_failure_without_a_record():
+    infra = _settled("setup", InfrastructureError("device quarantined"))
+    assert infra.longrepr == f"{NODEID}: infrastructure error: device quarantined" and not hasattr(infra, REPORT_ATTRIBUTE)
+    bug = _settled("setup", RuntimeError("fixture bug"))
+    assert (bug.outcome, bug.longrepr) == ("failed", "pytest's words")
+    # a pass where a failure is expected is an XPASS only for a judged check: never a set-up that passed
+    assert _settled("setup", None, expected=(STATE_MISMATCH,)).outcome == "passed"
