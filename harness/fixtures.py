@@ -101,7 +101,7 @@ def run_check(request, case_store, qnnsuite_options, repro_bundles):
         record = repro_bundles.add(judgement.record, outcome=outcome, signature=judgement.signature, known=judgement.known)
         item.stash[verdicts.JUDGEMENT] = dataclasses.replace(judgement, record=record)
         raised = judgement.exception()
-        if raised is not None:  # verdicts.settle() words its report as one line
+        if raised is not None:  # its report is worded by verdicts.settle() (a harness bug keeps pytest's words)
             raise raised
 
     return run
