@@ -23,7 +23,7 @@ class RunContext:
     started_pids: tuple[int, ...]  # every process the run started (emulators, adb server)
     work_dir: Path  # host-side scratch of this run (artifacts, pulled outputs)
     lowering_server: Path | None = None  # socket of the run's lowering server (None: each case in a fresh Python)
-    # From the health checks at the start (harness/device/health.py): serial -> the line that quarantined it
+    # From the health checks at the start (harness/health.py): serial -> the line that quarantined it
     # (its cases are infrastructure errors), and serial -> what it runs programs with (harness/device/provenance.py).
     quarantined: dict[str, str] = field(default_factory=dict)
     provenance: dict[str, dict] = field(default_factory=dict)

@@ -5,14 +5,15 @@ executorch or the emulator behind it.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
-import time
 from typing import Iterator
 
 import pytest
 
-from harness.check_registry import (WORDED_BY_THE_SUITE, CheckFailure, CheckSpec, InfrastructureError, NotApplicable,
-                                    worded_by_the_suite)
+from harness import verdicts
+from harness.case_store import CaseStore
+from harness.check_registry import CheckSpec, worded_by_the_suite
 from harness.context import RunContext
 from harness.device import kinds
 from harness.device.pool import DevicePool
@@ -20,9 +21,7 @@ from harness.files import say
 from harness.options import RunOptions
 from harness.qnn.toolchain import Toolchain, ToolchainError, prepare
 from harness.repro.bundle import BundleWriter
-from harness.results import CaseStore
 from harness.stash import CASE_ORDER, CONTEXT, OPTIONS
-from harness.verdicts import DRAFT, CheckDraft
 from harness.vocabulary import Case
 
 
@@ -87,41 +86,22 @@ def repro_bundles(run_context, qnnsuite_options, toolchain) -> Iterator[BundleWr
 
 @pytest.fixture
 def run_check(request, case_store, qnnsuite_options, repro_bundles):
-    """Run one registered check on the case's shared outcome; what it found goes on the item for the
-    report hook (harness/verdicts.py)."""
+    """Run one registered check on the case's shared outcome: harness/verdicts.py decides its verdict and
+    record, the case's reproduction bundle is asked for once the verdict is known, and the judgement goes on
+    the item for the report hook."""
 
     def run(spec: CheckSpec, case: Case) -> None:
         __tracebackhide__ = worded_by_the_suite
         if spec.needs_device and qnnsuite_options.compile_only:
             pytest.skip("--compile-only: no device runs")
         outcome = case_store.executed(case) if spec.needs_device else case_store.lowered(case)
-        draft = request.node.stash[DRAFT] = CheckDraft(spec, case, outcome, bundles=repro_bundles)
-        try:
-            _draft_check(draft)
-        except WORDED_BY_THE_SUITE as verdict:  # settle() words it as one line: no traceback for pytest to format
-            raise verdict.with_traceback(None)
+        item = request.node
+        judgement = verdicts.judge(spec, case, outcome, item.stash.get(verdicts.EXPECTED, []), item.nodeid,
+                                   words=lambda error: str(item.repr_failure(pytest.ExceptionInfo.from_exception(error))))
+        record = repro_bundles.add(judgement.record, outcome=outcome, signature=judgement.signature, known=judgement.known)
+        item.stash[verdicts.JUDGEMENT] = dataclasses.replace(judgement, record=record)
+        raised = judgement.exception()
+        if raised is not None:  # its report is worded by verdicts.settle() (a harness bug keeps pytest's words)
+            raise raised
 
     return run
-
-
-def _draft_check(draft: CheckDraft) -> None:
-    """Run the draft's check on its outcome; its evidence, failure line and time go on the draft."""
-    spec = draft.spec
-    started = time.perf_counter()
-    try:
-        draft.evidence = spec.function(draft.outcome)
-    except NotApplicable as reason:
-        pytest.skip(str(reason))
-    except InfrastructureError as error:  # the device's line (quarantined, lost) is the record's message
-        draft.failure_line = str(error)
-        raise
-    except AssertionError as failure:
-        line, _, detail = str(failure).partition("\n")
-        draft.evidence = {**getattr(failure, "evidence", {}), **({"detail": detail} if detail else {})}
-        draft.failure_line = line
-        if isinstance(failure, CheckFailure) and not spec.declares(failure.signature):
-            draft.failure_line = (f"{line} [check {spec.name} raised signature {failure.signature!r}, which its "
-                                  f"@check declaration does not list: add it to signatures=]")
-        raise
-    finally:
-        draft.check_s = round(time.perf_counter() - started, 4)

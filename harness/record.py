@@ -1,7 +1,7 @@
 """A check's record: what one check of one case found, with its final verdict.
 
-Decided once, on the worker that ran the check (known failures applied, xfail and xpass included), and
-carried to the controller on pytest's own test report (as junitxml carries its properties); the reporter
+Decided once, on the worker that ran the check (harness/verdicts.py: known failures applied, xfail and xpass
+included), and carried to the controller on pytest's own test report (as junitxml carries its properties); the reporter
 (harness/reporter.py) collects them there. Plain data only: it crosses xdist's channel as a dict.
 """
 from __future__ import annotations
@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
+
+from harness.vocabulary import Verdict
 
 REPORT_ATTRIBUTE = "qnnsuite_record"  # the TestReport attribute that carries a record's dict
 
@@ -23,7 +25,7 @@ class CheckRecord:
     dtype: str
     mode: str
     soc: str
-    verdict: str  # one of harness.vocabulary.VERDICTS
+    verdict: Verdict  # serialized as its value, e.g. "xfailed"
     message: str = ""  # the check's one line (or the known failure's, or why it was skipped)
     known_failure: str = ""  # the manifest entry that expected a failure here, described
     evidence: dict[str, Any] = field(default_factory=dict)
@@ -46,6 +48,8 @@ class CheckRecord:
         known = {f.name for f in fields(cls)}
         values = {name: value for name, value in data.items() if name in known}
         values["tags"] = tuple(values.get("tags") or ())
+        if "verdict" in values:  # without one, the record is torn: TypeError below
+            values["verdict"] = Verdict(values["verdict"])  # ValueError on a verdict no run writes
         return cls(**values)
 
 

@@ -1,6 +1,6 @@
 """One run's controller-side resources, started once and stopped once: the QNN toolchain, the run's
 lowering server, its devices (through a provider) and its host work folder; and, once, each device's
-health check and provenance (harness/device/health.py), so no worker repeats them.
+health check and provenance (harness/health.py), so no worker repeats them.
 
 The plugin calls start() at configure and stop() at unconfigure; workers only ever see the RunContext
 that start() returns. The lowering server is started only when something must be lowered (a warm run needs
@@ -27,9 +27,9 @@ import threading
 from pathlib import Path
 from typing import Iterable
 
-from harness import run_records
+from harness import health, run_records
 from harness.context import RunContext, new_run_id
-from harness.device import health, kinds, pool
+from harness.device import kinds, pool
 from harness.device.device import DeviceError
 from harness.emulator.launcher import FleetError
 from harness.options import RunOptions
@@ -39,8 +39,8 @@ from harness.process.services import LOWERING
 from harness.providers import DeviceProvider, provider_for
 from harness.qnn.interposer import InterposerBuildError
 from harness.qnn.sdk import SdkError
+from harness.pipeline.lowering_cache import is_lowered, lowering_directory
 from harness.qnn.toolchain import Toolchain, ToolchainError, prepare
-from harness.results import is_lowered, lowering_directory
 from harness.user_state import UnsafeStateDir
 from harness.vocabulary import Case
 

@@ -16,8 +16,22 @@ if TYPE_CHECKING:  # only for the card contract's annotations: importing this mo
 
 DTYPES = ("fp16", "16a8w", "8a8w", "16a4w")
 FLOAT_DTYPE = "fp16"
-# not_measured: the device cannot measure the check; infra_error: the device or the lab failed, not executorch.
-VERDICTS = ("passed", "failed", "xpassed", "xfailed", "skipped", "not_measured", "infra_error")
+
+
+class Verdict(StrEnum):
+    """A check's final verdict (harness/verdicts.py decides it); the value is the one spelling in records and
+    reports."""
+
+    PASSED = "passed"
+    FAILED = "failed"
+    XPASSED = "xpassed"  # an expected failure did not happen: a strict failure of the run
+    XFAILED = "xfailed"  # failed as a known-failures entry expects
+    SKIPPED = "skipped"
+    NOT_MEASURED = "not_measured"  # the device cannot measure the check
+    INFRA_ERROR = "infra_error"  # the device or the lab failed, not executorch
+
+
+VERDICTS = tuple(verdict.value for verdict in Verdict)  # report order
 
 
 class Mode(StrEnum):

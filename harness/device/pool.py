@@ -4,7 +4,7 @@ On each device a run has one folder, WORKSPACE_ROOT/<run id>: the payload (runne
 `payload/`, pushed once per device per run (the first worker to hold the device pushes it, the others
 find the same bytes there and skip them), and one folder of case files per worker. Workers remove their
 own folders; the controller removes the run's folder at the end (remove_run_folders).
-A device that is lost, or that failed its health check at the start of the run (harness/device/health.py),
+A device that is lost, or that failed its health check at the start of the run (harness/health.py),
 fails its own cases with the line that said so; the rest go on.
 """
 from __future__ import annotations

@@ -11,14 +11,14 @@ from pathlib import Path
 import jinja2
 
 from harness.matrix.layout import OUTPUTS
-from harness.report.text import markdown_text
+from harness.text import markdown_text
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 LABELS = {"passed": "pass", "failed": "FAIL", "xpassed": "XPASS", "xfailed": "xfail", "skipped": "skip", "absent": "absent"}
 
 
 def md(value: object) -> str:
-    """One Markdown table cell's worth of text from any value (harness/report/text.py: the one escape)."""
+    """One Markdown table cell's worth of text from any value (harness/text.py: the one escape)."""
     return markdown_text("" if value is None else value)
 
 

@@ -1,6 +1,6 @@
 """The health check's program: one elementwise op, no buffer, so it tests the device and nothing else.
 
-A device must run this before it gets cases (harness/device/health.py). It holds no mutable buffer, so
+A device must run this before it gets cases (harness/health.py). It holds no mutable buffer, so
 no executorch defect under test (docs/FINDINGS.md) can make a healthy device fail it; it goes through
 the same export, lowering, artifact cache and device run as every case. Tagged so the check matrices
 (harness/pipeline/cases.py) leave it out of the suite's cases and reports.

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from harness.report import merge as merging
 from harness.report.gate import BaselineError, MalformedReport, changes, compare, load
-from harness.report.text import printable
+from harness.text import printable
 from harness.report.writer import summary_line
 
 MALFORMED = 4  # a report file that is not a valid report.json: pytest's usage-error code, as --baseline gets

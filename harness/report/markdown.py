@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from harness.report.document import checks_of, known_failures, problems, stage_times, with_verdict
 from harness.report.gate import GateResult
-from harness.report.text import markdown_text
+from harness.text import markdown_text
 from harness.repro.layout import ARCHIVE_SUFFIX, LINK, BundleSize
 from harness.vocabulary import VERDICTS
 

@@ -14,7 +14,7 @@ from markupsafe import Markup
 
 from harness.report.chart import error_chart
 from harness.report.document import check_order, known_failures, problems, rank, stage_times, with_verdict
-from harness.report.text import printable
+from harness.text import printable
 from harness.repro.layout import LINK
 from harness.vocabulary import DTYPES, MODE_ORDER, VERDICTS
 

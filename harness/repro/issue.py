@@ -3,7 +3,7 @@
 Markdown is not escaped by a template engine, so values from the run (messages, names, sources) go into a
 code span or a fence longer than any run of backticks inside it, and every other value the template prints
 (the title, a failure's wording, a check's name and docstring) is escaped as Markdown text by the template's
-finalize: no HTML, links, emphasis, headings or @mentions from a message (harness/report/text.py's
+finalize: no HTML, links, emphasis, headings or @mentions from a message (harness/text.py's
 markdown_text, the one escape every report format uses). code() and fenced()
 return Markup, which the finalize leaves as it is.
 """
@@ -19,7 +19,7 @@ from markupsafe import Markup
 from harness import check_registry
 from harness.numerics import TOLERANCES
 from harness.paths import REPO_ROOT
-from harness.report.text import markdown_text
+from harness.text import markdown_text
 from harness.repro import layout
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"

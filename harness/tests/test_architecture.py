@@ -1,5 +1,6 @@
-"""The house rules that a reader relies on: no import cycle among the suite's modules, the plugin stays
-wiring, and the repository documents itself (nothing tracked points outside it)."""
+"""The house rules that a reader relies on: no import cycle among the suite's modules, no import up the
+layers (docs/ARCHITECTURE.md, "Layers"), the plugin stays wiring, and the repository documents itself
+(nothing tracked points outside it)."""
 from __future__ import annotations
 
 import ast
@@ -12,6 +13,17 @@ from harness.paths import REPO_ROOT
 
 PACKAGES = ("harness", "fixtures", "suites")
 PLUGIN_MAX_LINES = 150
+# The packages harness/<pkg>/, lowest first: a module of one imports only its own package's modules, the
+# packages before it and the shared modules below. A new package gets its place here.
+LAYERS = ("harness.qnn", "harness.runner", "harness.process", "harness.device", "harness.pipeline", "harness.emulator",
+          "harness.repro", "harness.report", "harness.matrix")
+# Top-level modules the packages may import: the nouns, records and readings the whole house shares. A shared
+# module imports only shared modules and packages, and through it no package reaches its own or a higher one.
+# Every other top-level module (plugin, session, fixtures, case_store, health, verdicts, checks, reporter, ...)
+# wires packages together; no package and no shared module imports one of them.
+SHARED = ("harness.paths", "harness.files", "harness.vocabulary", "harness.versions", "harness.user_state",
+          "harness.check_registry", "harness.record", "harness.known_failures", "harness.numerics", "harness.outcome",
+          "harness.text")
 
 
 def _module(path: Path) -> str:
@@ -58,6 +70,69 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+def _layer(module: str) -> str | None:
+    """The package of LAYERS a module belongs to (None: a top-level module, or outside harness)."""
+    return next((layer for layer in LAYERS if module == layer or module.startswith(layer + ".")), None)
+
+
+def _reach(graph: dict[str, set[str]], start: str) -> set[str]:
+    reached, frontier = set(), {start}
+    while frontier:
+        reached |= frontier
+        frontier = {dep for m in frontier for dep in graph.get(m, ())} - reached
+    return reached - {start}
+
+
+def _arrows_up(graph: dict[str, set[str]]) -> list[str]:
+    """Every import that runs up the layers, as 'importer -> imported (why)'."""
+    found = []
+    for module in sorted(graph):
+        layer, shared = _layer(module), module in SHARED
+        if layer is None and not shared:
+            continue  # the top floor imports what it wires
+        below = LAYERS[:LAYERS.index(layer)] if layer else LAYERS
+        for imported in sorted(graph[module]):
+            target = _layer(imported)
+            if imported in SHARED and layer is not None:
+                higher = sorted({_layer(m) for m in _reach(graph, imported)} - {None, *below})
+                if higher:
+                    found.append(f"{module} -> {imported} (which reaches {', '.join(higher)}, not below {layer})")
+            elif target is None and imported.startswith("harness.") and imported not in SHARED:
+                found.append(f"{module} -> {imported} (a top-level module that is not shared)")
+            elif layer is not None and target is not None and target != layer and target not in below:
+                found.append(f"{module} -> {imported} ({target} is not below {layer})")
+    return found
+
+
+def test_no_import_runs_up_the_layers():
+    graph = _import_graph()
+    packages = {f"harness.{p.name}" for p in (REPO_ROOT / "harness").iterdir()
+                if (p / "__init__.py").is_file() and p.name != "tests"}
+    assert packages == set(LAYERS), f"place every package in LAYERS: {sorted(packages ^ set(LAYERS))}"
+    assert set(SHARED) <= set(graph), f"SHARED names modules that do not exist: {sorted(set(SHARED) - set(graph))}"
+    assert _arrows_up(graph) == [], "imports up the layers:\n" + "\n".join(_arrows_up(graph))
+
+
+def test_the_layer_rule_catches_an_arrow_up_and_passes_the_house_as_it_should_be():
+    house = {"harness.qnn.sdk": {"harness.paths"}, "harness.device.pool": {"harness.qnn.sdk", "harness.user_state"},
+             "harness.pipeline.lower": {"harness.vocabulary", "harness.numerics"}, "harness.numerics": set(),
+             "harness.outcome": {"harness.device.pool", "harness.pipeline.lower"}, "harness.repro.bundle": {"harness.outcome"},
+             "harness.session": {"harness.health"}, "harness.health": {"harness.case_store", "harness.device.pool"},
+             "harness.case_store": {"harness.outcome"}, "harness.paths": set(), "harness.vocabulary": set(),
+             "harness.user_state": set()}
+    assert _arrows_up(house) == []
+    assert _arrows_up({**house, "harness.device.health": {"harness.case_store"}}) == [
+        "harness.device.health -> harness.case_store (a top-level module that is not shared)"]
+    assert _arrows_up({**house, "harness.qnn.sdk": {"harness.device.pool"}}) == [
+        "harness.qnn.sdk -> harness.device.pool (harness.device is not below harness.qnn)"]
+    assert _arrows_up({**house, "harness.numerics": {"harness.pipeline.lower"}}) == [
+        "harness.pipeline.lower -> harness.numerics (which reaches harness.pipeline, not below harness.pipeline)"]
+    assert _arrows_up({**house, "harness.device.pool": {"harness.outcome"}}) == [
+        "harness.device.pool -> harness.outcome (which reaches harness.device, harness.pipeline, not below harness.device)"]
+    assert _arrows_up({**house, "harness.outcome": {"harness.case_store"}}) == [
+        "harness.outcome -> harness.case_store (a top-level module that is not shared)"]
+
+
 def test_no_import_cycle():
     graph = _import_graph()
     assert len(graph) > 50, "the walk found the project's modules"
@@ -75,7 +150,7 @@ def test_report_package_does_not_import_torch():
     while frontier:
         reached |= frontier
         frontier = {dep for m in frontier for dep in graph[m]} - reached
-    heavy = [m for m in reached if m in ("harness.pipeline.card", "harness.numerics", "harness.checks", "harness.results", "harness.outcome")]
+    heavy = [m for m in reached if m in ("harness.pipeline.card", "harness.numerics", "harness.checks", "harness.case_store", "harness.outcome")]
     assert heavy == [], f"harness.report reaches {heavy}"
 
 

@@ -149,6 +149,10 @@ def test_pytest_formats_no_traceback_for_a_verdict_the_suite_words_itself(tmp_pa
     bug = next(text for text in formatted if "skip_mutbuf" in text)
     assert "All traceback entries are hidden" in verdict and "raise CheckFailure" not in verdict, verdict
     assert 'raise KeyError("made-up harness bug")' in bug and "run_check(spec, case)" in bug, bug
+    # The record words a harness bug as pytest's report does: the last line pytest formatted.
+    document = json.loads(next((tmp_path / "reports").glob("*/SM8650/report.json")).read_text())
+    messages = {case["mode"]: case["checks"]["made_up_failing"]["message"] for case in document["cases"]}
+    assert messages["skip_mutbuf"] == bug.strip().splitlines()[-1] and "KeyError" in messages["skip_mutbuf"], messages
 
 
 def test_two_checks_of_one_name_are_refused():

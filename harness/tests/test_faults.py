@@ -205,9 +205,9 @@ def test_a_non_cacheable_facts_json_left_by_a_killed_run_is_not_served(tmp_path,
     from types import SimpleNamespace
 
     from harness.pipeline.facts import LoweringFacts
-    from harness.results import CaseStore
+    from harness.pipeline.lowering_cache import served as served_from_cache
     directory = _lowering_entry(tmp_path, LoweringFacts.crashed("lowering process was killed by SIGKILL"))
-    assert CaseStore._cached(None, SimpleNamespace(id="counter_add-fp16"), directory) is None
+    assert served_from_cache(SimpleNamespace(id="counter_add-fp16"), directory) is None
     (said,) = capsys.readouterr().err.splitlines()
     assert "cached lowering of counter_add-fp16 is damaged (" in said and "records a failure of the machine " \
         "(LoweringCrashed), never served from the cache); lowering it again" in said
@@ -217,9 +217,9 @@ def test_a_case_s_own_lowering_failure_is_served_from_the_cache(tmp_path, capsys
     from types import SimpleNamespace
 
     from harness.pipeline.facts import LoweringError, LoweringFacts
-    from harness.results import CaseStore
+    from harness.pipeline.lowering_cache import served as served_from_cache
     directory = _lowering_entry(tmp_path, LoweringFacts(error=LoweringError("RuntimeError", "unsupported op")))
-    served = CaseStore._cached(None, SimpleNamespace(id="counter_add-fp16"), directory)
+    served = served_from_cache(SimpleNamespace(id="counter_add-fp16"), directory)
     assert served is not None and served.facts.error.message == "unsupported op" and capsys.readouterr().err == ""
 
 
@@ -227,10 +227,10 @@ def test_a_torn_facts_json_is_lowered_again(tmp_path, capsys):
     from types import SimpleNamespace
 
     from harness.pipeline.facts import LoweringError, LoweringFacts
-    from harness.results import CaseStore
+    from harness.pipeline.lowering_cache import served as served_from_cache
     directory = _lowering_entry(tmp_path, LoweringFacts(error=LoweringError("RuntimeError", "unsupported op")))
     (directory / "facts.json").write_text('{"timings_s": {}, "err')
-    assert CaseStore._cached(None, SimpleNamespace(id="c"), directory) is None
+    assert served_from_cache(SimpleNamespace(id="c"), directory) is None
     assert "unreadable facts (JSONDecodeError" in capsys.readouterr().err
 
 

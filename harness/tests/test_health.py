@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 
 from harness.context import RunContext
-from harness.device import health, provenance
+from harness import health
+from harness.device import provenance
 from harness.device.kinds import PayloadInputs
 from harness.device.execute import DeviceRun
 from harness.device.pool import DeviceSpec

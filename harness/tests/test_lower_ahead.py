@@ -11,7 +11,7 @@ import pytest
 
 from fixtures import zoo  # noqa: F401  (registers the cards)
 from harness.pipeline import card as cards
-from harness.results import CaseStore
+from harness.case_store import CaseStore
 from harness.vocabulary import Case, Mode
 
 CARD = cards.find("fixtures.zoo:counter_add")
@@ -45,7 +45,7 @@ class Lowerings:
 @pytest.fixture
 def store(tmp_path: Path, monkeypatch) -> CaseStore:
     results = SimpleNamespace(reference=[[]], dependence=None)
-    monkeypatch.setattr("harness.results.references.eager_results", lambda case, steps, cache_dir: results)
+    monkeypatch.setattr("harness.case_store.references.eager_results", lambda case, steps, cache_dir: results)
     return CaseStore(None, None, tmp_path / "work", "main", lambda tags: 2, 60.0, None, None)
 
 

@@ -24,7 +24,7 @@ from harness.pipeline import lower_job, prepared
 from harness.pipeline.facts import ExportFacts, LoweringFacts, LoweringRequest, PreparedFacts
 from harness.pipeline.lower import lower_case
 from harness.pipeline.prepared import EXPORT_FACTS, FACTS, PROGRAM
-from harness.results import CaseStore
+from harness.case_store import CaseStore
 from harness.tests import broken_cards
 from harness.tests.test_lower_server import _comparable, _without_signatures
 from harness.tests.test_reliability import SuiteRun

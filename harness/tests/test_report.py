@@ -18,7 +18,7 @@ import pytest
 
 from harness.record import CheckRecord
 from harness.report import BaselineError, gate, summary_line, write_run
-from harness.report.text import markdown_text
+from harness.text import markdown_text
 from harness.vocabulary import DTYPES, MATRIX_MODES as MODES
 
 SCHEMA = json.loads((Path(__file__).resolve().parents[1] / "report" / "report.schema.json").read_text())

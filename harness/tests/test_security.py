@@ -445,7 +445,7 @@ from harness.pipeline import prepared  # noqa: E402
 from harness.pipeline.facts import PreparedFacts, ProgramFacts, QuantizeFacts  # noqa: E402
 from harness.report.gate import BaselineError, MalformedReport, load as load_reports  # noqa: E402
 from harness.report.chart import error_chart  # noqa: E402
-from harness.report.text import ZERO_WIDTH_SPACE, markdown_text  # noqa: E402
+from harness.text import ZERO_WIDTH_SPACE, markdown_text  # noqa: E402
 from harness.user_state import base_dir  # noqa: E402
 
 NOBODY = 65534

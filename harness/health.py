@@ -23,7 +23,7 @@ from harness.device.pool import DevicePool, DeviceSpec
 from harness.pipeline.health_card import HEALTH_CARD, STEPS
 from harness.qnn.toolchain import Toolchain
 from harness.outcome import CaseOutcome
-from harness.results import CaseStore
+from harness.case_store import CaseStore
 from harness.vocabulary import FLOAT_DTYPE, Case, Mode
 
 # A one-op program runs in well under a second on a phone's HTP; a minute covers a slow first DSP start

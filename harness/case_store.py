@@ -1,12 +1,12 @@
-"""Each case's shared result: lowered once per run, run once on a device, read by every check.
+"""Each case's shared outcome: lowered once per run, run once on a device, read by every check.
 
 Checks never lower or run anything themselves; they ask the CaseStore, which memoizes per worker
-and, for lowering, across workers (a file lock per case, results on disk in the run's work dir).
+and, for lowering, across workers (a file lock per case, results on disk in the run's work dir). Where a
+lowering is kept is harness/pipeline/lowering_cache.py's; reconnecting a dropped device is the device
+layer's (harness/device/retry.py).
 """
 from __future__ import annotations
 
-import hashlib
-import sys
 import threading
 import time
 from concurrent.futures import Future
@@ -15,20 +15,14 @@ from pathlib import Path
 from filelock import FileLock
 
 from harness.device import kinds
-from harness.device.device import DeviceError, DeviceFrozen, DeviceLost
-from harness.device.execute import RunnerFailed, run_case
 from harness.device.pool import DevicePool
-from harness.pipeline import cache, references
-from harness.pipeline.facts import FactsError, LoweringFacts
-from harness.pipeline.lower import LoweredArtifact, lower_case
-from harness.qnn import qnnlog
+from harness.device.retry import run_with_reconnects
 from harness.outcome import CaseOutcome
+from harness.pipeline import references
+from harness.pipeline.lower import LoweredArtifact, lower_case
+from harness.pipeline.lowering_cache import lowering_directory, served
 from harness.qnn.toolchain import Toolchain
 from harness.vocabulary import Case
-
-
-MAX_RETRIES = 2
-RECONNECT_WAIT_S = 10.0
 
 
 class CaseStore:
@@ -110,7 +104,7 @@ class CaseStore:
         shared = (self._cache_dir or self._work_dir / "artifacts") / "prepared"
         directory.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(directory) + ".lock"):
-            cached = self._cached(case, directory)
+            cached = served(case, directory)
             if cached is not None:
                 return cached
             artifact = lower_case(case, self._toolchain, directory, steps, self._lowering_server, shared)
@@ -118,89 +112,22 @@ class CaseStore:
                 (directory / "facts.json").unlink(missing_ok=True)  # the next run lowers it again
             return artifact
 
-    def _cached(self, case: Case, directory: Path) -> LoweredArtifact | None:
-        facts_path, log_path = directory / "facts.json", directory / "lower.log"
-        if not is_lowered(directory):
-            return None
-        try:
-            facts = LoweringFacts.read_cached(facts_path)
-        except FactsError as error:
-            problem = str(error)
-        else:
-            problem = _program_problem(directory / "model.pte", facts)
-            if problem is None:
-                log = log_path.read_text(errors="replace")
-                return LoweredArtifact(case, directory, facts, log, 0.0, qnnlog.error_lines(log), cached=True)
-        print(f"qnnsuite: cached lowering of {case.id} is damaged ({problem}); lowering it again", file=sys.stderr)
-        return None
-
     def _run(self, outcome: CaseOutcome) -> None:
-        """Run on a device; a dropped connection is retried (bounded) if the device comes back."""
+        """Run on a device (the device layer retries a dropped connection); what it came to goes on the outcome."""
         if self._pool is None:
             outcome.run_error = "no devices in this run (--compile-only?)"
             return
         case = outcome.case
         local = outcome.run_dir = self._work_dir / "runs" / self._worker / case.id
-        started = time.perf_counter()
-        for attempt in range(1 + MAX_RETRIES):
-            try:
-                with self._pool.acquire(case.soc, holder=f"{self._worker}:{case.id}") as (device, workspace):
-                    # waiting for another worker's case to free the device, plus a first push of the payload
-                    outcome.timings_s["device_wait"] = time.perf_counter() - started
-                    outcome.device_serial, outcome.device_kind = device.label, self._pool.spec(device.label).kind
-                    outcome.device = kinds.of(outcome.device_kind)
-                    outcome.run = run_case(device, workspace, case.id, outcome.artifact.pte, outcome.steps, local,
-                                           output_count=len(outcome.reference[0]), timeout_s=self._runner_timeout_s,
-                                           method_index=outcome.artifact.facts.method_index,
-                                           output_bytes=[[array.nbytes for array in row] for row in outcome.reference])
-                    outcome.timings_s.update(outcome.run.timings_s)
-                break
-            except DeviceLost as lost:
-                label = outcome.device_serial  # the pool's name of the device, server/serial
-                retry = label and attempt < MAX_RETRIES and not isinstance(lost, DeviceFrozen)
-                if retry and self._pool.back_online(label, RECONNECT_WAIT_S):
-                    outcome.retries += 1
-                    continue
-                if label:
-                    self._pool.mark_lost(label, str(lost))
-                outcome.run_error, outcome.run_error_is_infrastructure = str(lost), True
-                break
-            except RunnerFailed as failed:
-                outcome.run_error, outcome.device_log = str(failed), failed.device_log
-                break
-            except DeviceError as error:  # the device's failure, e.g. quarantined by its health check, disk full
-                outcome.run_error, outcome.run_error_is_infrastructure = str(error), True
-                break
-            except Exception as error:  # any other surprise still fails this case alone, in one line
-                outcome.run_error = f"device run failed unexpectedly: {type(error).__name__}: {error}"
-                break
-        outcome.timings_s["device_total"] = time.perf_counter() - started
-
-
-def lowering_directory(case: Case, steps: int, toolchain: Toolchain, cache_dir: Path | None, work_dir: Path) -> Path:
-    """Where the case's lowering is kept: by content key in the cache, else in this run's work folder."""
-    if cache_dir is None:
-        return work_dir / "artifacts" / case.id
-    return cache_dir / cache.key(case, steps, toolchain)
-
-
-def is_lowered(directory: Path) -> bool:
-    """Whether a lowering finished there (whether it is sound is checked when it is served)."""
-    return (directory / "facts.json").exists() and (directory / "lower.log").exists()
-
-
-def _program_problem(pte: Path, facts: LoweringFacts) -> str | None:
-    """Why a cached model.pte is not the program its facts describe (None: it is, or there is none to be)."""
-    if facts.error is not None:
-        return None  # a lowering failure has no program
-    if facts.program is None:
-        return "its facts do not describe a program"
-    try:
-        data = pte.read_bytes()
-    except OSError as error:
-        return f"model.pte unreadable: {error.strerror or error}"
-    if len(data) != facts.program.bytes:
-        return f"model.pte has {len(data)} bytes, its facts say {facts.program.bytes}"
-    if hashlib.sha256(data).hexdigest() != facts.program.sha256:
-        return "model.pte's sha256 differs from its facts'"
-    return None
+        attempt = run_with_reconnects(self._pool, case.soc, f"{self._worker}:{case.id}", case.id, outcome.artifact.pte,
+                                      outcome.steps, local, output_count=len(outcome.reference[0]),
+                                      timeout_s=self._runner_timeout_s,
+                                      method_index=outcome.artifact.facts.method_index,
+                                      output_bytes=[[array.nbytes for array in row] for row in outcome.reference])
+        outcome.run, outcome.run_error, outcome.run_error_is_infrastructure = (attempt.run, attempt.error,
+                                                                               attempt.infrastructure)
+        outcome.device_serial, outcome.device_kind = attempt.device_serial, attempt.device_kind
+        outcome.device = kinds.of(attempt.device_kind) if attempt.device_kind else None
+        outcome.retries = attempt.retries
+        outcome.device_log = attempt.device_log
+        outcome.timings_s.update(attempt.timings_s)

@@ -1,0 +1,73 @@
+"""One case's device run with the device layer's reconnects: a dropped connection is retried (bounded) when
+the device comes back, as Mobly's controllers own reconnecting their devices; callers get one result.
+
+The case store (harness/case_store.py) asks for a run here and copies the result into the case's outcome:
+the device layer knows nothing of outcomes, checks or verdicts.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.device.device import DeviceError, DeviceFrozen, DeviceLost
+from harness.device.execute import DeviceRun, RunnerFailed, run_case
+from harness.device.pool import DevicePool
+
+MAX_RETRIES = 2
+RECONNECT_WAIT_S = 10.0
+
+
+@dataclass
+class Attempt:
+    """What running one case came to, reconnects included; run is None when it failed (error says why)."""
+
+    run: DeviceRun | None = None
+    error: str | None = None
+    # The device or the lab failed (lost, no space, push refused, quarantined), not the program.
+    infrastructure: bool = False
+    device_log: str = ""  # a failed runner's device log tail
+    device_serial: str | None = None  # the pool's label of the device that ran it (server/serial)
+    device_kind: str | None = None
+    retries: int = 0
+    timings_s: dict[str, float] = field(default_factory=dict)
+
+
+def run_with_reconnects(pool: DevicePool, soc: str, holder: str, case_dir_name: str, pte: Path,
+                        steps: list[tuple], local_dir: Path, output_count: int, timeout_s: float,
+                        method_index: int, output_bytes: list[list[int]] | None = None) -> Attempt:
+    """Run the case on a device of its SoC; every failure is one line in the result, never an exception."""
+    attempt = Attempt()
+    started = time.perf_counter()
+    for tried in range(1 + MAX_RETRIES):
+        try:
+            with pool.acquire(soc, holder=holder) as (device, workspace):
+                # waiting for another worker's case to free the device, plus a first push of the payload
+                attempt.timings_s["device_wait"] = time.perf_counter() - started
+                attempt.device_serial, attempt.device_kind = device.label, pool.spec(device.label).kind
+                attempt.run = run_case(device, workspace, case_dir_name, pte, steps, local_dir,
+                                       output_count=output_count, timeout_s=timeout_s, method_index=method_index,
+                                       output_bytes=output_bytes)
+                attempt.timings_s.update(attempt.run.timings_s)
+            break
+        except DeviceLost as lost:
+            label = attempt.device_serial  # the pool's name of the device, server/serial
+            retry = label and tried < MAX_RETRIES and not isinstance(lost, DeviceFrozen)
+            if retry and pool.back_online(label, RECONNECT_WAIT_S):
+                attempt.retries += 1
+                continue
+            if label:
+                pool.mark_lost(label, str(lost))
+            attempt.error, attempt.infrastructure = str(lost), True
+            break
+        except RunnerFailed as failed:
+            attempt.error, attempt.device_log = str(failed), failed.device_log
+            break
+        except DeviceError as error:  # the device's failure, e.g. quarantined by its health check, disk full
+            attempt.error, attempt.infrastructure = str(error), True
+            break
+        except Exception as error:  # any other surprise still fails this case alone, in one line
+            attempt.error = f"device run failed unexpectedly: {type(error).__name__}: {error}"
+            break
+    attempt.timings_s["device_total"] = time.perf_counter() - started
+    return attempt
