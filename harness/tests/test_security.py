@@ -64,7 +64,7 @@ def fleet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
 
 
 def harness_device(fleet: EmulatorFleet) -> Device:
-    return Device(fleet.devices[0].serial, AdbClient(port=fleet.adb_port))
+    return Device(fleet.devices[0].serial, AdbClient(server=fleet.server))
 
 
 def packet(command: bytes, arg0: int = 0, arg1: int = 0, data: bytes = b"", magic: int | None = None) -> bytes:
@@ -226,7 +226,7 @@ def test_tmpdir_with_space_quote_semicolon_and_command_substitution(mode: str, t
         device = harness_device(fleet)
         assert device.shell("mkdir -p /data/local/tmp/qnnsuite/run1/gw0 && echo made").output == "made\n"
         spec = DeviceSpec(device.serial, "SM8650", 75, "x86_64", "Emulated SM8650", kind="emulated",
-                          server=f"127.0.0.1:{fleet.adb_port}")
+                          server=fleet.server.address)
         assert remove_run_folders([spec], "run1") == []
         assert not (fleet.devices[0].root / "data/local/tmp/qnnsuite/run1").exists()  # it did remove
         assert device.shell("rm -rf /data/local/tmp/qnnsuite").exit_code == 0
@@ -328,13 +328,13 @@ def test_100_idle_connections_under_a_low_open_file_limit(fleet: EmulatorFleet) 
         for sock in idle:
             sock.close()
         assert (info.root.parent / "adbd.log").read_text().count("Too many open files") > 0  # it did run out
-        host_request(fleet.adb_port, f"host:disconnect:{info.serial}")
-        host_request(fleet.adb_port, f"host:connect:{info.serial}")
+        host_request(fleet.server, f"host:disconnect:{info.serial}")
+        host_request(fleet.server, f"host:connect:{info.serial}")
         deadline = time.monotonic() + 20
         while fleet.device_states().get(info.serial) != "device":
             assert time.monotonic() < deadline, fleet.device_states()
             time.sleep(0.2)
-        device = Device(info.serial, AdbClient(port=fleet.adb_port))
+        device = Device(info.serial, AdbClient(server=fleet.server))
         assert device.shell("echo alive").output == "alive\n"
     finally:
         fleet.stop_device(info.serial)
@@ -343,7 +343,7 @@ def test_100_idle_connections_under_a_low_open_file_limit(fleet: EmulatorFleet) 
 def test_nul_and_malformed_input_end_only_their_own_stream(fleet: EmulatorFleet) -> None:
     """Attack: a NUL in a sync path (STAT, LIST, RECV), an oversized sync path, and packets with a bad magic."""
     serial = fleet.devices[0].serial
-    adb = adbutils.AdbClient(host="127.0.0.1", port=fleet.adb_port).device(serial)
+    adb = AdbClient(server=fleet.server).device(serial)
     with adb.open_transport(timeout=10) as connection:
         connection.send_command("sync:")
         connection.check_okay()
