@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Iterator, Optional
 
 import adbutils
+from adbutils.errors import AdbConnectionError
 
 
 CONNECT_TIMEOUT_S = 10.0  # a request's own timeout, when it has none
@@ -117,7 +118,7 @@ class _ServerConnection(adbutils.AdbConnection):
             raise adbutils.AdbTimeout("connect to adb server timeout") from error
         except OSError as error:
             sock.close()
-            raise adbutils.AdbConnectionError(f"connect to adb server failed: {error}") from error
+            raise AdbConnectionError(f"connect to adb server failed: {error}") from error
         sock.settimeout(None)
         return sock
 
