@@ -39,8 +39,9 @@ _HOST = re.compile(r"[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]")  # a name, an IPv4 add
 
 
 UNIX_PREFIX = "localfilesystem:"  # adb's ADB_SERVER_SOCKET / -L spelling of a unix socket server
-# An absolute socket path of plain characters: it is also part of device labels (SERVER/SERIAL) and lock names.
-_SOCKET_PATH = re.compile(r"/[A-Za-z0-9._+@%=,/-]*")
+# An absolute socket path without control characters (it is also part of device labels, SERVER/SERIAL; it
+# reaches adb as one argv word, never a shell).
+_SOCKET_PATH = re.compile(r"/[^\x00-\x1f\x7f]*")
 SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes with its NUL
 
 
@@ -72,7 +73,7 @@ class AdbServer:
         if not _SOCKET_PATH.fullmatch(text) or "//" in text or text.endswith("/") or len(text.encode()) > SOCKET_PATH_MAX \
                 or "/../" in f"{text}/" or "/./" in f"{text}/":
             raise ValueError(f"{option} {UNIX_PREFIX}{text!r}: write a unix socket server as localfilesystem:/ABSOLUTE/PATH "
-                             f"(plain characters, at most {SOCKET_PATH_MAX} bytes, no . or .. parts)")
+                             f"(no control characters, at most {SOCKET_PATH_MAX} bytes, no . or .. parts)")
         return cls("", 0, text)
 
     @classmethod

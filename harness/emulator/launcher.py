@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -34,12 +36,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from harness.device.adb import AdbServer
+from harness.device.adb import SOCKET_PATH_MAX, AdbServer
 from harness.emulator import adb_auth, phone
 from harness.files import write_atomically
 from harness.process.lifetime import die_with_parent
 from harness.qnn import soc as soc_table
-from harness.user_state import UnsafeStateDir, checked_dir
+from harness.user_state import UnsafeStateDir, checked_dir, state_dir
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 20.0
@@ -121,6 +123,24 @@ def host_request(server: AdbServer | int, service: str, timeout: float = 10.0) -
         return payload
 
 
+def private_socket_path(workdir: Path) -> Path:
+    """Where the fleet's own server listens: in a 0700 folder of `workdir`, or, when that path is longer than
+    a unix socket's address may be, in the user's 0700 state folder (harness/user_state.py) under a name of
+    its own."""
+    path = workdir / "adb-server" / "adb.sock"
+    if len(os.fsencode(path)) <= SOCKET_PATH_MAX:
+        return path
+    try:
+        folder = state_dir("adb-servers")
+    except UnsafeStateDir as error:
+        raise FleetError(str(error)) from error
+    path = folder / f"{os.getpid()}-{secrets.token_hex(4)}" / "adb.sock"
+    if len(os.fsencode(path)) > SOCKET_PATH_MAX:
+        raise FleetError(f"no private place for the adb server's socket: {workdir} and the state folder {folder} are "
+                         f"too deep for a unix socket's {SOCKET_PATH_MAX} bytes; set XDG_RUNTIME_DIR to a shorter folder")
+    return path
+
+
 def free_port() -> int:
     """A loopback port nobody listens on now, from the ephemeral range (so never adb's default 5037)."""
     with socket.socket() as sock:
@@ -168,7 +188,7 @@ class EmulatorFleet:
         self._runner_servers: dict[str, subprocess.Popen[bytes]] = {}
         self._starting_runner_servers: list[tuple[subprocess.Popen[bytes], Path]] = []
         self.workdir = Path(workdir).resolve()
-        self.server = user_server or AdbServer.unix(self.workdir / "adb-server" / "adb.sock")
+        self.server = user_server or AdbServer.unix(private_socket_path(self.workdir))
         self.devices: list[EmulatedDeviceInfo] = []
         self._server: subprocess.Popen[bytes] | None = None
         self._device_processes: dict[str, subprocess.Popen[bytes]] = {}
@@ -392,6 +412,10 @@ class EmulatorFleet:
                 except OSError:
                     pass
             end_process(self._server)
+            if self.server.path:  # its socket (and, in the state folder, the socket's own folder) goes too
+                Path(self.server.path).unlink(missing_ok=True)
+                with contextlib.suppress(OSError):
+                    Path(self.server.path).parent.rmdir()
         atexit.unregister(self.stop)
 
     def _wait_for(self, what: str, condition: Callable[[], bool]) -> None:

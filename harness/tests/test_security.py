@@ -16,6 +16,7 @@ import stat
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
@@ -484,6 +485,22 @@ def test_another_account_reaches_no_device_on_any_port_or_socket_of_the_run(flee
     assert harness_device(fleet).shell("id").output.startswith("uid=")  # the run's own client still gets in
 
 
+def test_a_fleet_in_a_deep_folder_listens_in_the_users_state_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A work folder too deep for a unix socket's address still gets a private socket: in the user's 0700
+    state folder, removed when the fleet stops."""
+    runtime = Path(tempfile.mkdtemp(prefix="rt-", dir="/tmp"))  # short, as /run/user/UID is
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    try:
+        with EmulatorFleet(["SM8650"], deep) as own:
+            path = Path(own.server.path)
+            assert path.is_relative_to(runtime / "qnnsuite" / "adb-servers") and path.is_socket()
+            assert harness_device(own).shell("echo reached").output == "reached\n"
+        assert not path.exists() and not path.parent.exists()
+    finally:
+        shutil.rmtree(runtime)
+
+
 def test_the_runs_adb_server_listens_on_no_tcp_port_but_a_private_socket(fleet: EmulatorFleet) -> None:
     """Attack: another account looks for the run's adb server on a port (it listened on 127.0.0.1:PORT)."""
     assert fleet.server.path and fleet.server.address.startswith("localfilesystem:/")
@@ -503,7 +520,7 @@ def test_a_unix_server_device_label_cannot_be_confused_and_bad_ones_are_one_line
     assert split_label(f"{server.address}/127.0.0.1:4567") == (server.address, "127.0.0.1:4567")
     assert discovery._locate({server.address: {"127.0.0.1:4567": "device"}}, f"{server.address}/127.0.0.1:4567") == (
         server.address, "127.0.0.1:4567")
-    for bad in ("localfilesystem:adb.sock", "localfilesystem:/a/../etc/x", "localfilesystem:/a;id", "localfilesystem:/" + "a" * 120):
+    for bad in ("localfilesystem:adb.sock", "localfilesystem:/a/../etc/x", "localfilesystem:/a\nb", "localfilesystem:/" + "a" * 120):
         with pytest.raises(ValueError, match=r"^--adb-server localfilesystem:.*: write a unix socket server as ") as error:
             AdbServer.parse(bad, "--adb-server")
         assert "\n" not in str(error.value)
