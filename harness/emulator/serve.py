@@ -46,9 +46,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allow-network-server", action="store_true",
                         help="accept an --adb-port server that listens beyond loopback (`adb -a`): every host that "
                              "reaches it gets root shells on the emulated devices")
-    parser.add_argument("--write-sdk", type=Path, default=None, metavar="DIR", help="write a phone-layout QNN SDK tree into this new (or empty, yours) folder")
+    parser.add_argument("--write-sdk", type=Path, default=None, metavar="DIR",
+                        help="write a phone-layout QNN SDK tree into this new (or empty, yours) folder")
     parser.add_argument("--write-build", type=Path, default=None, metavar="DIR",
-                        help="write a standard executorch build folder into this new (or empty, yours) folder (its runner runs on an emulated phone)")
+                        help="write a standard executorch build folder into this new (or empty, yours) folder "
+                             "(its runner runs on an emulated phone)")
     parser.add_argument("--qnn-sdk", default=None, help="host QNN SDK (else QNN_SDK_ROOT, else the onnxruntime-qnn wheel)")
 
 
