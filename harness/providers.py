@@ -1,7 +1,7 @@
 """Where a run's devices come from, behind one contract (in the spirit of Mobly's controllers).
 
-A provider owns start and stop: `EmulatedFleet` starts a private adb server and one emulated device per
-SoC for the run and stops all of it; `AttachedDevices` checks devices already on an adb server (phones,
+A provider owns start and stop: `EmulatedFleet` starts a private adb server (on a unix socket in the run's
+0700 work folder: no other local account reaches it) and one emulated device per SoC for the run and stops all of it; `AttachedDevices` checks devices already on an adb server (phones,
 or emulated devices served by `python -m harness emulate`) and leaves them as they were. Each device's
 kind (harness/device/kinds.py) then owns its payload and capabilities. `provider_for` picks one from the
 options, as pytest-embedded's factory picks a device service.
@@ -85,7 +85,7 @@ class EmulatedFleet:
         for info in fleet.devices:
             if faults_by_soc.get(info.soc):
                 fleet.set_faults(info.serial, **faults_by_soc[info.soc])
-        server = AdbServer("127.0.0.1", fleet.adb_port).address
+        server = fleet.server.address
         specs = tuple(DeviceSpec(info.serial, info.soc, soc_table.lookup(info.soc).htp_arch, kinds.HOST_ABI,
                                  f"Emulated {info.soc}", kinds.EmulatedKind.name, server) for info in fleet.devices)
         return ProvidedDevices(specs, {i.serial: i.pid for i in fleet.devices}, tuple(fleet.started_pids))

@@ -12,10 +12,16 @@ sessions paid 40 ms of pauses (measured: a jailed `adb shell true` on an emulate
 adbutils also runs `adb start-server` when it finds no server, which starts one on 5037 whatever port the
 client was given: a run whose private server died would then talk to (or start) the user's. Here a
 missing server is an error, and connections time out instead of waiting forever.
+
+adbutils only knows TCP servers. The run's private server listens on a unix socket in the user's 0700
+state folder instead (any local account can talk to a loopback port, and adb servers authenticate no
+client), so `_ServerConnection` opens an AF_UNIX socket for a `localfilesystem:PATH` server: hand-written
+because no kept library speaks the adb host protocol over a unix socket.
 """
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import socket
 import threading
@@ -25,6 +31,7 @@ from typing import Iterator, Optional
 
 import adbutils
 from adbutils._proto import ShellReturnRaw
+from adbutils.errors import AdbConnectionError
 
 from harness.device import shell_v2
 
@@ -33,27 +40,91 @@ CLOSE_WAIT_S = 0.01  # adbutils' pause in every close: the longest a close here 
 _HOST = re.compile(r"[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]")  # a name, an IPv4 address or a bracketed IPv6 one
 
 
+UNIX_PREFIX = "localfilesystem:"  # adb's ADB_SERVER_SOCKET / -L spelling of a unix socket server
+# An absolute socket path without control characters (it is also part of device labels, SERVER/SERIAL; it
+# reaches adb as one argv word, never a shell).
+_SOCKET_PATH = re.compile(r"/[^\x00-\x1f\x7f]*")
+SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes with its NUL
+
+
 @dataclass(frozen=True, order=True)
 class AdbServer:
-    """One adb server a run takes devices from: the local one, or another host's (`adb -a` listens on all)."""
+    """One adb server a run takes devices from: the local one, another host's (`adb -a` listens on all), or
+    one on a unix socket (`localfilesystem:PATH`, the run's private server: no other local account reaches it)."""
 
     host: str
     port: int
+    path: str = ""  # the unix socket of a `localfilesystem:` server (host and port are then "" and 0)
 
     @property
     def address(self) -> str:
+        """How the server is written: `HOST:PORT`, `[V6]:PORT` or `localfilesystem:PATH` (a label never both)."""
+        if self.path:
+            return f"{UNIX_PREFIX}{self.path}"
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    @property
+    def environment(self) -> dict[str, str]:
+        """The variables that make the stock adb client (and this suite) use this server."""
+        return {"ADB_SERVER_SOCKET": self.address if self.path else f"tcp:{self.address}"}
+
+    @classmethod
+    def unix(cls, path: str | os.PathLike[str], option: str = "unix socket") -> AdbServer:
+        """A server on a unix socket; ValueError names `option` when the path cannot be one."""
+        text = os.fspath(path)
+        if not _SOCKET_PATH.fullmatch(text) or "//" in text or text.endswith("/") or len(text.encode()) > SOCKET_PATH_MAX \
+                or "/../" in f"{text}/" or "/./" in f"{text}/":
+            raise ValueError(f"{option} {UNIX_PREFIX}{text!r}: write a unix socket server as localfilesystem:/ABSOLUTE/PATH "
+                             f"(no control characters, at most {SOCKET_PATH_MAX} bytes, no . or .. parts)")
+        return cls("", 0, text)
 
     @classmethod
     def parse(cls, text: str, option: str) -> AdbServer:
-        """`HOST:PORT` (also `tcp:HOST:PORT`, as ADB_SERVER_SOCKET spells it); ValueError names option."""
-        host, _, port = text.strip().removeprefix("tcp:").rpartition(":")
+        """`HOST:PORT` (also `tcp:HOST:PORT`, as ADB_SERVER_SOCKET spells it), or `localfilesystem:PATH`;
+        ValueError names option."""
+        text = text.strip()
+        if text.startswith(UNIX_PREFIX):
+            return cls.unix(text.removeprefix(UNIX_PREFIX), option)
+        host, _, port = text.removeprefix("tcp:").rpartition(":")
         if not _HOST.fullmatch(host) or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"{option} {text!r}: write the adb server as HOST:PORT, e.g. 192.168.1.20:5037")
+            raise ValueError(f"{option} {text!r}: write the adb server as HOST:PORT, e.g. 192.168.1.20:5037, "
+                             f"or as localfilesystem:/PATH/OF/SOCKET")
         return cls(host.strip("[]"), int(port))
 
 
+def split_label(label: str) -> tuple[str, str]:
+    """(server address, serial) of a `SERVER/SERIAL` device label or --device value ("" server: a bare serial).
+
+    A unix socket server's address holds slashes, so it ends at the label's last one (serials hold none)."""
+    if label.startswith(UNIX_PREFIX):
+        server, _, serial = label.rpartition("/")
+        return server, serial
+    server, slash, serial = label.partition("/")
+    return (server, serial) if slash else ("", label)
+
+
 class _ServerConnection(adbutils.AdbConnection):
+    def __init__(self, host: str, port: int, path: str = "") -> None:
+        self._unix_path = path
+        super().__init__(host, port)
+
+    def _create_socket(self) -> socket.socket:
+        """adbutils' TCP socket, or an AF_UNIX one for a `localfilesystem:` server."""
+        if not self._unix_path:
+            return super()._create_socket()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(3)  # as adbutils' own connect
+            sock.connect(self._unix_path)
+        except socket.timeout as error:
+            sock.close()
+            raise adbutils.AdbTimeout("connect to adb server timeout") from error
+        except OSError as error:
+            sock.close()
+            raise AdbConnectionError(f"connect to adb server failed: {error}") from error
+        sock.settimeout(None)
+        return sock
+
     def _safe_connect(self):
         """The connection to the given server only: never start one (adbutils would start it on 5037)."""
         return self._create_socket()
@@ -78,8 +149,10 @@ class _ServerConnection(adbutils.AdbConnection):
 
 
 class AdbClient(adbutils.AdbClient):
-    def __init__(self, host: str = "127.0.0.1", port: int = 5037) -> None:
-        super().__init__(host=host, port=port, socket_timeout=CONNECT_TIMEOUT_S)
+    def __init__(self, host: str = "127.0.0.1", port: int = 5037, server: AdbServer | None = None) -> None:
+        """A client of `server`, else of the TCP server at host:port."""
+        self.server = server or AdbServer(host, port)
+        super().__init__(host=self.server.host, port=self.server.port, socket_timeout=CONNECT_TIMEOUT_S)
         self._server_version: int | None = None
         self._opened_here = threading.local()  # per thread: the list opened_connections() collects into
 
@@ -103,11 +176,12 @@ class AdbClient(adbutils.AdbClient):
 
     def make_connection(self, timeout: Optional[float] = None) -> adbutils.AdbConnection:
         try:
-            connection = _ServerConnection(self.host, self.port)
+            connection = _ServerConnection(self.host, self.port, self.server.path)
         except TimeoutError as error:
             raise adbutils.AdbTimeout("connect to adb server timeout") from error
         connection.conn.settimeout(timeout or CONNECT_TIMEOUT_S)
-        connection.conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if not self.server.path:
+            connection.conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         collecting = getattr(self._opened_here, "sockets", None)
         if collecting is not None:
             collecting.append(connection.conn)

@@ -124,7 +124,7 @@ def detect_soc(device: ReportsIdentity) -> str:
 class Device:
     def __init__(self, serial: str, client: adbutils.AdbClient) -> None:
         self.serial = serial
-        self.server = AdbServer(client.host, client.port).address
+        self.server = (getattr(client, "server", None) or AdbServer(client.host, client.port)).address
         self.label = device_label(self.server, serial)
         self._client = client
         self._adb = client.device(serial)

@@ -1,8 +1,9 @@
 """Turning `--adb-server` and `--device` options into checked Device objects, over one or many adb servers.
 
-A device is known by its server and serial (`HOST:PORT/SERIAL`): two hosts' servers may each have a
-phone of one serial (the same model flashed alike, or `emulator-5554` on both), so a serial found on two
-servers must be written with its server.
+A device is known by its server and serial (`HOST:PORT/SERIAL`, or `localfilesystem:/PATH/SERIAL` for a
+server on a unix socket, as the run's private one is): two hosts' servers may each have a phone of one serial
+(the same model flashed alike, or `emulator-5554` on both), so a serial found on two servers must be written
+with its server.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import sys
 
 import adbutils
 
-from harness.device.adb import AdbClient, AdbServer
+from harness.device.adb import AdbClient, AdbServer, split_label
 from harness.device.device import Device, DeviceError
 
 STATE_ADVICE = {
@@ -28,7 +29,8 @@ DEFAULT_PORT = 5037
 
 
 def default_server() -> AdbServer:
-    """The server adb itself would use: ADB_SERVER_SOCKET=tcp:HOST:PORT, else ANDROID_ADB_SERVER_PORT, else 5037."""
+    """The server adb itself would use: ADB_SERVER_SOCKET (tcp:HOST:PORT or localfilesystem:PATH), else
+    ANDROID_ADB_SERVER_PORT, else 5037."""
     try:
         if socket_spec := os.environ.get("ADB_SERVER_SOCKET"):
             return AdbServer.parse(socket_spec, "ADB_SERVER_SOCKET")
@@ -45,7 +47,22 @@ def server_listening(port: int, host: str = "127.0.0.1") -> bool:
         return False
 
 
+def unix_server_listening(path: str) -> bool:
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(1)
+            sock.connect(path)
+            return True
+    except OSError:
+        return False
+
+
 def client(server: AdbServer) -> AdbClient:
+    if server.path:
+        if not unix_server_listening(server.path):
+            raise DeviceError(f"no adb server answers on {server.address}: start it with `adb -L {server.address} "
+                              f"server nodaemon` (or fix ADB_SERVER_SOCKET / --adb-server)")
+        return AdbClient(server=server)
     if not server_listening(server.port, server.host):
         raise DeviceError(f"no adb server answers on {server.address}: start it there with `adb -a -P {server.port} "
                           f"server nodaemon` (or drop --adb-server {server.address})")
@@ -101,13 +118,13 @@ def select_across(clients: list[AdbClient], requested: list[str]) -> list[Device
 
 
 def address_of(adb: adbutils.AdbClient) -> str:
-    return AdbServer(adb.host, adb.port).address
+    return (getattr(adb, "server", None) or AdbServer(adb.host, adb.port)).address
 
 
 def _locate(listings: dict[str, dict[str, str]], value: str) -> tuple[str, str]:
     """(server address, serial) of one --device value; a bare serial must be on exactly one server."""
-    server, slash, serial = value.partition("/")
-    if slash:
+    server, serial = split_label(value)
+    if server:
         if server not in listings:
             raise DeviceError(f"--device {value}: {server} is not a reachable adb server of this run; "
                               f"name it with --adb-server {server}")

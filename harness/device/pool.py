@@ -41,7 +41,7 @@ class DeviceSpec:
     abi: str
     model: str
     kind: str  # harness.device.kinds: "emulated" or "phone"
-    server: str  # the adb server it is attached to, HOST:PORT
+    server: str  # the adb server it is attached to, HOST:PORT or localfilesystem:PATH (AdbServer.address)
 
     @property
     def label(self) -> str:
@@ -49,8 +49,7 @@ class DeviceSpec:
         return device_label(self.server, self.serial)
 
     def client(self) -> AdbClient:
-        server = AdbServer.parse(self.server, "server")
-        return AdbClient(host=server.host, port=server.port)
+        return AdbClient(server=AdbServer.parse(self.server, "server"))
 
 
 @dataclass

@@ -39,6 +39,24 @@ AUTH_TOKEN, AUTH_SIGNATURE, AUTH_RSAPUBLICKEY = 1, 2, 3
 HANDSHAKE_TIMEOUT_S = 10.0
 MAX_AUTH_ATTEMPTS = 8  # signatures tried on one connection (the server tries each key it has)
 MIN_PAYLOAD = 4096
+# A device shell's environment is a device's, never the run's (a CI host's credentials must not reach a
+# shell that other code, or another account through a server, may run): these fixed values, and from adbd's
+# own environment (the launcher's device_env) only what the device's commands need to find the runner and
+# its toolchain: the suite's own QNNSUITE_* variables, and the loader, Python, SDK and heap settings the
+# runner (or its fresh-process fallback) starts with.
+DEVICE_ENVIRONMENT = {"HOME": "/data", "TMPDIR": "/data/local/tmp", "ANDROID_DATA": "/data", "ANDROID_ROOT": "/system",
+                      "EXTERNAL_STORAGE": "/sdcard", "ANDROID_STORAGE": "/storage", "LANG": "C.UTF-8", "SHELL": "/bin/sh"}
+DEVICE_PATH = "/usr/local/bin:/usr/bin:/bin"  # the host commands a device shell runs, after /system/bin
+PASSED_VARIABLES = ("LD_LIBRARY_PATH", "PYTHONPATH", "QNN_SDK_ROOT", "MALLOC_PERTURB_", "GLIBC_TUNABLES", "ADSP_LIBRARY_PATH")
+PASSED_PREFIX = "QNNSUITE_"
+
+
+def device_environment(host: dict[str, str]) -> dict[str, str]:
+    """The environment a device shell starts from: DEVICE_ENVIRONMENT plus the passed variables of `host`."""
+    passed = {name: value for name, value in host.items() if name in PASSED_VARIABLES or name.startswith(PASSED_PREFIX)}
+    return {**passed, **DEVICE_ENVIRONMENT}
+
+
 MAX_SYNC_PATH = 1024  # adbd's limit for a sync request's path
 ACCEPT_RETRY_S = 0.1  # after accept() failed (EMFILE: too many open files), try again this much later
 # 0x01000001 is the version from which neither side verifies data checksums, so we send 0.
@@ -162,15 +180,17 @@ class Device:
     def start_command(self, command: str, separate_stderr: bool) -> subprocess.Popen[bytes]:
         """Run a device command with the host shell in its own process group, inside the sandbox: jailed,
         or (without bubblewrap) with its device paths rewritten and any host path refused."""
-        env = dict(os.environ, ANDROID_ROOT_SANDBOX=str(self.root), EMULATED_FAULTS_FILE=str(self.faults_file))
+        env = dict(device_environment(dict(os.environ)), ANDROID_ROOT_SANDBOX=str(self.root),
+                   EMULATED_FAULTS_FILE=str(self.faults_file))
         if self.read_faults().get("storage_full"):
             env["EMULATED_STORAGE_FULL"] = "1"
         env[device_log.LOG_ENV] = device_log.LOG_PATH if not self.jail_problem else str(device_to_host(device_log.LOG_PATH, self.root))
         if not self.jail_problem:
-            env.update(PATH=f"/system/bin:{os.environ.get('PATH', '/usr/bin:/bin')}", TMPDIR="/data/local/tmp")
+            env.update(PATH=f"/system/bin:{DEVICE_PATH}")
             argv = jail.jail_argv(self.root, ["/bin/sh", "-c", command], "/data/local/tmp", env)
         else:
-            env["PATH"] = f"{self.root}/system/bin:{os.environ.get('PATH', '/usr/bin:/bin')}"
+            env.update(PATH=f"{self.root}/system/bin:{DEVICE_PATH}", HOME=str(self.root / "data"),
+                       TMPDIR=str(self.root / "data/local/tmp"))
             refused = shell_paths.refusal(command, self.root)
             argv = (["/bin/sh", "-c", 'echo "$1" >&2; exit 126', "refused", refused] if refused
                     else ["/bin/sh", "-c", rewrite_device_paths(command, self.root)])

@@ -24,6 +24,7 @@ import os
 import signal
 import sys
 import time
+from contextlib import suppress
 from pathlib import Path
 
 # Set on an emulated phone's commands (harness/emulator/phone_runtime.py PHONE_ENV). Spelled here, not
@@ -129,6 +130,16 @@ def method_name(model_path: Path, names: list[str], index: int) -> str:
     return runtime()._load_program(str(model_path)).get_method_name(index)
 
 
+def write_new(path: Path, array) -> None:
+    """Write an output file, replacing a file there but never following a link there (the folder is the
+    device's: a device shell could plant one pointing at a host file)."""
+    with suppress(FileNotFoundError):
+        if path.is_symlink():
+            path.unlink()
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644), "wb") as out:
+        array.tofile(out)
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     # First, before any library logs: a line of its own that nothing else writes into.
@@ -139,8 +150,16 @@ def main(argv: list[str]) -> int:
     output_dir = Path(args.output_folder_path)
     output_dir.mkdir(parents=True, exist_ok=True)
     if PHONE_ENV not in os.environ:  # a phone has a trace only where the harness pushed its interposer
-        os.environ["QNNSUITE_TRACE"] = str(output_dir / "trace.jsonl")
         (output_dir / "trace.jsonl").unlink(missing_ok=True)
+        # Made here, never through a link, and named by descriptor: a link planted in its place meanwhile (by a
+        # device shell, the folder being the device's) cannot send the interposer's writes elsewhere.
+        try:
+            trace = os.open(output_dir / "trace.jsonl", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        except FileExistsError:
+            print(f"runner: {output_dir / 'trace.jsonl'} appeared while the runner made it; run again",
+                  file=sys.stderr)
+            return 2
+        os.environ["QNNSUITE_TRACE"] = f"/proc/self/fd/{trace}"
 
     import numpy as np
     import torch
@@ -176,7 +195,7 @@ def main(argv: list[str]) -> int:
                 continue
             count = len(outputs) - (1 if faults.get("runner_fewer_outputs") else 0)
             for index, output in enumerate(outputs[:count]):
-                output.detach().contiguous().numpy().tofile(output_dir / f"output_{line_index}_{index}.raw")
+                write_new(output_dir / f"output_{line_index}_{index}.raw", output.detach().contiguous().numpy())
     elapsed_ms = (time.perf_counter() - started) * 1000
     print(f"runner: {len(lines)} line(s) x {args.iteration} iteration(s) in {elapsed_ms:.1f} ms", flush=True)
     return 0

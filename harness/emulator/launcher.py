@@ -1,22 +1,32 @@
-"""An emulated fleet: a private real adb server on a loopback port plus one emulated device per SoC.
+"""An emulated fleet: a private real adb server on a unix socket plus one emulated device per SoC.
 
-Or, for `python -m harness emulate` (harness/emulator/serve.py), the user's own adb server (started as a
-child of ours when none answers on its port): the devices then trust exactly that server's keys, the
-user's ~/.android/adbkey and ADB_VENDOR_KEYS (adb_auth.user_server_keys), never anyone's.
+The private server listens on `localfilesystem:WORKDIR/adb-server/adb.sock` (adb's `-L`), in a folder only
+this user may enter: an adb server authenticates no client, so a loopback port would hand every local
+account root shells on the devices (issue 29). The harness's client reaches it through
+harness/device/adb.py; the stock adb client with `ADB_SERVER_SOCKET=localfilesystem:PATH`.
 
-Each device is a `harness.emulator.adbd` process connected to the server with `adb connect`, so stock adb
-tooling (adbutils, the adb CLI) sees ordinary `127.0.0.1:PORT` devices. Everything started is owned by PID
-and dies with the process that started it, even if that one is SIGKILLed (harness/process/lifetime.py).
-The server gets a key pair of its own in the fleet's folder (its HOME and ADB_VENDOR_KEYS), and each device
-trusts exactly that public key: nothing else on the machine can open a shell on an emulated device.
+Or, for `python -m harness emulate` (harness/emulator/serve.py), the user's own TCP adb server when the user
+names one (started as a child of ours when none answers on its port): the devices then trust exactly that
+server's keys, the user's ~/.android/adbkey and ADB_VENDOR_KEYS (adb_auth.user_server_keys), never anyone's.
+
+Each device is a `harness.emulator.adbd` process listening on a loopback port, connected to the server with
+`adb connect`, so stock adb tooling sees ordinary `127.0.0.1:PORT` devices. Any local account can open that
+port, but the device answers only after the adb handshake's AUTH verifies with the one server key it trusts
+(adbd.py), so the port gives nothing but a hang-up. (adb can `connect localfilesystem:PATH` too, but such a
+serial holds slashes, which the `SERVER/SERIAL` device labels cannot carry.) The server gets a key pair of its
+own in the fleet's folder (its HOME and ADB_VENDOR_KEYS), and each device trusts exactly that public key.
+Everything started is owned by PID and dies with the process that started it, even if that one is SIGKILLed
+(harness/process/lifetime.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -26,10 +36,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from harness.device.adb import SOCKET_PATH_MAX, AdbServer
 from harness.emulator import adb_auth, phone
 from harness.files import write_atomically
 from harness.process.lifetime import die_with_parent
 from harness.qnn import soc as soc_table
+from harness.user_state import UnsafeStateDir, checked_dir, state_dir
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 20.0
@@ -75,13 +87,29 @@ def device_properties(soc: str, name: str, as_phone: bool = False, index: int = 
     }
 
 
-def host_request(adb_port: int, service: str, timeout: float = 10.0) -> str:
-    """One request to the adb server's host protocol over a raw socket.
+def server_socket(server: AdbServer | int, timeout: float) -> socket.socket:
+    """A connected socket to the server (an int: a loopback TCP port)."""
+    if isinstance(server, int):
+        return socket.create_connection(("127.0.0.1", server), timeout=timeout)
+    if not server.path:
+        return socket.create_connection((server.host, server.port), timeout=timeout)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(timeout)
+        sock.connect(server.path)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def host_request(server: AdbServer | int, service: str, timeout: float = 10.0) -> str:
+    """One request to the adb server's host protocol over a raw socket (`server` an int: a loopback port).
 
     Used instead of adbutils for server control because adbutils starts a server on the default port when
     it cannot reach the one it was given.
     """
-    with socket.create_connection(("127.0.0.1", adb_port), timeout=timeout) as sock:
+    with server_socket(server, timeout) as sock:
         encoded = service.encode()
         sock.sendall(b"%04x" % len(encoded) + encoded)
         reply = sock.makefile("rb")
@@ -93,6 +121,24 @@ def host_request(adb_port: int, service: str, timeout: float = 10.0) -> str:
         if status != b"OKAY":
             raise FleetError(f"adb server refused {service!r}: {payload or status!r}")
         return payload
+
+
+def private_socket_path(workdir: Path) -> Path:
+    """Where the fleet's own server listens: in a 0700 folder of `workdir`, or, when that path is longer than
+    a unix socket's address may be, in the user's 0700 state folder (harness/user_state.py) under a name of
+    its own."""
+    path = workdir / "adb-server" / "adb.sock"
+    if len(os.fsencode(path)) <= SOCKET_PATH_MAX:
+        return path
+    try:
+        folder = state_dir("adb-servers")
+    except UnsafeStateDir as error:
+        raise FleetError(str(error)) from error
+    path = folder / f"{os.getpid()}-{secrets.token_hex(4)}" / "adb.sock"
+    if len(os.fsencode(path)) > SOCKET_PATH_MAX:
+        raise FleetError(f"no private place for the adb server's socket: {workdir} and the state folder {folder} are "
+                         f"too deep for a unix socket's {SOCKET_PATH_MAX} bytes; set XDG_RUNTIME_DIR to a shorter folder")
+    return path
 
 
 def free_port() -> int:
@@ -128,24 +174,30 @@ class EmulatorFleet:
     """A private adb server and emulated devices; a context manager that cleans up everything it started."""
 
     def __init__(self, socs: list[str], workdir: Path, device_env: dict[str, str] | None = None,
-                 as_phone: bool = False, user_server_port: int | None = None) -> None:
+                 as_phone: bool = False, user_server: AdbServer | None = None) -> None:
         """device_env: the environment device commands run in (the QNN toolchain's, for the host runner).
         With it, each device also gets a runner server (harness/process/services.py RUNNER), so a run costs a
         fork instead of a fresh Python with torch and executorch to import; not a phone (as_phone), whose
         runner loads the pushed libraries in a fresh process (harness/emulator/phone_runtime.py).
-        user_server_port: serve the devices on the user's adb server there (started if none answers)."""
+        user_server: serve the devices on the user's TCP adb server there (started if none answers on its
+        loopback port); without it the fleet's own server listens on a unix socket in `workdir`."""
         self.socs = list(socs)
         self.device_env = device_env
         self.as_phone = as_phone
-        self.user_server_port = user_server_port
+        self.user_server = user_server
         self._runner_servers: dict[str, subprocess.Popen[bytes]] = {}
         self._starting_runner_servers: list[tuple[subprocess.Popen[bytes], Path]] = []
         self.workdir = Path(workdir).resolve()
-        self.adb_port = 0
+        self.server = user_server or AdbServer.unix(private_socket_path(self.workdir))
         self.devices: list[EmulatedDeviceInfo] = []
         self._server: subprocess.Popen[bytes] | None = None
         self._device_processes: dict[str, subprocess.Popen[bytes]] = {}
         self.server_public_key = self.workdir / "adb-home" / ".android" / "adbkey.pub"
+
+    @property
+    def adb_port(self) -> int:
+        """The TCP port of a user's server (0 for the fleet's own unix socket server)."""
+        return self.server.port
 
     @property
     def started_pids(self) -> list[int]:
@@ -177,11 +229,14 @@ class EmulatorFleet:
         import adbutils  # the wheel bundles the adb binary
 
         adb = os.environ.get("ADBUTILS_ADB_PATH") or adbutils.adb_path()
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        if self.user_server_port is not None:
-            self._use_user_server(adb, self.user_server_port)
+        self.workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if self.user_server is not None:
+            self._use_user_server(adb, self.user_server.port)
             return
-        self.adb_port = free_port()
+        try:  # only this user may reach the socket: its folder is a 0700 directory of ours, checked
+            checked_dir(Path(self.server.path).parent)
+        except UnsafeStateDir as error:
+            raise FleetError(str(error)) from error
         # A private HOME keeps the server's key and its per-port marker files out of the user's ~/.android.
         server_home = self.workdir / "adb-home"
         private_key = self.server_public_key.with_suffix("")
@@ -194,7 +249,7 @@ class EmulatorFleet:
                 raise FleetError(f"`adb keygen {private_key}` failed ({keygen.stderr.strip()[:200]}): "
                                  f"check that {private_key.parent} is writable")
         log = open(self.workdir / "adb-server.log", "wb")
-        self._server = subprocess.Popen([adb, "-P", str(self.adb_port), "server", "nodaemon"], stdin=subprocess.DEVNULL,
+        self._server = subprocess.Popen([adb, "-L", self.server.address, "server", "nodaemon"], stdin=subprocess.DEVNULL,
                                         stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=die_with_parent)
         log.close()
         self._wait_for("the adb server to answer", self._server_answers)
@@ -202,7 +257,6 @@ class EmulatorFleet:
     def _use_user_server(self, adb: str, port: int) -> None:
         """The user's adb server on `port` (started, as our child, with the user's own environment and keys,
         when none answers); the devices will trust that server's public keys and no other."""
-        self.adb_port = port
         if not self._answers_on(port):
             log = open(self.workdir / "adb-server.log", "wb")
             self._server = subprocess.Popen([adb, "-P", str(port), "server", "nodaemon"], stdin=subprocess.DEVNULL,
@@ -233,7 +287,7 @@ class EmulatorFleet:
             raise FleetError(f"adb server exited with {self._server.returncode} ({lines[-1].strip()[:200] if lines else 'no output'}); "
                              f"see {log}")
         try:
-            return bool(host_request(self.adb_port, "host:version", timeout=1.0))
+            return bool(host_request(self.server, "host:version", timeout=1.0))
         except OSError:
             return False
 
@@ -277,7 +331,7 @@ class EmulatorFleet:
         expected = "offline" if faults.get("offline") else "unauthorized" if faults.get("unauthorized") else "device"
         # The server answers `connect` only after the handshake, which an offline device never gives.
         try:
-            host_request(self.adb_port, f"host:connect:{serial}", timeout=1.0 if expected == "offline" else 10.0)
+            host_request(self.server, f"host:connect:{serial}", timeout=1.0 if expected == "offline" else 10.0)
         except TimeoutError:
             if expected != "offline":
                 raise
@@ -312,7 +366,7 @@ class EmulatorFleet:
 
     def device_states(self) -> dict[str, str]:
         """serial -> state (device, offline, unauthorized, ...) as the adb server lists them."""
-        listing = host_request(self.adb_port, "host:devices")
+        listing = host_request(self.server, "host:devices")
         return dict(line.split("\t", 1) for line in listing.splitlines() if "\t" in line)
 
     def device(self, serial: str) -> EmulatedDeviceInfo:
@@ -344,20 +398,24 @@ class EmulatorFleet:
                 stop_server(self._runner_servers[name])
             end_process(process)
             kill_sandbox_processes(self.workdir / name / "root")
-        if self.user_server_port is not None and self._server is None:  # the user's server goes on, without them
+        if self.user_server is not None and self._server is None:  # the user's server goes on, without them
             for info in self.devices:
                 try:
-                    host_request(self.adb_port, f"host:disconnect:{info.serial}", timeout=STOP_TIMEOUT_S)
+                    host_request(self.server, f"host:disconnect:{info.serial}", timeout=STOP_TIMEOUT_S)
                 except (OSError, FleetError):
                     pass
         self.devices.clear()
         if self._server is not None:
             if self._server.poll() is None:
                 try:
-                    host_request(self.adb_port, "host:kill", timeout=STOP_TIMEOUT_S)
+                    host_request(self.server, "host:kill", timeout=STOP_TIMEOUT_S)
                 except OSError:
                     pass
             end_process(self._server)
+            if self.server.path:  # its socket (and, in the state folder, the socket's own folder) goes too
+                Path(self.server.path).unlink(missing_ok=True)
+                with contextlib.suppress(OSError):
+                    Path(self.server.path).parent.rmdir()
         atexit.unregister(self.stop)
 
     def _wait_for(self, what: str, condition: Callable[[], bool]) -> None:
@@ -368,8 +426,8 @@ class EmulatorFleet:
             time.sleep(0.05)
 
     def describe(self) -> dict[str, Any]:
-        """JSON-ready description: the adb port and every device."""
-        return {"adb_port": self.adb_port,
+        """JSON-ready description: the adb server (as ADB_SERVER_SOCKET names it) and every device."""
+        return {"adb_server": self.server.address,
                 "devices": [{key: str(value) if isinstance(value, Path) else value
                              for key, value in asdict(info).items()} for info in self.devices]}
 

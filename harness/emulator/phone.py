@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import stat
 from pathlib import Path
 
 from harness.device.payload import BACKEND_BUILD_DIR, BACKEND_LIBRARY, EMULATED_RUNNER, RUNNER_BUILD_DIR, RUNNER_NAME
@@ -64,6 +65,53 @@ def device_environment(toolchain: Toolchain, base: dict[str, str]) -> dict[str, 
     return env
 
 
+class UnsafeDestination(OSError):
+    """A --write-sdk/--write-build folder that is not a fresh folder of this user's; the message names the fix."""
+
+
+def fresh_folder(destination: Path, option: str) -> Path:
+    """`destination` (made absolute, never resolved through links) as a new or empty folder of this user's that
+    no one else may write: everything written below it is then ours, so plain paths under it cannot be
+    redirected. A folder another user made (in /tmp, say) could hold their symlinks, or stay theirs."""
+    destination = Path(os.path.abspath(destination))
+    for parent in reversed(destination.parents):  # another user's link above it would say where we write
+        parent_info = os.lstat(parent) if os.path.lexists(parent) else None
+        if parent_info is not None and stat.S_ISLNK(parent_info.st_mode) and parent_info.st_uid != os.getuid():
+            raise UnsafeDestination(f"{option} {destination} lies under {parent}, a symlink of uid {parent_info.st_uid}: "
+                                    f"name a new folder of yours (e.g. under $HOME) and it is created fresh")
+    missing = [parent for parent in [destination, *destination.parents] if not os.path.lexists(parent)]
+    for folder in reversed(missing):  # the components we create: 0700 until written, never through a link
+        try:
+            os.mkdir(folder, 0o755 if folder != destination else 0o700)
+        except FileExistsError:
+            pass  # made meanwhile: checked below like any existing folder
+    for parent in destination.parents:  # another user who may rename entries of a parent could swap ours
+        parent_info = os.stat(parent)
+        if parent_info.st_uid not in (0, os.getuid()) or (
+                parent_info.st_mode & 0o022 and not parent_info.st_mode & stat.S_ISVTX):
+            raise UnsafeDestination(f"{option} {destination} lies in {parent}, which uid {parent_info.st_uid} owns or "
+                                    f"others may change: name a new folder of yours (e.g. under $HOME)")
+    info = os.lstat(destination)
+    problem = ("is a symlink" if stat.S_ISLNK(info.st_mode) else "is not a directory" if not stat.S_ISDIR(info.st_mode)
+               else f"belongs to uid {info.st_uid}" if info.st_uid != os.getuid()
+               else f"is writable by others (mode {stat.S_IMODE(info.st_mode):o})" if info.st_mode & 0o022 else "")
+    if not problem:
+        descriptor = os.open(destination, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            opened = os.fstat(descriptor)
+            if (opened.st_dev, opened.st_ino) != (info.st_dev, info.st_ino):
+                problem = "changed while it was checked"
+            elif os.listdir(descriptor):
+                problem = "is not empty"
+        finally:
+            os.close(descriptor)
+    if problem:
+        raise UnsafeDestination(f"{option} {destination} {problem}: name a new folder of yours "
+                                f"(e.g. under $HOME) and it is created fresh")
+    os.chmod(destination, 0o755)  # ours and empty: readable as an SDK tree is, writable by us only
+    return destination
+
+
 def _link(path: Path, target: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.is_symlink() or path.exists():
@@ -77,7 +125,9 @@ DSP_STAND_IN = ("emulated phone: stand-in for Qualcomm's {name}; the DSP side of
 
 def write_sdk(destination: Path, sdk: QnnSdk) -> Path:
     """A QNN SDK tree with the phone layout (lib/aarch64-android, lib/hexagon-v{arch}/unsigned) for every
-    HTP arch the SoC table knows, plus the host libraries (so --qnn-sdk also serves lowering)."""
+    HTP arch the SoC table knows, plus the host libraries (so --qnn-sdk also serves lowering). `destination`
+    must be new or an empty folder of the user's (fresh_folder)."""
+    destination = fresh_folder(destination, "--write-sdk")
     for entry in sdk.host_lib_dir.iterdir():
         _link(destination / HOST_LIB_DIR / entry.name, entry)
     runtime = sdk.root / "lib" / WHEEL_RUNTIME_DIR
@@ -96,7 +146,9 @@ def write_sdk(destination: Path, sdk: QnnSdk) -> Path:
 
 def write_build(destination: Path) -> Path:
     """A standard executorch build folder: the runner where upstream's build puts it, and the backend library
-    in backends/qualcomm/ (the host executorch's QNN backend). Returns the runner's path."""
+    in backends/qualcomm/ (the host executorch's QNN backend). Returns the runner's path. `destination` must
+    be new or an empty folder of the user's (fresh_folder)."""
+    destination = fresh_folder(destination, "--write-build")
     runner = destination.joinpath(*RUNNER_BUILD_DIR, RUNNER_NAME)
     _link(runner, EMULATED_RUNNER)
     spec = importlib.util.find_spec("executorch")  # a namespace package: no __file__

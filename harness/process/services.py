@@ -9,8 +9,9 @@
   to fd 2 is captured per case; no program is run in the process that lowered it), it just starts imported.
 - runner_server: one per emulated device, started by the launcher with the device commands' environment. A
   fresh `python -m harness.emulator.host_runner` spends seconds importing torch and executorch before it runs
-  anything; each run is a child with the client's argv, cwd, environment and descriptors, and only a run
-  whose files are inside its device's sandbox is served (harness/emulator/runner_confinement.py).
+  anything; each run is a child with the client's argv, cwd and descriptors, the server's environment plus an
+  allowlist of the client's variables, and only a run whose files are inside its device's sandbox is served,
+  those files opened there without following links (harness/emulator/runner_confinement.py).
 
 No QNN library is loaded by these imports (fork_server checks); each child dlopens its own. Only names here:
 importing this module costs nothing, as the runner's client needs.

@@ -64,3 +64,28 @@ def test_a_server_that_keeps_its_side_open_is_waited_for_no_longer_than_the_paus
     assert half_closed.wait(5.0)
     with pytest.raises(Exception):
         connection.conn  # adbutils' own check: a closed connection has no socket
+
+
+def test_a_unix_socket_server_is_reached_over_af_unix_and_a_missing_one_is_an_error(tmp_path):
+    """The run's private server listens on a unix socket (localfilesystem:PATH): the client connects there,
+    sets no TCP option on it, and never starts a server when nothing listens."""
+    path = tmp_path / "adb.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen()
+    received = []
+
+    def serve() -> None:
+        with listener:
+            connection, _ = listener.accept()
+            with connection:
+                received.append(connection.recv(1024))
+                connection.sendall(b"OKAY0004" + b"0029")
+
+    threading.Thread(target=serve, daemon=True).start()
+    client = adb.AdbClient(server=adb.AdbServer.unix(path))
+    assert client.server_version() == 0x29
+    assert received[0] == b"000chost:version"
+    missing = adb.AdbClient(server=adb.AdbServer.unix(tmp_path / "none.sock"))
+    with pytest.raises(adb.adbutils.AdbError, match="connect to adb server failed"):
+        missing.server_version()

@@ -17,7 +17,7 @@ import pytest
 
 from harness.context import RunContext
 from harness.device import discovery, kinds
-from harness.device.adb import AdbServer
+from harness.device.adb import AdbServer, split_label
 from harness.device.device import DeviceError
 from harness.emulator.launcher import EmulatorFleet, free_port
 from harness.paths import REPO_ROOT
@@ -27,8 +27,9 @@ CARD = "kv_gather_written and not pair and delegate_mutbuf"
 
 @pytest.mark.parametrize("text, expected", [("10.0.0.7:5037", AdbServer("10.0.0.7", 5037)),
                                             ("tcp:rack-3.lab:5038", AdbServer("rack-3.lab", 5038)),
-                                            ("[::1]:5037", AdbServer("::1", 5037))])
-def test_a_server_is_host_and_port(text, expected):
+                                            ("[::1]:5037", AdbServer("::1", 5037)),
+                                            ("localfilesystem:/run/user/7/adb.sock", AdbServer("", 0, "/run/user/7/adb.sock"))])
+def test_a_server_is_host_and_port_or_a_unix_socket(text, expected):
     assert AdbServer.parse(text, "--adb-server") == expected
     assert AdbServer.parse(expected.address, "--adb-server") == expected
 
@@ -48,8 +49,17 @@ def test_the_default_server_is_the_one_adb_would_use(monkeypatch):
     monkeypatch.setenv("ADB_SERVER_SOCKET", "tcp:10.1.2.3:6000")  # adb lets it win over the port
     assert discovery.default_server() == AdbServer("10.1.2.3", 6000)
     monkeypatch.setenv("ADB_SERVER_SOCKET", "localfilesystem:/tmp/adb")
-    with pytest.raises(DeviceError, match=r"^ADB_SERVER_SOCKET 'localfilesystem:/tmp/adb': write the adb server as HOST:PORT.*\(or unset it\)$"):
+    assert discovery.default_server() == AdbServer("", 0, "/tmp/adb")
+    monkeypatch.setenv("ADB_SERVER_SOCKET", "localfilesystem:tmp/../adb")
+    with pytest.raises(DeviceError, match=r"^ADB_SERVER_SOCKET localfilesystem:'tmp/../adb': write a unix socket server "
+                                          r"as localfilesystem:/ABSOLUTE/PATH .*\(or unset it\)$"):
         discovery.default_server()
+
+
+@pytest.mark.parametrize("label, parts", [("localfilesystem:/run/a/adb.sock/127.0.0.1:4000", ("localfilesystem:/run/a/adb.sock", "127.0.0.1:4000")),
+                                          ("10.0.0.1:5037/R5CW1", ("10.0.0.1:5037", "R5CW1")), ("R5CW1", ("", "R5CW1"))])
+def test_a_unix_server_label_ends_at_its_last_slash(label, parts):
+    assert split_label(label) == parts
 
 
 LISTINGS = {"10.0.0.1:5037": {"R5CW1": "device", "emulator-5554": "device"},
@@ -132,7 +142,7 @@ def two_servers(tmp_path_factory, toolchain):
 def test_one_run_uses_the_devices_of_two_servers_and_names_an_unreachable_one(two_servers, tmp_path):
     a, b = two_servers
     dead = free_port()
-    server_a, server_b = f"127.0.0.1:{a.adb_port}", f"127.0.0.1:{b.adb_port}"
+    server_a, server_b = a.server.address, b.server.address  # localfilesystem:PATH, as the run names its own
     label_a, label_b = f"{server_a}/{a.devices[0].serial}", f"{server_b}/{b.devices[0].serial}"
     reports, locks = tmp_path / "reports", tmp_path / "locks"
     run = _pytest("suites", "-q", "-W", "ignore", "-n", "2", "--dtype", "fp16", "-k", CARD,

@@ -41,7 +41,7 @@ def fleet(tmp_path_factory, toolchain):
 
 @pytest.fixture
 def device(fleet) -> Device:
-    return Device(fleet.devices[0].serial, adbutils.AdbClient(host="127.0.0.1", port=fleet.adb_port))
+    return Device(fleet.devices[0].serial, AdbClient(server=fleet.server))
 
 
 def test_round_trip_with_exit_codes(device, tmp_path):
@@ -75,15 +75,15 @@ def test_unchanged_push_transfers_nothing(device, tmp_path):
 def test_soc_detection_and_the_real_adb_cli(fleet):
     adb_path = os.environ.get("ADBUTILS_ADB_PATH") or adbutils.adb_path()
     for info in fleet.devices:
-        device = Device(info.serial, adbutils.AdbClient(host="127.0.0.1", port=fleet.adb_port))
+        device = Device(info.serial, AdbClient(server=fleet.server))
         assert (device.soc, device.abi) == (info.soc, "x86_64")
-        cli = subprocess.run([adb_path, "-P", str(fleet.adb_port), "-s", info.serial, "shell", "getprop", "ro.soc.model"],
+        cli = subprocess.run([adb_path, "-L", fleet.server.address, "-s", info.serial, "shell", "getprop", "ro.soc.model"],
                              capture_output=True, text=True, timeout=30)
         assert cli.stdout.strip() == info.soc
 
 
 def test_bad_devices_each_get_one_line(fleet):
-    client = adbutils.AdbClient(host="127.0.0.1", port=fleet.adb_port)
+    client = AdbClient(server=fleet.server)
     with pytest.raises(DeviceError, match=r"^unknown device serial nosuch:1: attached are .*check `adb devices`$"):
         discovery.select(client, ["nosuch:1"])
     with pytest.raises(DeviceError, match="given twice"):
@@ -180,7 +180,7 @@ def _descendants(roots: list[int]) -> list[int]:
 
 def test_payload_goes_to_a_device_once_per_run(fleet):
     info = fleet.devices[0]
-    specs = [DeviceSpec(info.serial, info.soc, 75, "x86_64", "Emulated", kind="emulated", server=f"127.0.0.1:{fleet.adb_port}")]
+    specs = [DeviceSpec(info.serial, info.soc, 75, "x86_64", "Emulated", kind="emulated", server=fleet.server.address)]
     workers = [DevicePool(specs, "payload-run", worker, sdk=WHEEL_SDK) for worker in ("gw0", "gw1")]
     runner = info.root / "data/local/tmp/qnnsuite/payload-run/payload" / RUNNER_NAME
     written = []
@@ -247,7 +247,7 @@ def test_four_workers_on_two_devices_never_overlap(tmp_path):
 
 def test_two_pytest_runs_on_one_device_take_turns(tmp_path, fleet):
     serial = fleet.devices[0].serial
-    env = {"ANDROID_ADB_SERVER_PORT": str(fleet.adb_port), "SCENARIO_SOCS": fleet.devices[0].soc,
+    env = {**fleet.server.environment, "SCENARIO_SOCS": fleet.devices[0].soc,
            "SCENARIO_CASES": "3", "SCENARIO_HOLD_S": "0.5"}
     runs = [_scenario(tmp_path, "--device", serial, env=env, background=True) for _ in range(2)]
     outputs = [run.communicate(timeout=600)[0] for run in runs]
@@ -261,9 +261,9 @@ def test_the_folder_a_killed_run_left_on_a_phone_is_removed_by_the_next_run(tmp_
     """A killed run cannot remove /data/local/tmp/qnnsuite/<run id> from the phones it used; its record names
     them, and the next run of the same user on such a phone removes the folder (and only that one)."""
     info = fleet.devices[0]
-    device = Device(info.serial, adbutils.AdbClient(host="127.0.0.1", port=fleet.adb_port))
+    device = Device(info.serial, AdbClient(server=fleet.server))
     killed, other = "20261201-010101-999", "20261201-010101-998"
-    label = f"127.0.0.1:{fleet.adb_port}/{info.serial}"  # records name a device by server and serial
+    label = f"{fleet.server.address}/{info.serial}"  # records name a device by server and serial
     for run_id in (killed, other):
         device.shell(f"mkdir -p {WORKSPACE_ROOT}/{run_id}/payload && echo x > {WORKSPACE_ROOT}/{run_id}/payload/f")
     state = tmp_path / "state"
@@ -273,7 +273,7 @@ def test_the_folder_a_killed_run_left_on_a_phone_is_removed_by_the_next_run(tmp_
     (state / "qnnsuite").chmod(0o700)
     (runs / f"{killed}.json").write_text(json.dumps({"run_id": killed, "controller": [_dead_pid(), 1], "work_dir": "",
                                                       "processes": [], "devices": [label]}))
-    env = {"ANDROID_ADB_SERVER_PORT": str(fleet.adb_port), "SCENARIO_SOCS": info.soc, "SCENARIO_CASES": "1",
+    env = {**fleet.server.environment, "SCENARIO_SOCS": info.soc, "SCENARIO_CASES": "1",
            "XDG_RUNTIME_DIR": str(state)}
     completed = _scenario(tmp_path, "--device", info.serial, "-s", env=env)
     assert completed.returncode == 0, completed.stdout[-3000:]
@@ -307,7 +307,7 @@ def test_a_frozen_device_is_lost_at_its_first_timeout(fleet):
     """A device that keeps its TCP link but stops answering (SIGSTOP) is declared lost after one timeout
     and a short probe, so its other cases fail at once instead of each waiting out a timeout."""
     info = fleet.add_device("SM8650")
-    device = Device(info.serial, AdbClient(host="127.0.0.1", port=fleet.adb_port))
+    device = Device(info.serial, AdbClient(server=fleet.server))
     assert device.answers()
     os.kill(info.pid, signal.SIGSTOP)
     started = time.monotonic()
@@ -324,7 +324,7 @@ def test_a_device_frozen_during_a_long_command_is_lost_within_30_s(fleet):
     """The runner's command has a timeout of minutes; a device frozen while it runs is found by the watchdog's
     probes and lost within 30 s. A healthy command that runs past the first probes is not disturbed."""
     info = fleet.add_device("SM8650")
-    device = Device(info.serial, AdbClient(host="127.0.0.1", port=fleet.adb_port))
+    device = Device(info.serial, AdbClient(server=fleet.server))
     healthy = device.run(["sh", "-c", "sleep 12; echo finished"], cwd="/data/local/tmp", timeout_s=120)
     assert healthy.exit_code == 0 and "finished" in healthy.output
     freeze = threading.Timer(2.0, os.kill, (info.pid, signal.SIGSTOP))

@@ -16,6 +16,7 @@ from pathlib import Path
 import adbutils
 import pytest
 
+from harness.device.adb import AdbClient, AdbServer
 from harness.emulator import jail, launcher
 from harness.emulator.adbd import RAW_HANGUP_GRACE_S, SandboxEscape, device_to_host, rewrite_device_paths
 from harness.emulator.launcher import EmulatorFleet, FleetError
@@ -31,7 +32,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatorFleet]:
 
 @pytest.fixture(scope="module")
 def client(fleet: EmulatorFleet) -> adbutils.AdbClient:
-    return adbutils.AdbClient(host="127.0.0.1", port=fleet.adb_port)
+    return AdbClient(server=fleet.server)
 
 
 @pytest.fixture
@@ -40,7 +41,7 @@ def device(fleet: EmulatorFleet, client: adbutils.AdbClient) -> adbutils.AdbDevi
 
 
 def adb_cli(fleet: EmulatorFleet, serial: str, *args: str, stdin_text: str = "") -> subprocess.CompletedProcess[str]:
-    return subprocess.run([ADB, "-P", str(fleet.adb_port), "-s", serial, *args], capture_output=True, text=True,
+    return subprocess.run([ADB, "-L", fleet.server.address, "-s", serial, *args], capture_output=True, text=True,
                           timeout=30, input=stdin_text)
 
 
@@ -151,7 +152,7 @@ def test_adb_cli_reads_each_devices_soc(fleet: EmulatorFleet) -> None:
     for info in fleet.devices:
         result = adb_cli(fleet, info.serial, "shell", "getprop", "ro.soc.model")
         assert (result.returncode, result.stdout.strip()) == (0, info.soc)
-    listing = subprocess.run([ADB, "-P", str(fleet.adb_port), "devices", "-l"], capture_output=True, text=True,
+    listing = subprocess.run([ADB, "-L", fleet.server.address, "devices", "-l"], capture_output=True, text=True,
                              timeout=30).stdout
     assert "model:Emulated_SM8650" in listing and "model:Emulated_SM8750" in listing
 
@@ -187,7 +188,7 @@ def test_concurrent_streams_on_one_device(device: adbutils.AdbDevice) -> None:
 
 def test_killing_the_host_side_kills_the_device_command(fleet: EmulatorFleet) -> None:
     info = fleet.devices[1]
-    host_side = subprocess.Popen([ADB, "-P", str(fleet.adb_port), "-s", info.serial, "shell", "sleep 300"],
+    host_side = subprocess.Popen([ADB, "-L", fleet.server.address, "-s", info.serial, "shell", "sleep 300"],
                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
     try:
         assert wait_until(lambda: bool(sandbox_pids(info.root)))
@@ -238,7 +239,7 @@ def test_drop_after_bytes_breaks_a_pull_once(fleet: EmulatorFleet, client: adbut
 def test_unauthorized_and_offline_devices_are_listed_as_such(fleet: EmulatorFleet) -> None:
     unauthorized = fleet.add_device("SM8650", unauthorized=True)
     offline = fleet.add_device("SM8750", offline=True)
-    listing = subprocess.run([ADB, "-P", str(fleet.adb_port), "devices"], capture_output=True, text=True,
+    listing = subprocess.run([ADB, "-L", fleet.server.address, "devices"], capture_output=True, text=True,
                              timeout=30).stdout
     assert f"{unauthorized.serial}\tunauthorized" in listing and f"{offline.serial}\toffline" in listing
     for healthy in fleet.devices[:2]:
@@ -259,13 +260,13 @@ def test_stopped_device_vanishes_with_its_commands(fleet: EmulatorFleet, client:
 
 def test_stop_leaves_no_process_and_closes_the_server_port(tmp_path: Path) -> None:
     fleet = EmulatorFleet(["SM8650"], tmp_path).start()
-    pids, port = fleet.started_pids, fleet.adb_port
+    pids, server_socket = fleet.started_pids, fleet.server.path
     assert len(pids) == 2 and all(is_alive(pid) for pid in pids)
     fleet.stop()
     fleet.stop()  # idempotent
     assert not any(is_alive(pid) for pid in pids)
-    with pytest.raises(ConnectionRefusedError):
-        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    with pytest.raises((ConnectionRefusedError, FileNotFoundError)), socket.socket(socket.AF_UNIX) as sock:
+        sock.connect(server_socket)
 
 
 def test_failed_start_stops_what_it_started(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -288,7 +289,7 @@ def test_launcher_command_line_serves_until_sigterm(tmp_path: Path) -> None:
     try:
         description = json.loads(process.stdout.readline())
         serial = description["devices"][0]["serial"]
-        client = adbutils.AdbClient(host="127.0.0.1", port=description["adb_port"])
+        client = AdbClient(server=AdbServer.parse(description["adb_server"], "adb_server"))
         assert client.device(serial).getprop("ro.board.platform") == "sun"
     finally:
         process.send_signal(signal.SIGTERM)

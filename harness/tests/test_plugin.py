@@ -43,7 +43,7 @@ def test_unknown_device_serial_is_one_line(tmp_path):
 
     with EmulatorFleet(["SM8650"], tmp_path) as fleet:
         completed = _pytest("suites", "--collect-only", "-q", "--device", "emulator-9999",
-                            env={"ANDROID_ADB_SERVER_PORT": str(fleet.adb_port)})
+                            env=fleet.server.environment)
     lines = [line for line in completed.stderr.splitlines() if line.strip()]
     assert completed.returncode == pytest.ExitCode.USAGE_ERROR
     assert len(lines) == 1 and lines[0].startswith("ERROR: unknown device serial emulator-9999: attached are 127.0.0.1:")

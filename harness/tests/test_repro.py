@@ -185,13 +185,13 @@ def test_failing_bundle_reproduces_on_a_device_through_adb(runs, tmp_path):
     toolchain = prepare()
     with EmulatorFleet(["SM8650"], tmp_path / "fleet", device_env={**toolchain.child_env(), "QNNSUITE_PYTHON": sys.executable}) as fleet:
         serial, adb = fleet.devices[0].serial, adbutils.adb_path()
-        adb_env = {**os.environ, "ANDROID_ADB_SERVER_PORT": str(fleet.adb_port)}
+        adb_env = {**os.environ, **fleet.server.environment}
         for command in (["shell", "mkdir -p /data/local/tmp/qnn"],
                         ["push", str(EMULATED_RUNNER), "/data/local/tmp/qnn/qnn_executor_runner"],
                         ["shell", "chmod 755 /data/local/tmp/qnn/qnn_executor_runner"]):
             assert subprocess.run([adb, "-s", serial, *command], env=adb_env, capture_output=True, timeout=60).returncode == 0
         completed = _run_alone(runs.soc_folder / layout.REPRO_DIR / FAILING, tmp_path / "empty", "--serial", serial,
-                               "--adb", adb, extra_env={"ANDROID_ADB_SERVER_PORT": str(fleet.adb_port)})
+                               "--adb", adb, extra_env=fleet.server.environment)
     assert completed.returncode == 1, completed.stdout[-3000:] + completed.stderr[-3000:]
     assert f"on phone {serial}" in completed.stdout and "state: FAILED [uninitialised_delegated_buffer]" in completed.stdout
 

@@ -10,9 +10,13 @@ import json
 import os
 import resource
 import shutil
+import signal
 import socket
+import stat
 import struct
 import subprocess
+import sys
+import tempfile
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
@@ -64,7 +68,7 @@ def fleet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
 
 
 def harness_device(fleet: EmulatorFleet) -> Device:
-    return Device(fleet.devices[0].serial, AdbClient(port=fleet.adb_port))
+    return Device(fleet.devices[0].serial, AdbClient(server=fleet.server))
 
 
 def packet(command: bytes, arg0: int = 0, arg1: int = 0, data: bytes = b"", magic: int | None = None) -> bytes:
@@ -226,7 +230,7 @@ def test_tmpdir_with_space_quote_semicolon_and_command_substitution(mode: str, t
         device = harness_device(fleet)
         assert device.shell("mkdir -p /data/local/tmp/qnnsuite/run1/gw0 && echo made").output == "made\n"
         spec = DeviceSpec(device.serial, "SM8650", 75, "x86_64", "Emulated SM8650", kind="emulated",
-                          server=f"127.0.0.1:{fleet.adb_port}")
+                          server=fleet.server.address)
         assert remove_run_folders([spec], "run1") == []
         assert not (fleet.devices[0].root / "data/local/tmp/qnnsuite/run1").exists()  # it did remove
         assert device.shell("rm -rf /data/local/tmp/qnnsuite").exit_code == 0
@@ -328,13 +332,13 @@ def test_100_idle_connections_under_a_low_open_file_limit(fleet: EmulatorFleet) 
         for sock in idle:
             sock.close()
         assert (info.root.parent / "adbd.log").read_text().count("Too many open files") > 0  # it did run out
-        host_request(fleet.adb_port, f"host:disconnect:{info.serial}")
-        host_request(fleet.adb_port, f"host:connect:{info.serial}")
+        host_request(fleet.server, f"host:disconnect:{info.serial}")
+        host_request(fleet.server, f"host:connect:{info.serial}")
         deadline = time.monotonic() + 20
         while fleet.device_states().get(info.serial) != "device":
             assert time.monotonic() < deadline, fleet.device_states()
             time.sleep(0.2)
-        device = Device(info.serial, AdbClient(port=fleet.adb_port))
+        device = Device(info.serial, AdbClient(server=fleet.server))
         assert device.shell("echo alive").output == "alive\n"
     finally:
         fleet.stop_device(info.serial)
@@ -343,7 +347,7 @@ def test_100_idle_connections_under_a_low_open_file_limit(fleet: EmulatorFleet) 
 def test_nul_and_malformed_input_end_only_their_own_stream(fleet: EmulatorFleet) -> None:
     """Attack: a NUL in a sync path (STAT, LIST, RECV), an oversized sync path, and packets with a bad magic."""
     serial = fleet.devices[0].serial
-    adb = adbutils.AdbClient(host="127.0.0.1", port=fleet.adb_port).device(serial)
+    adb = AdbClient(server=fleet.server).device(serial)
     with adb.open_transport(timeout=10) as connection:
         connection.send_command("sync:")
         connection.check_okay()
@@ -832,3 +836,337 @@ def test_manifest_pattern_that_backtracks_for_hours_is_refused_and_no_check_hang
     assert time.monotonic() - started < 10
     assert entry.explains(CheckFailure("state a then b", signature="state_mismatch")), "the entry still explains its failure"
     known_failures.load.cache_clear()
+
+
+# --- device attacks (issue 29) ---
+# Run as they were found: from a second local account (`setpriv` to nobody; the tests run as root) with the
+# stock adb client, or as a device shell talking to its runner server.
+
+OTHER_ACCOUNT = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"]
+TCP_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
+
+
+def as_other_account(argv: list[str], home: Path, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    """argv run by uid 65534 (nobody), in a HOME of its own, with none of this run's environment."""
+    if os.getuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root and setpriv to act as a second local account")
+    home.mkdir(exist_ok=True)
+    os.chown(home, 65534, 65534)
+    env = {"HOME": str(home), "PATH": "/usr/bin:/bin", **ADB_SERVER_ENV}
+    return subprocess.run([*OTHER_ACCOUNT, *argv], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def listening_tcp_ports(pids: list[int]) -> list[int]:
+    """The TCP ports the processes `pids` listen on: their socket inodes matched with /proc/net/tcp{,6}."""
+    inodes = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                with contextlib.suppress(OSError):
+                    target = os.readlink(fd)
+                    if target.startswith("socket:["):
+                        inodes.add(target[8:-1])
+    ports = set()
+    for table in TCP_TABLES:
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:
+                ports.add(int(fields[1].rpartition(":")[2], 16))
+    return sorted(ports)
+
+
+def test_another_account_reaches_no_device_on_any_port_or_socket_of_the_run(fleet: EmulatorFleet, tmp_path: Path) -> None:
+    """Attack: another local account runs `adb -P PORT devices` / `shell id` against every TCP port the
+    fleet's processes listen on, and `adb -L localfilesystem:SOCKET` against the run's server."""
+    home = tmp_path / "other-home"
+    ports = listening_tcp_ports(fleet.started_pids)
+    assert ports, "the emulated devices listen on loopback ports (adb connects to them)"
+    serial = fleet.devices[0].serial
+    for where in [["-P", str(port)] for port in ports] + [["-L", fleet.server.address]]:
+        listing = as_other_account([ADB, *where, "devices"], home)
+        shell = as_other_account([ADB, *where, "-s", serial, "shell", "id"], home)
+        assert "\tdevice" not in listing.stdout and serial not in listing.stdout, (where, listing.stdout)
+        assert shell.returncode != 0 and "uid=" not in shell.stdout, (where, shell.stdout)
+    assert harness_device(fleet).shell("id").output.startswith("uid=")  # the run's own client still gets in
+
+
+def test_a_fleet_in_a_deep_folder_listens_in_the_users_state_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A work folder too deep for a unix socket's address still gets a private socket: in the user's 0700
+    state folder, removed when the fleet stops."""
+    runtime = Path(tempfile.mkdtemp(prefix="rt-", dir="/tmp"))  # short, as /run/user/UID is
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    try:
+        with EmulatorFleet(["SM8650"], deep) as own:
+            path = Path(own.server.path)
+            assert path.is_relative_to(runtime / "qnnsuite" / "adb-servers") and path.is_socket()
+            assert harness_device(own).shell("echo reached").output == "reached\n"
+        assert not path.exists() and not path.parent.exists()
+    finally:
+        shutil.rmtree(runtime)
+
+
+def test_the_runs_adb_server_listens_on_no_tcp_port_but_a_private_socket(fleet: EmulatorFleet) -> None:
+    """Attack: another account looks for the run's adb server on a port (it listened on 127.0.0.1:PORT)."""
+    assert fleet.server.path and fleet.server.address.startswith("localfilesystem:/")
+    server_pid = fleet.started_pids[0]
+    assert listening_tcp_ports([server_pid]) == []
+    folder = os.lstat(Path(fleet.server.path).parent)
+    assert folder.st_uid == os.getuid() and folder.st_mode & 0o077 == 0
+    assert json.loads(json.dumps(fleet.describe()))["adb_server"] == fleet.server.address
+
+
+def test_a_unix_server_device_label_cannot_be_confused_and_bad_ones_are_one_line() -> None:
+    """Attack: a --device or ADB_SERVER_SOCKET value that smuggles a relative or dotted socket path."""
+    from harness.device import discovery
+    from harness.device.adb import AdbServer, split_label
+
+    server = AdbServer.parse("localfilesystem:/run/user/0/qnnsuite/adb.sock", "--adb-server")
+    assert split_label(f"{server.address}/127.0.0.1:4567") == (server.address, "127.0.0.1:4567")
+    assert discovery._locate({server.address: {"127.0.0.1:4567": "device"}}, f"{server.address}/127.0.0.1:4567") == (
+        server.address, "127.0.0.1:4567")
+    for bad in ("localfilesystem:adb.sock", "localfilesystem:/a/../etc/x", "localfilesystem:/a\nb", "localfilesystem:/" + "a" * 120):
+        with pytest.raises(ValueError, match=r"^--adb-server localfilesystem:.*: write a unix socket server as ") as error:
+            AdbServer.parse(bad, "--adb-server")
+        assert "\n" not in str(error.value)
+    assert AdbServer.parse("127.0.0.1:5037", "--adb-server") == AdbServer("127.0.0.1", 5037)  # TCP still works
+
+
+def _run_confined(root: Path, case: Path, argv: list[str], request_env: dict[str, str], server_env: dict[str, str],
+                  before: str = "", during: str = "") -> dict:
+    """A runner server child's entry, in a process of its own (it replaces os.environ): host_runner.main is
+    replaced by a stand-in that reports the environment and argv it got and writes output_0_0.raw the way
+    the runner does. `before` runs after the path check and before the files are opened; `during` in the run."""
+    script = f"""
+import json, os, sys
+from pathlib import Path
+import numpy
+from harness.emulator import host_runner, runner_confinement
+checked = runner_confinement.paths_outside
+def paths_outside(argv, root):
+    result = checked(argv, root)
+    {before or 'pass'}
+    return result
+def main(argv):
+    {during or 'pass'}
+    arguments = host_runner.parse_args(argv)
+    host_runner.write_new(Path(arguments.output_folder_path) / "output_0_0.raw", numpy.arange(4, dtype=numpy.float32))
+    print(json.dumps({{"env": dict(os.environ), "argv": argv}}))
+    return 0
+runner_confinement.paths_outside = paths_outside
+host_runner.main = main
+os.environ.clear()
+os.environ.update({request_env!r})
+sys.exit(runner_confinement.confined(Path({str(root)!r}), {server_env!r})({argv!r}))
+"""
+    completed = subprocess.run([sys.executable, "-c", script], cwd=case, capture_output=True, text=True, timeout=120,
+                               env={"PYTHONPATH": str(PROJECT_ROOT), "PATH": "/usr/bin:/bin"})
+    lines = completed.stdout.splitlines()
+    return {"code": completed.returncode, "stderr": completed.stderr,
+            **(json.loads(lines[-1]) if completed.returncode == 0 and lines else {})}
+
+
+@pytest.fixture
+def sandbox(tmp_path: Path) -> tuple[Path, Path, list[str]]:
+    """A device sandbox with a case folder (program, one input, its list) and the runner's argv for it."""
+    root = (tmp_path / "root").resolve()
+    case = root / "data/local/tmp/case"
+    (case / "outputs").mkdir(parents=True)
+    (case / "model.pte").write_bytes(b"program")
+    (case / "input_0_0.raw").write_bytes(b"\0" * 16)
+    (case / "input_list.txt").write_text("input_0_0.raw\n")
+    argv = ["--model_path", "model.pte", "--input_list_path", "input_list.txt", "--output_folder_path", "outputs"]
+    return root, case, argv
+
+
+def test_a_runner_request_cannot_name_the_library_its_child_loads(sandbox) -> None:
+    """Attack: a device shell sends its runner server a request whose environment sets QNNSUITE_REAL_QNNHTP
+    (and LD_PRELOAD) to a library inside the device sandbox, for the unjailed child to dlopen."""
+    root, case, argv = sandbox
+    planted = str(case / "evil.so")
+    server_env = {"QNN_SDK_ROOT": "/opt/qnn", "LD_LIBRARY_PATH": "/opt/qnn/lib", "QNNSUITE_BRIDGE_DEVICE_CONFIG": "1"}
+    request_env = {"QNNSUITE_REAL_QNNHTP": planted, "LD_PRELOAD": planted, "QNN_SDK_ROOT": str(case),
+                   "EMULATED_STORAGE_FULL": "1", "ANDROID_ROOT_SANDBOX": "/"}
+    ran = _run_confined(root, case, argv, request_env, server_env)
+    assert ran["code"] == 0, ran["stderr"]
+    env = ran["env"]
+    assert "QNNSUITE_REAL_QNNHTP" not in env and "LD_PRELOAD" not in env and "ANDROID_ROOT_SANDBOX" not in env
+    assert env["QNN_SDK_ROOT"] == "/opt/qnn" and env["LD_LIBRARY_PATH"] == "/opt/qnn/lib"  # the server's own
+    assert env["EMULATED_STORAGE_FULL"] == "1"  # an allowed variable still reaches the run
+    assert (case / "outputs" / "output_0_0.raw").stat().st_size == 16  # the suite's run itself is unaffected
+
+
+def test_an_output_folder_swapped_for_a_link_after_the_check_is_refused(sandbox, tmp_path: Path) -> None:
+    """Attack: the output folder is swapped for a symlink to a host folder right after the server checked its
+    path (made deterministic: the swap runs inside the check)."""
+    root, case, argv = sandbox
+    host = tmp_path / "host-folder"
+    host.mkdir()
+    swap = f"os.rename({str(case / 'outputs')!r}, {str(case / 'moved')!r}); os.symlink({str(host)!r}, {str(case / 'outputs')!r})"
+    ran = _run_confined(root, case, argv, {}, {}, before=swap)
+    assert ran["code"] == runner_confinement.REFUSED_EXIT and list(host.iterdir()) == []
+    lines = [line for line in ran["stderr"].splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("runner server: refused, outputs: ") and "without following links" in lines[0]
+
+
+def test_an_output_folder_swapped_during_the_run_keeps_the_outputs_in_the_sandbox(sandbox, tmp_path: Path) -> None:
+    """Attack: the swap comes later, while the runner runs: it writes through the descriptor it holds."""
+    root, case, argv = sandbox
+    host = tmp_path / "host-folder"
+    host.mkdir()
+    swap = f"os.rename({str(case / 'outputs')!r}, {str(case / 'moved')!r}); os.symlink({str(host)!r}, {str(case / 'outputs')!r})"
+    ran = _run_confined(root, case, argv, {}, {}, during=swap)
+    assert ran["code"] == 0, ran["stderr"]
+    assert list(host.iterdir()) == [] and (case / "moved" / "output_0_0.raw").is_file()
+    assert all(word.startswith("/proc/self/fd/") for word in ran["argv"][1::2])
+
+
+def test_an_input_swapped_for_a_link_to_a_host_file_is_refused(sandbox) -> None:
+    """Attack: an input named in the list becomes a symlink to a root-only host file after the check, so its
+    bytes would come back as the run's outputs."""
+    root, case, argv = sandbox
+    swap = f"os.remove({str(case / 'input_0_0.raw')!r}); os.symlink('/etc/shadow', {str(case / 'input_0_0.raw')!r})"
+    ran = _run_confined(root, case, argv, {}, {}, before=swap)
+    assert ran["code"] == runner_confinement.REFUSED_EXIT
+    assert "runner server: refused, input_0_0.raw: " in ran["stderr"]
+
+
+def test_an_output_file_planted_as_a_link_is_replaced_not_followed(tmp_path: Path) -> None:
+    """Attack: a device shell plants output_0_0.raw as a symlink to a host file before the run writes it."""
+    import numpy
+
+    from harness.emulator import host_runner
+
+    victim, outputs = tmp_path / "host-file", tmp_path / "outputs"
+    victim.write_text("host data")
+    outputs.mkdir()
+    (outputs / "output_0_0.raw").symlink_to(victim)
+    host_runner.write_new(outputs / "output_0_0.raw", numpy.zeros(2, dtype=numpy.float32))
+    assert victim.read_text() == "host data"
+    assert not (outputs / "output_0_0.raw").is_symlink() and (outputs / "output_0_0.raw").stat().st_size == 8
+
+
+def test_a_device_shell_sees_none_of_the_runs_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Attack: a device shell prints its environment while the run holds a CI credential in its own."""
+    monkeypatch.setenv("CI_SECRET_TOKEN", "hunter2-do-not-leak")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "aws-do-not-leak")
+    with EmulatorFleet(["SM8650"], tmp_path / "fleet") as own:
+        shown = harness_device(own).shell("env; echo HOME=$HOME").output
+    assert "do-not-leak" not in shown and "CI_SECRET_TOKEN" not in shown and "AWS_SECRET" not in shown
+    assert "ANDROID_DATA=/data" in shown and "PATH=" in shown  # a device's environment, and the shell works
+    from harness.emulator.adbd import device_environment
+
+    device = device_environment({"CI_SECRET_TOKEN": "x", "QNNSUITE_PYTHON": "/py", "LD_LIBRARY_PATH": "/q", "HOME": "/root"})
+    assert "CI_SECRET_TOKEN" not in device and device["QNNSUITE_PYTHON"] == "/py" and device["HOME"] == "/data"
+
+
+def test_network_listeners_are_told_from_loopback_ones() -> None:
+    """What emulate's refusal reads: a socket on 0.0.0.0 or :: is beyond loopback, 127.0.0.1 and ::1 are not."""
+    from harness.emulator.serve import network_listeners
+
+    sockets = []
+    try:
+        for family, address in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::"),
+                                (socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+            sock = socket.socket(family)
+            sock.bind((address, 0))
+            sock.listen()
+            sockets.append(sock)
+        found = [network_listeners(sock.getsockname()[1]) for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+    assert found == [["0.0.0.0"], ["::"], [], []]
+
+
+def _emulate(*arguments: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "harness", "emulate", *arguments], cwd=PROJECT_ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_emulate_refuses_a_server_started_with_adb_a(tmp_path: Path) -> None:
+    """Attack (by mistake): `emulate --adb-port` on a rack's `adb -a` server would serve root shells to the network."""
+    port, home = free_port(), tmp_path / "home"
+    home.mkdir()
+    server = subprocess.Popen([ADB, "-a", "-P", str(port), "server", "nodaemon"], env={**os.environ, **ADB_SERVER_ENV, "HOME": str(home)},
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while not listening_tcp_ports([server.pid]):
+            assert time.monotonic() < deadline, "the adb -a server did not start"
+            time.sleep(0.1)
+        refused = _emulate("--soc", "SM8650", "--adb-port", str(port))
+        assert host_request(port, "host:devices") == ""  # nothing was served on it
+    finally:
+        with contextlib.suppress(OSError):
+            host_request(port, "host:kill", timeout=5)
+        server.wait(10)
+    lines = [line for line in refused.stderr.splitlines() if line.strip()]
+    assert refused.returncode == 2 and len(lines) == 1, refused.stderr
+    assert lines[0].startswith(f"emulate: the adb server on port {port} listens on ") and "--allow-network-server" in lines[0]
+
+
+def test_emulate_serves_on_a_private_socket_no_other_account_can_use(tmp_path: Path) -> None:
+    """Attack: another account uses the server `python -m harness emulate` starts by default."""
+    process = subprocess.Popen([sys.executable, "-m", "harness", "emulate", "--soc", "SM8650"], cwd=PROJECT_ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + 120
+        while "emulate: serving; Ctrl-C stops" not in lines and time.monotonic() < deadline and (line := process.stdout.readline()):
+            lines.append(line.rstrip("\n"))
+        exports = [line.removeprefix("emulate: export ") for line in lines if line.startswith("emulate: export ")]
+        assert len(exports) == 1 and exports[0].startswith("ADB_SERVER_SOCKET=localfilesystem:/"), lines
+        address = exports[0].partition("=")[2]
+        serial = lines[0].split()[1]
+        theirs = as_other_account([ADB, "-L", address, "-s", serial, "shell", "id"], tmp_path / "other-home")
+        assert theirs.returncode != 0 and "uid=" not in theirs.stdout
+        mine = subprocess.run([ADB, "-s", serial, "shell", "id"], env={**os.environ, "ADB_SERVER_SOCKET": address},
+                              capture_output=True, text=True, timeout=30)
+        assert mine.stdout.startswith("uid=0"), mine.stderr
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.communicate(timeout=60)
+    assert process.returncode == 0
+
+
+@pytest.mark.parametrize("plant", ["foreign", "symlink", "non-empty", "foreign-parent"])
+def test_write_sdk_refuses_a_folder_it_did_not_make_fresh(plant: str, tmp_path: Path) -> None:
+    """Attack: another user prepares the --write-sdk/--write-build folder (theirs, a symlink to theirs, or
+    holding their links), or the folder above it, before the user runs emulate."""
+    from harness.emulator.phone import UnsafeDestination, fresh_folder
+
+    target, elsewhere = tmp_path / "sdk", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    if plant == "foreign":
+        target.mkdir()
+        os.chown(target, 65534, 65534)
+    elif plant == "symlink":
+        target.symlink_to(elsewhere)
+    elif plant == "non-empty":
+        target.mkdir(mode=0o755)
+        (target / "lib").symlink_to(elsewhere)
+    else:
+        parent = tmp_path / "shared"
+        parent.mkdir()
+        os.chown(parent, 65534, 65534)
+        target = parent / "sdk"
+    with pytest.raises(UnsafeDestination, match=r"^--write-sdk .*: name a new folder of yours") as error:
+        fresh_folder(target, "--write-sdk")
+    assert "\n" not in str(error.value) and list(elsewhere.iterdir()) == []
+    fresh = fresh_folder(tmp_path / "new" / "sdk", "--write-sdk")  # the user's own new folder: made and used
+    info = os.lstat(fresh)
+    assert info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) == 0o755 and list(fresh.iterdir()) == []
+
+
+def test_emulate_write_build_into_a_symlink_is_one_line(tmp_path: Path) -> None:
+    """Attack: --write-build names a symlink another user planted to their folder: emulate says so and ends."""
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (tmp_path / "build").symlink_to(theirs)
+    completed = _emulate("--write-build", str(tmp_path / "build"))
+    lines = [line for line in completed.stderr.splitlines() if line.strip()]
+    assert completed.returncode == 1 and len(lines) == 1, completed.stderr
+    assert lines[0] == (f"emulate: --write-build {tmp_path / 'build'} is a symlink: name a new folder of yours "
+                        f"(e.g. under $HOME) and it is created fresh")
+    assert list(theirs.iterdir()) == []
