@@ -44,7 +44,7 @@ def fleet(tmp_path_factory, toolchain):
 
 @pytest.fixture
 def device(fleet) -> Device:
-    return Device(fleet.devices[0].serial, AdbClient(host="127.0.0.1", port=fleet.adb_port))
+    return Device(fleet.devices[0].serial, AdbClient(server=fleet.server))
 
 
 def _fake_runner(device: Device, tmp_path: Path, name: str, script: str) -> Workspace:
