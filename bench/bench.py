@@ -14,7 +14,7 @@ Without selection arguments it measures the default matrix (`pytest suites`: eve
 the emulated SM8650 and SM8750). Each measurement is a real suite run on emulated devices; per repeat:
 a cold `-n 1` run and a cold `-n WORKERS` run (each with an empty artifact cache), then a warm
 `-n WORKERS` run on the second one's cache. Figures are medians over --repeats. Times are for this
-machine; the ratios are what the targets (README) are about:
+machine; the ratios are what the targets (docs/PERFORMANCE.md) are about:
   warm / cold wall            <= 0.07   (lowered artifacts reused from the content-keyed cache)
   harness overhead / cold     <= 0.05   (all but export, quantize, lower and the runner's own execution)
   cold -n 1 / cold -n WORKERS >= 1.6    (2 workers on 2 cores)
@@ -22,7 +22,7 @@ machine; the ratios are what the targets (README) are about:
   each card x quantized dtype once (report.json work fields against the cards and dtypes the run has)
   runner invocation: fresh process / runner server >= 5
 Writes bench/results.json (every run, with its verdict counts, so runs can be told apart) and prints a
-Markdown table for the README.
+Markdown table for docs/PERFORMANCE.md.
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ API_VERSIONS = re.compile(r"Qnn API version (\d+\.\d+\.\d+) is used\. The versio
 # QAIRT 2.51's libQnnHtp prints this from graphCreate even when the client passes no backend,
 # context, device or graph config at all (measured by filtering every config out in the
 # interposer), and graph creation still returns QNN_SUCCESS. So it is the library's own noise,
-# not an ABI gap in what ExecuTorch sends; see harness/qnn/README.md.
+# not an ABI gap in what ExecuTorch sends; see docs/ARCHITECTURE.md#host-qnn-toolchain-harnessqnn.
 KNOWN_LIBRARY_NOISE = (
     re.compile(r"<E> unexpected GraphHtpSettings option 66$"),
 )
