@@ -1,7 +1,7 @@
 """Writes a case's reproduction bundle on the worker that ran it, while the run's work dir still holds
 its files (the work dir is deleted when the run ends).
 
-Called from the report hook (harness/verdicts.py) with each settled check of a failed, expected-to-fail
+Called by the run_check fixture (harness/fixtures.py), once the verdict is decided, with each check of a failed, expected-to-fail
 or unexpectedly passing kind (or every check, with --repro-all). The case's files are copied once, by
 its first such check; every such check adds itself to case.json and issue.md is rewritten, so the folder is
 complete after any check. Every other check of the case (passed, skipped...) is recorded in case.json too,
