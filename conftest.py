@@ -6,6 +6,7 @@ torch) would otherwise fail with a long traceback ending in `No module named 'to
 The check runs while pytest loads this initial conftest, before it parses the command line; an exception
 raised here would be wrapped and printed as a traceback, so it exits with SystemExit, which pytest lets pass.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -23,8 +24,10 @@ def missing_modules(names: tuple[str, ...] = REQUIRED_MODULES) -> list[str]:
 def outside_the_venv_line(missing: list[str], executable: str) -> str:
     """The one line that names what is missing, from which Python, and the command that sets it up."""
     verb = "is" if len(missing) == 1 else "are"
-    return (f"qnnsuite: {', '.join(missing)} {verb} not importable from {executable}: "
-            f"run harness/run.sh suite (it sets up .venv) or activate .venv")
+    return (
+        f"qnnsuite: {', '.join(missing)} {verb} not importable from {executable}: "
+        f"run harness/run.sh suite (it sets up .venv) or activate .venv"
+    )
 
 
 _missing = missing_modules()

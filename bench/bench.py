@@ -24,6 +24,7 @@ machine; the ratios are what the targets (docs/PERFORMANCE.md) are about:
 Writes bench/results.json (every run, with its verdict counts, so runs can be told apart) and prints a
 Markdown table for docs/PERFORMANCE.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,21 +43,48 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 # Per-case stages from report.json timings; "lower" includes serialising the program, and the Meta llama
 # flow's export_llama (executorch's own export, quantize and lower in one, which the harness cannot split).
-CASE_STAGES = {"export": ("export",), "quantize": ("quantize",), "lower": ("lower", "serialize", "export_llama"),
-               "lowering process start": ("import_and_build", "read_exported", "read_prepared"), "device wait": ("device_wait",), "push": ("push",), "device command": ("run",),
-               "runner_exec": ("runner_exec",), "pull": ("pull",), "eager reference": ("eager_reference",)}
+CASE_STAGES = {
+    "export": ("export",),
+    "quantize": ("quantize",),
+    "lower": ("lower", "serialize", "export_llama"),
+    "lowering process start": ("import_and_build", "read_exported", "read_prepared"),
+    "device wait": ("device_wait",),
+    "push": ("push",),
+    "device command": ("run",),
+    "runner_exec": ("runner_exec",),
+    "pull": ("pull",),
+    "eager reference": ("eager_reference",),
+}
 WORK = ("export", "quantize", "lower")  # what the harness counts per case (report.json's work fields)
 PRODUCTIVE = ("export", "quantize", "lower")  # plus the runner's own execution (runner_exec)
-TARGETS = {"warm_over_cold": ("<=", 0.07), "harness_overhead_over_cold_n1": ("<=", 0.05),
-           "speedup_nN_over_n1": (">=", 1.6), "runner_invocation_ratio": (">=", 5.0)}
+TARGETS = {
+    "warm_over_cold": ("<=", 0.07),
+    "harness_overhead_over_cold_n1": ("<=", 0.05),
+    "speedup_nN_over_n1": (">=", 1.6),
+    "runner_invocation_ratio": (">=", 5.0),
+}
 AGAINST_SPEEDUP = 1.25  # --against: REV's cold wall over this checkout's
 
 
 def run_suite(matrix: list[str], workers: str, cache_dir: Path, report_dir: Path, checkout: Path = REPO) -> dict:
     """One suite run (of the suite in checkout): its wall time, verdict counts, work counts and the per-stage
     sums read from its report.json files."""
-    command = [sys.executable, "-m", "pytest", "suites", "-q", "-W", "ignore", "-p", "no:cacheprovider",
-               "--cache-dir", str(cache_dir), "--report-dir", str(report_dir), *matrix]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "suites",
+        "-q",
+        "-W",
+        "ignore",
+        "-p",
+        "no:cacheprovider",
+        "--cache-dir",
+        str(cache_dir),
+        "--report-dir",
+        str(report_dir),
+        *matrix,
+    ]
     if workers != "1":
         command += ["-n", workers]
     started = time.perf_counter()
@@ -67,8 +95,10 @@ def run_suite(matrix: list[str], workers: str, cache_dir: Path, report_dir: Path
     # and marked with its exit status.
     reports = sorted(path for path in report_dir.glob("*/*/report.json") if not path.parent.parent.is_symlink())
     if completed.returncode not in (0, 1) and not reports:  # 1: the suite found failures, which is its job
-        raise SystemExit(f"suite run failed ({completed.returncode}): {shlex.join(command)}\n"
-                         f"{completed.stdout[-3000:]}{completed.stderr[-2000:]}")
+        raise SystemExit(
+            f"suite run failed ({completed.returncode}): {shlex.join(command)}\n"
+            f"{completed.stdout[-3000:]}{completed.stderr[-2000:]}"
+        )
     stages = dict.fromkeys([*CASE_STAGES, "compare"], 0.0)
     verdicts: Counter[str] = Counter()
     work: Counter[str] = Counter()
@@ -93,11 +123,18 @@ def run_suite(matrix: list[str], workers: str, cache_dir: Path, report_dir: Path
             cached += any(check.get("cached_lowering") for check in checks)
             verdicts.update(check["verdict"] for check in checks)
     stages["compare"] += stages.pop("eager reference")
-    return {"wall_s": wall, "exit_status": completed.returncode, "cases": cases, "cached_lowerings": cached,
-            "verdicts": dict(sorted(verdicts.items())), "work": {stage: work[stage] for stage in WORK},
-            # what a cold run must do at least: each card exported once, each card x quantized dtype quantized once
-            "work_needed": {"export": len(cards), "quantize": len(quantized), "lower": cases},
-            "work_counted_by": sorted(counted_by), "stages_s": stages}
+    return {
+        "wall_s": wall,
+        "exit_status": completed.returncode,
+        "cases": cases,
+        "cached_lowerings": cached,
+        "verdicts": dict(sorted(verdicts.items())),
+        "work": {stage: work[stage] for stage in WORK},
+        # what a cold run must do at least: each card exported once, each card x quantized dtype quantized once
+        "work_needed": {"export": len(cards), "quantize": len(quantized), "lower": cases},
+        "work_counted_by": sorted(counted_by),
+        "stages_s": stages,
+    }
 
 
 def _work(case: dict) -> tuple[dict[str, int], str]:
@@ -113,15 +150,20 @@ def against(rev: str, matrix: list[str], workers: str, rounds: int, output: Path
     """Cold runs of this checkout and of REV (in a temporary worktree), alternating, and warm runs of this one."""
     runs: dict[str, list[dict]] = {"head_cold": [], "rev_cold": [], "head_warm": []}
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    resolved = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--verify", "--quiet", "--end-of-options",
-                               f"{rev}^{{commit}}"], capture_output=True, text=True)
+    resolved = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--verify", "--quiet", "--end-of-options", f"{rev}^{{commit}}"],
+        capture_output=True,
+        text=True,
+    )
     if resolved.returncode != 0:
         raise SystemExit(f"bench: --against {rev!r} is not a commit of this repository; give a commit, tag or branch")
     commit = resolved.stdout.strip()
     with tempfile.TemporaryDirectory(prefix="qnnsuite-bench-") as scratch:  # mkdtemp: 0700
         root = Path(scratch)
         checkout = root / "rev"
-        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "--quiet", str(checkout), commit], check=True)
+        subprocess.run(
+            ["git", "-C", str(REPO), "worktree", "add", "--detach", "--quiet", str(checkout), commit], check=True
+        )
         try:
             for round_ in range(rounds):
                 for kind, where in (("head_cold", REPO), ("rev_cold", checkout)):
@@ -139,21 +181,39 @@ def against(rev: str, matrix: list[str], workers: str, rounds: int, output: Path
 
 
 def _say(round_: int, rounds: int, kind: str, run: dict) -> None:
-    print(f"round {round_ + 1}/{rounds} {kind}: {run['wall_s']:.0f} s, {run['cases']} cases, work {run['work']}, "
-          f"{run['verdicts']}", flush=True)
+    print(
+        f"round {round_ + 1}/{rounds} {kind}: {run['wall_s']:.0f} s, {run['cases']} cases, work {run['work']}, "
+        f"{run['verdicts']}",
+        flush=True,
+    )
 
 
-def _against_summary(rev: str, commit: str, matrix: list[str], workers: str, rounds: int, started: str,
-                     runs: dict[str, list[dict]]) -> dict:
+def _against_summary(
+    rev: str, commit: str, matrix: list[str], workers: str, rounds: int, started: str, runs: dict[str, list[dict]]
+) -> dict:
     median = {kind: statistics.median(run["wall_s"] for run in found) for kind, found in runs.items()}
-    ratios = {"rev_over_head_cold": median["rev_cold"] / median["head_cold"],
-              "head_warm_over_cold": median["head_warm"] / median["head_cold"]}
-    met = {"rev_over_head_cold": ratios["rev_over_head_cold"] >= AGAINST_SPEEDUP,
-           "head_warm_over_cold": ratios["head_warm_over_cold"] <= TARGETS["warm_over_cold"][1],
-           "work_once": all(run["work"] == run["work_needed"] for run in runs["head_cold"])}
-    return {"against": rev, "against_commit": commit, "matrix": shlex.join(matrix) or "default (pytest suites)",
-            "workers": workers, "rounds": rounds, "cpus": os.cpu_count(), "started": started, "median_wall_s": median,
-            "ratios": ratios, "targets_met": met, "runs": runs}
+    ratios = {
+        "rev_over_head_cold": median["rev_cold"] / median["head_cold"],
+        "head_warm_over_cold": median["head_warm"] / median["head_cold"],
+    }
+    met = {
+        "rev_over_head_cold": ratios["rev_over_head_cold"] >= AGAINST_SPEEDUP,
+        "head_warm_over_cold": ratios["head_warm_over_cold"] <= TARGETS["warm_over_cold"][1],
+        "work_once": all(run["work"] == run["work_needed"] for run in runs["head_cold"]),
+    }
+    return {
+        "against": rev,
+        "against_commit": commit,
+        "matrix": shlex.join(matrix) or "default (pytest suites)",
+        "workers": workers,
+        "rounds": rounds,
+        "cpus": os.cpu_count(),
+        "started": started,
+        "median_wall_s": median,
+        "ratios": ratios,
+        "targets_met": met,
+        "runs": runs,
+    }
 
 
 def _write_against(output: Path, summary: dict) -> None:
@@ -179,27 +239,41 @@ def _keep_against(output: Path, summary: dict) -> None:
 def against_table(summary: dict) -> str:
     median, ratios = summary["median_wall_s"], summary["ratios"]
     work = {kind: summary["runs"][kind][-1]["work"] for kind in summary["runs"]}
-    rows = [f"| `{summary['matrix']}`, `-n {summary['workers']}` | median of {summary['rounds']} | exports / "
-            f"quantizations / lowerings |", "| --- | --- | --- |"]
-    for kind, label in (("head_cold", "this checkout, cold"), ("rev_cold", f"{summary['against']}, cold"),
-                        ("head_warm", "this checkout, warm")):
-        rows.append(f"| {label} | {median[kind]:.0f} s | {work[kind]['export']} / {work[kind]['quantize']} / "
-                    f"{work[kind]['lower']} |")
+    rows = [
+        f"| `{summary['matrix']}`, `-n {summary['workers']}` | median of {summary['rounds']} | exports / "
+        f"quantizations / lowerings |",
+        "| --- | --- | --- |",
+    ]
+    for kind, label in (
+        ("head_cold", "this checkout, cold"),
+        ("rev_cold", f"{summary['against']}, cold"),
+        ("head_warm", "this checkout, warm"),
+    ):
+        rows.append(
+            f"| {label} | {median[kind]:.0f} s | {work[kind]['export']} / {work[kind]['quantize']} / "
+            f"{work[kind]['lower']} |"
+        )
     met, mark = summary["targets_met"], {True: "met", False: "NOT met"}
     needed = summary["runs"]["head_cold"][-1]["work_needed"]
-    rows += [f"| {summary['against']} / this (cold) | {ratios['rev_over_head_cold']:.2f}x | >= {AGAINST_SPEEDUP}x, "
-             f"{mark[met['rev_over_head_cold']]} |",
-             f"| warm / cold (this) | {ratios['head_warm_over_cold']:.2f} | <= {TARGETS['warm_over_cold'][1]}, "
-             f"{mark[met['head_warm_over_cold']]} |",
-             f"| work of a cold run here | {work['head_cold']['export']} / {work['head_cold']['quantize']} | "
-             f"{needed['export']} cards / {needed['quantize']} card x quantized dtype, {mark[met['work_once']]} |"]
+    rows += [
+        f"| {summary['against']} / this (cold) | {ratios['rev_over_head_cold']:.2f}x | >= {AGAINST_SPEEDUP}x, "
+        f"{mark[met['rev_over_head_cold']]} |",
+        f"| warm / cold (this) | {ratios['head_warm_over_cold']:.2f} | <= {TARGETS['warm_over_cold'][1]}, "
+        f"{mark[met['head_warm_over_cold']]} |",
+        f"| work of a cold run here | {work['head_cold']['export']} / {work['head_cold']['quantize']} | "
+        f"{needed['export']} cards / {needed['quantize']} card x quantized dtype, {mark[met['work_once']]} |",
+    ]
     return "\n".join(rows)
 
 
 def runner_invocation(repeats: int) -> dict:
     """Fresh-process runner vs runner server (bench/runner_invocation.py)."""
-    completed = subprocess.run([sys.executable, str(REPO / "bench" / "runner_invocation.py"), "--repeats", str(max(repeats, 5))],
-                               cwd=REPO, capture_output=True, text=True)
+    completed = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "runner_invocation.py"), "--repeats", str(max(repeats, 5))],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     if completed.returncode != 0:
         raise SystemExit(f"runner invocation benchmark failed:\n{completed.stderr[-2000:]}")
     return json.loads(completed.stdout.strip().splitlines()[-1])
@@ -207,17 +281,26 @@ def runner_invocation(repeats: int) -> dict:
 
 def summarise(runs: dict[str, list[dict]], invocation: dict) -> dict:
     median = {kind: statistics.median(run["wall_s"] for run in runs[kind]) for kind in runs}
-    stages = {stage: statistics.median(run["stages_s"][stage] for run in runs["cold_n1"])
-              for stage in runs["cold_n1"][0]["stages_s"]}
+    stages = {
+        stage: statistics.median(run["stages_s"][stage] for run in runs["cold_n1"])
+        for stage in runs["cold_n1"][0]["stages_s"]
+    }
     productive = sum(stages[stage] for stage in PRODUCTIVE) + stages["runner_exec"]
     measured = sum(seconds for stage, seconds in stages.items() if stage != "runner_exec")
-    breakdown = {**stages, "other (start-up, collection, per-check bookkeeping, reports)": max(0.0, median["cold_n1"] - measured)}
-    ratios = {"warm_over_cold": median["warm_nN"] / median["cold_nN"],
-              "harness_overhead_over_cold_n1": max(0.0, median["cold_n1"] - productive) / median["cold_n1"],
-              "speedup_nN_over_n1": median["cold_n1"] / median["cold_nN"],
-              "runner_invocation_ratio": invocation["ratio"]}
-    met = {name: (value <= TARGETS[name][1]) if TARGETS[name][0] == "<=" else (value >= TARGETS[name][1])
-           for name, value in ratios.items()}
+    breakdown = {
+        **stages,
+        "other (start-up, collection, per-check bookkeeping, reports)": max(0.0, median["cold_n1"] - measured),
+    }
+    ratios = {
+        "warm_over_cold": median["warm_nN"] / median["cold_nN"],
+        "harness_overhead_over_cold_n1": max(0.0, median["cold_n1"] - productive) / median["cold_n1"],
+        "speedup_nN_over_n1": median["cold_n1"] / median["cold_nN"],
+        "runner_invocation_ratio": invocation["ratio"],
+    }
+    met = {
+        name: (value <= TARGETS[name][1]) if TARGETS[name][0] == "<=" else (value >= TARGETS[name][1])
+        for name, value in ratios.items()
+    }
     return {"median_wall_s": median, "cold_n1_breakdown_s": breakdown, "ratios": ratios, "targets_met": met}
 
 
@@ -226,7 +309,8 @@ def table(summary: dict, workers: str) -> str:
     invocation = summary["runner_invocation"]
     mark = {True: "met", False: "NOT met"}
     rows = [
-        f"| measure | median of {summary['repeats']} | target |", "| --- | --- | --- |",
+        f"| measure | median of {summary['repeats']} | target |",
+        "| --- | --- | --- |",
         f"| cold run, `-n 1` | {median['cold_n1']:.0f} s | |",
         f"| cold run, `-n {workers}` | {median['cold_nN']:.0f} s | |",
         f"| warm run, `-n {workers}` | {median['warm_nN']:.0f} s | |",
@@ -238,7 +322,9 @@ def table(summary: dict, workers: str) -> str:
         f"| runner invocation: fresh process {invocation['fresh_process_s']:.2f} s, runner server "
         f"{invocation['runner_server_s']:.2f} s | {ratios['runner_invocation_ratio']:.0f}x | >= 5x, "
         f"{mark[met['runner_invocation_ratio']]} |",
-        "", "| cold `-n 1` run, per stage (summed over cases) | seconds | share |", "| --- | --- | --- |",
+        "",
+        "| cold `-n 1` run, per stage (summed over cases) | seconds | share |",
+        "| --- | --- | --- |",
     ]
     total = median["cold_n1"]
     for stage, seconds in summary["cold_n1_breakdown_s"].items():
@@ -266,16 +352,30 @@ def main() -> None:
     for repeat in range(args.repeats):
         with tempfile.TemporaryDirectory() as scratch:
             root = Path(scratch)
-            for kind, workers, cache in (("cold_n1", "1", "cache1"), ("cold_nN", args.workers, "cacheN"),
-                                         ("warm_nN", args.workers, "cacheN")):
+            for kind, workers, cache in (
+                ("cold_n1", "1", "cache1"),
+                ("cold_nN", args.workers, "cacheN"),
+                ("warm_nN", args.workers, "cacheN"),
+            ):
                 runs[kind].append(run_suite(matrix, workers, root / cache, root / f"reports-{kind}"))
-                print(f"repeat {repeat + 1}/{args.repeats} {kind}: {runs[kind][-1]['wall_s']:.0f} s, "
-                      f"{runs[kind][-1]['cases']} cases, {runs[kind][-1]['verdicts']}", flush=True)
+                print(
+                    f"repeat {repeat + 1}/{args.repeats} {kind}: {runs[kind][-1]['wall_s']:.0f} s, "
+                    f"{runs[kind][-1]['cases']} cases, {runs[kind][-1]['verdicts']}",
+                    flush=True,
+                )
         # Written after every repeat: an interrupted benchmark keeps what it measured.
-        summary = {"matrix": shlex.join(matrix) or "default (pytest suites)", "repeats": repeat + 1,
-                   "workers": args.workers, "cpus": os.cpu_count(), "machine": platform.machine(), "started": started,
-                   "cases": runs["cold_n1"][0]["cases"], **summarise(runs, invocation),
-                   "runner_invocation": invocation, "runs": runs}
+        summary = {
+            "matrix": shlex.join(matrix) or "default (pytest suites)",
+            "repeats": repeat + 1,
+            "workers": args.workers,
+            "cpus": os.cpu_count(),
+            "machine": platform.machine(),
+            "started": started,
+            "cases": runs["cold_n1"][0]["cases"],
+            **summarise(runs, invocation),
+            "runner_invocation": invocation,
+            "runs": runs,
+        }
         _keep_against(args.output, summary)
         args.output.write_text(json.dumps(summary, indent=1) + "\n")
     print(table(summary, args.workers))

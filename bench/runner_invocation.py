@@ -2,6 +2,7 @@
 
 Prints one JSON line: medians of --repeats runs of the same lowered .pte and inputs, and their ratio.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,10 +19,10 @@ sys.path.insert(0, str(REPO))
 
 from fixtures import zoo  # noqa: E402,F401  (registers the cards)
 from harness.device.execute import write_inputs  # noqa: E402
-from harness.process.fork_server import start_server, stop_server  # noqa: E402
-from harness.process.services import RUNNER  # noqa: E402
 from harness.pipeline import card  # noqa: E402
 from harness.pipeline.lower import lower_case  # noqa: E402
+from harness.process.fork_server import start_server, stop_server  # noqa: E402
+from harness.process.services import RUNNER  # noqa: E402
 from harness.qnn.toolchain import prepare  # noqa: E402
 from harness.vocabulary import Case, Mode  # noqa: E402
 
@@ -45,12 +46,17 @@ def main() -> None:
         (root / "inputs.txt").write_text("".join(" ".join(p.name for p in row) + "\n" for row in rows))
         env = {**toolchain.child_env(), "QNNSUITE_PYTHON": sys.executable}
         flags = ["--model_path", str(artifact.pte), "--input_list_path", "inputs.txt", "--output_folder_path", "out"]
-        fresh = [timed([sys.executable, "-m", "harness.emulator.host_runner", *flags], root, env) for _ in range(args.repeats)]
+        fresh = [
+            timed([sys.executable, "-m", "harness.emulator.host_runner", *flags], root, env)
+            for _ in range(args.repeats)
+        ]
         server = start_server(RUNNER, root / "runner.sock", env)
         try:
             served_env = {**env, "QNNSUITE_RUNNER_SOCKET": str(root / "runner.sock")}
-            served = [timed([sys.executable, "-m", "harness.emulator.runner_client", *flags], root, served_env)
-                      for _ in range(args.repeats)]
+            served = [
+                timed([sys.executable, "-m", "harness.emulator.runner_client", *flags], root, served_env)
+                for _ in range(args.repeats)
+            ]
         finally:
             stop_server(server)
     fresh_s, served_s = statistics.median(fresh), statistics.median(served)

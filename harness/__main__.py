@@ -8,6 +8,7 @@ matrix runs one suite selection per executorch x onnxruntime-qnn release (harnes
 repro  runs one case of an earlier run again through the suite (harness/repro/rerun.py).
 emulate serves emulated devices (or phones) on an adb server until Ctrl-C (harness/emulator/serve.py).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,8 +48,12 @@ def doctor(args: argparse.Namespace) -> int:
         toolchain = prepare(args.qnn_sdk)
         probe = toolchain.probe
         print(f"qnn sdk     {toolchain.sdk.root} (from {toolchain.sdk.origin})")
-        print(f"qnn build   {probe.build_id}; QNN API {probe.library_api or '?'}, executorch tested against {probe.built_for_api or '?'}")
-        print(f"bridge      {'on' if probe.bridge_device_config else 'off'} (without: {probe.without_bridge}; with: {probe.with_bridge or '-'})")
+        print(
+            f"qnn build   {probe.build_id}; QNN API {probe.library_api or '?'}, executorch tested against {probe.built_for_api or '?'}"
+        )
+        print(
+            f"bridge      {'on' if probe.bridge_device_config else 'off'} (without: {probe.without_bridge}; with: {probe.with_bridge or '-'})"
+        )
         print(f"interposer  {toolchain.interposer}")
         _overlays(toolchain)
     except (SdkError, ToolchainError) as error:
@@ -95,12 +100,18 @@ def main(argv: list[str] | None = None) -> int:
         from harness.matrix import cli
 
         return cli.main(argv[1:])
-    parser = argparse.ArgumentParser(prog="python -m harness", epilog="python -m harness matrix --help: the version matrix")
+    parser = argparse.ArgumentParser(
+        prog="python -m harness", epilog="python -m harness matrix --help: the version matrix"
+    )
     commands = parser.add_subparsers(dest="command", required=True)
-    for name, function, words in (("setup", setup, "lay out the QNN tree, build the interposer, probe the bridge"),
-                                  ("doctor", doctor, "print versions, SDK, bridge, adb and devices")):
+    for name, function, words in (
+        ("setup", setup, "lay out the QNN tree, build the interposer, probe the bridge"),
+        ("doctor", doctor, "print versions, SDK, bridge, adb and devices"),
+    ):
         command = commands.add_parser(name, help=words)
-        command.add_argument("--qnn-sdk", default=None, help="QNN SDK root (else QNN_SDK_ROOT, else the onnxruntime-qnn wheel)")
+        command.add_argument(
+            "--qnn-sdk", default=None, help="QNN SDK root (else QNN_SDK_ROOT, else the onnxruntime-qnn wheel)"
+        )
         command.set_defaults(function=function)
     repro = commands.add_parser("repro", help="run one case of an earlier run again, writing its reproduction bundle")
     rerun.add_arguments(repro)
@@ -110,8 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     emulate.set_defaults(function=serve.main)
     argv = sys.argv[1:] if argv is None else list(argv)
     # What follows `--` goes to pytest (repro only); argparse's subcommands cannot hold it themselves.
-    passthrough = argv[argv.index("--") + 1:] if "--" in argv else []
-    args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    passthrough = argv[argv.index("--") + 1 :] if "--" in argv else []
+    args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     if passthrough and args.command != "repro":
         parser.error(f"{args.command} takes no arguments after --")
     args.pytest_args = passthrough

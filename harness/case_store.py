@@ -5,6 +5,7 @@ and, for lowering, across workers (a file lock per case, results on disk in the 
 lowering is kept is harness/pipeline/lowering_cache.py's; reconnecting a dropped device is the device
 layer's (harness/device/retry.py).
 """
+
 from __future__ import annotations
 
 import threading
@@ -26,8 +27,17 @@ from harness.vocabulary import Case
 
 
 class CaseStore:
-    def __init__(self, toolchain: Toolchain, pool: DevicePool | None, work_dir: Path, worker: str,
-                 steps_for, runner_timeout_s: float, cache_dir: Path | None, lowering_server: Path | None) -> None:
+    def __init__(
+        self,
+        toolchain: Toolchain,
+        pool: DevicePool | None,
+        work_dir: Path,
+        worker: str,
+        steps_for,
+        runner_timeout_s: float,
+        cache_dir: Path | None,
+        lowering_server: Path | None,
+    ) -> None:
         """cache_dir: where lowered artifacts are kept by content key across runs (None: this run only);
         lowering_server: the run's lowering server socket (None: each case lowered in a fresh Python)."""
         self._toolchain = toolchain
@@ -79,14 +89,17 @@ class CaseStore:
         if case.id not in self._outcomes:
             steps = self._steps(case)
             ahead = self._ahead.pop(case.id, None)
-            artifact = ahead.result() if ahead is not None and not ahead.cancelled() else self._lower_once(case, len(steps))
+            artifact = (
+                ahead.result() if ahead is not None and not ahead.cancelled() else self._lower_once(case, len(steps))
+            )
             started = time.perf_counter()
             results = references.eager_results(case, steps, self._cache_dir)
             # Stage times of a lowering read from the cache belong to the run that lowered it, not this one.
             timings = {} if artifact.cached else dict(artifact.facts.timings_s)
             timings["eager_reference"] = time.perf_counter() - started
-            self._outcomes[case.id] = CaseOutcome(case, steps, artifact, results.reference, timings_s=timings,
-                                                  dependence=results.dependence)
+            self._outcomes[case.id] = CaseOutcome(
+                case, steps, artifact, results.reference, timings_s=timings, dependence=results.dependence
+            )
         return self._outcomes[case.id]
 
     def executed(self, case: Case) -> CaseOutcome:
@@ -119,13 +132,24 @@ class CaseStore:
             return
         case = outcome.case
         local = outcome.run_dir = self._work_dir / "runs" / self._worker / case.id
-        attempt = run_with_reconnects(self._pool, case.soc, f"{self._worker}:{case.id}", case.id, outcome.artifact.pte,
-                                      outcome.steps, local, output_count=len(outcome.reference[0]),
-                                      timeout_s=self._runner_timeout_s,
-                                      method_index=outcome.artifact.facts.method_index,
-                                      output_bytes=[[array.nbytes for array in row] for row in outcome.reference])
-        outcome.run, outcome.run_error, outcome.run_error_is_infrastructure = (attempt.run, attempt.error,
-                                                                               attempt.infrastructure)
+        attempt = run_with_reconnects(
+            self._pool,
+            case.soc,
+            f"{self._worker}:{case.id}",
+            case.id,
+            outcome.artifact.pte,
+            outcome.steps,
+            local,
+            output_count=len(outcome.reference[0]),
+            timeout_s=self._runner_timeout_s,
+            method_index=outcome.artifact.facts.method_index,
+            output_bytes=[[array.nbytes for array in row] for row in outcome.reference],
+        )
+        outcome.run, outcome.run_error, outcome.run_error_is_infrastructure = (
+            attempt.run,
+            attempt.error,
+            attempt.infrastructure,
+        )
         outcome.device_serial, outcome.device_kind = attempt.device_serial, attempt.device_kind
         outcome.device = kinds.of(attempt.device_kind) if attempt.device_kind else None
         outcome.retries = attempt.retries

@@ -10,10 +10,12 @@ and a suite file is one line:
 
 Torch-free on purpose: the manifest and the reporter import it without importing the checks' numerics.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 # Any check can fail these ways before its own logic runs: no program, or no device result.
 COMMON_SIGNATURES = ("lowering_failed", "not_run")
@@ -76,18 +78,30 @@ class CheckSpec:
 _CHECKS: dict[str, CheckSpec] = {}
 
 
-def check(name: str, *, short: str, needs_device: bool = False, signatures: tuple[str, ...] = (),
-          matrix: Callable[..., list] | None = None) -> Callable[[Callable], Callable]:
+def check(
+    name: str,
+    *,
+    short: str,
+    needs_device: bool = False,
+    signatures: tuple[str, ...] = (),
+    matrix: Callable[..., list] | None = None,
+) -> Callable[[Callable], Callable]:
     """Register the decorated function as the check `name` (the order of registration is the report's
     column order)."""
+
     def register(function: Callable) -> Callable:
         known = _CHECKS.get(name)
         if known is not None and (known.function.__module__, known.function.__qualname__) != (
-                function.__module__, function.__qualname__):
-            raise ValueError(f"two checks are named {name!r} ({known.function.__module__}.{known.function.__qualname__} "
-                             f"and {function.__module__}.{function.__qualname__}): rename one")
+            function.__module__,
+            function.__qualname__,
+        ):
+            raise ValueError(
+                f"two checks are named {name!r} ({known.function.__module__}.{known.function.__qualname__} "
+                f"and {function.__module__}.{function.__qualname__}): rename one"
+            )
         _CHECKS[name] = CheckSpec(name, function, short, needs_device, tuple(signatures), matrix)
         return function
+
     return register
 
 
@@ -95,8 +109,10 @@ def get(name: str) -> CheckSpec:
     try:
         return _CHECKS[name]
     except KeyError:
-        raise ValueError(f"no check named {name!r}: registered are {', '.join(_CHECKS) or 'none'} "
-                         f"(declare it with @check({name!r}, ...) in a module imported before the suite)") from None
+        raise ValueError(
+            f"no check named {name!r}: registered are {', '.join(_CHECKS) or 'none'} "
+            f"(declare it with @check({name!r}, ...) in a module imported before the suite)"
+        ) from None
 
 
 def specs() -> list[CheckSpec]:

@@ -6,6 +6,7 @@ report) or raises CheckFailure with one line, its evidence and a signature, so t
 matches the kind of failure, not just the test id: a case that fails differently is a new failure.
 Comparisons with eager live in harness/numerics.py and are computed once per case.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict
@@ -14,8 +15,8 @@ import numpy as np
 
 from harness import numerics
 from harness.check_registry import CheckFailure, InfrastructureError, NotApplicable, NotMeasured, check
-from harness.pipeline import cases, mutbuf
 from harness.outcome import CaseOutcome, PatternReference
+from harness.pipeline import cases, mutbuf
 from harness.vocabulary import FLOAT_DTYPE
 
 QNN_BACKEND = "QnnBackend"
@@ -38,8 +39,11 @@ def _require_run(outcome: CaseOutcome) -> None:
     if outcome.run is None and outcome.run_error_is_infrastructure:
         raise InfrastructureError(outcome.run_error)
     if outcome.run is None:
-        raise CheckFailure(outcome.run_error or "the case was not run on a device",
-                           {"device_log": outcome.device_log} if outcome.device_log else {}, "not_run")
+        raise CheckFailure(
+            outcome.run_error or "the case was not run on a device",
+            {"device_log": outcome.device_log} if outcome.device_log else {},
+            "not_run",
+        )
 
 
 # 1 ------------------------------------------------------------------------------------------------
@@ -52,8 +56,11 @@ def check_export(outcome: CaseOutcome) -> dict:
         raise CheckFailure("export facts missing although lowering succeeded", signature="lowering_failed")
     found, expected = sorted(facts.buffers_to_mutate), sorted(outcome.case.card.mutated_buffers)
     if found != expected:
-        raise CheckFailure(f"exported buffers_to_mutate {found} != the card's mutated buffers {expected}", asdict(facts),
-                           "buffers_to_mutate_mismatch")
+        raise CheckFailure(
+            f"exported buffers_to_mutate {found} != the card's mutated buffers {expected}",
+            asdict(facts),
+            "buffers_to_mutate_mismatch",
+        )
     return {"buffers_to_mutate": found}
 
 
@@ -70,16 +77,26 @@ def check_annotation(outcome: CaseOutcome) -> dict:
     evidence = asdict(facts)
     if facts.annotated_buffer_inputs:
         first = facts.annotated_buffer_inputs[0]
-        raise CheckFailure(f"mutated buffer {first['buffer']} is annotated for quantization as an input of "
-                           f"{first['op']} ({len(facts.annotated_buffer_inputs)} annotation(s))", evidence, "buffer_annotated")
+        raise CheckFailure(
+            f"mutated buffer {first['buffer']} is annotated for quantization as an input of "
+            f"{first['op']} ({len(facts.annotated_buffer_inputs)} annotation(s))",
+            evidence,
+            "buffer_annotated",
+        )
     if facts.qdq_around_buffers:
         first = facts.qdq_around_buffers[0]
-        raise CheckFailure(f"mutated buffer {first['buffer']} feeds {first['op']} after convert_pt2e", evidence, "qdq_around_buffer")
+        raise CheckFailure(
+            f"mutated buffer {first['buffer']} feeds {first['op']} after convert_pt2e", evidence, "qdq_around_buffer"
+        )
     if facts.folded_buffer_reads:
         name, counts = next(iter(facts.folded_buffer_reads.items()))
-        raise CheckFailure(f"convert_pt2e folded reads of mutated buffer {name} into constants "
-                           f"({counts['before']} reader(s) before, {counts['after']} after): its state is frozen "
-                           f"at the calibration value", evidence, "buffer_reads_folded")
+        raise CheckFailure(
+            f"convert_pt2e folded reads of mutated buffer {name} into constants "
+            f"({counts['before']} reader(s) before, {counts['after']} after): its state is frozen "
+            f"at the calibration value",
+            evidence,
+            "buffer_reads_folded",
+        )
     return evidence
 
 
@@ -90,16 +107,27 @@ def _partitions(outcome: CaseOutcome) -> dict:
     card, delegates = outcome.case.card, facts.delegates
     backends = sorted({d.backend for d in delegates})
     if len(delegates) != card.expected_partitions or backends != [QNN_BACKEND]:
-        raise CheckFailure(f"{len(delegates)} delegate(s) {backends}, expected {card.expected_partitions} x "
-                           f"{QNN_BACKEND}; outside the delegates: {', '.join(facts.ops_outside) or 'nothing'}", asdict(facts),
-                           "partition_count")
+        raise CheckFailure(
+            f"{len(delegates)} delegate(s) {backends}, expected {card.expected_partitions} x "
+            f"{QNN_BACKEND}; outside the delegates: {', '.join(facts.ops_outside) or 'nothing'}",
+            asdict(facts),
+            "partition_count",
+        )
     outside = sorted(facts.buffers_outside)
     if outcome.case.skip_mutable_buffer and outside != sorted(card.mutated_buffers):
-        raise CheckFailure(f"skip_mutable_buffer=True must keep {sorted(card.mutated_buffers)} outside the delegate "
-                           f"with its copy; outside are {outside}", asdict(facts), "buffer_not_outside")
+        raise CheckFailure(
+            f"skip_mutable_buffer=True must keep {sorted(card.mutated_buffers)} outside the delegate "
+            f"with its copy; outside are {outside}",
+            asdict(facts),
+            "buffer_not_outside",
+        )
     if not outcome.case.skip_mutable_buffer and outside:
-        raise CheckFailure(f"with buffer delegation, {outside} stayed outside the delegate "
-                           f"(ops outside: {', '.join(facts.ops_outside)})", asdict(facts), "buffer_outside_delegate")
+        raise CheckFailure(
+            f"with buffer delegation, {outside} stayed outside the delegate "
+            f"(ops outside: {', '.join(facts.ops_outside)})",
+            asdict(facts),
+            "buffer_outside_delegate",
+        )
     return {"delegates": len(delegates), "ops_outside": facts.ops_outside, "buffers_outside": outside}
 
 
@@ -110,17 +138,29 @@ def check_partitions(outcome: CaseOutcome) -> dict:
 
 
 # 4 ------------------------------------------------------------------------------------------------
-@check("address_sharing", short="addr", needs_device=True,
-       signatures=("mutbuf_in_skip_mode", "missing_executes", "no_mutbuf_pair", "unpaired_mutbuf", "split_address",
-                   "moved_address"))
+@check(
+    "address_sharing",
+    short="addr",
+    needs_device=True,
+    signatures=(
+        "mutbuf_in_skip_mode",
+        "missing_executes",
+        "no_mutbuf_pair",
+        "unpaired_mutbuf",
+        "split_address",
+        "moved_address",
+    ),
+)
 def check_address_sharing(outcome: CaseOutcome) -> dict:
     """Each delegated buffer's input and output share one address, the same at every execute."""
     _require_run(outcome)
     if outcome.run.trace is None:
         device = outcome.device
         if device is not None and not device.has_execute_trace:
-            raise NotMeasured(f"no execute trace from a {device.name}: its libQnnHtp.so is Qualcomm's own; pass "
-                              f"--android-ndk PATH (or set ANDROID_NDK_ROOT) to push the interposer in front of it")
+            raise NotMeasured(
+                f"no execute trace from a {device.name}: its libQnnHtp.so is Qualcomm's own; pass "
+                f"--android-ndk PATH (or set ANDROID_NDK_ROOT) to push the interposer in front of it"
+            )
         raise NotApplicable("no execute trace from this device (no QNN graph was executed)")
     records = mutbuf.read_trace(outcome.run.trace)
     executes = [r for r in records if r.get("event") == "execute"]
@@ -128,22 +168,38 @@ def check_address_sharing(outcome: CaseOutcome) -> dict:
     evidence = {"executes": len(executes), "bindings": [b.__dict__ for b in bindings[:64]]}
     if outcome.case.skip_mutable_buffer:
         if bindings:
-            raise CheckFailure(f"skip_mutable_buffer=True but the graph has mutbuf tensors ({bindings[0].input_name})", evidence, "mutbuf_in_skip_mode")
+            raise CheckFailure(
+                f"skip_mutable_buffer=True but the graph has mutbuf tensors ({bindings[0].input_name})",
+                evidence,
+                "mutbuf_in_skip_mode",
+            )
         return evidence
     if len(executes) < len(outcome.steps):
-        raise CheckFailure(f"{len(executes)} graph execute(s) traced for {len(outcome.steps)} steps", evidence, "missing_executes")
+        raise CheckFailure(
+            f"{len(executes)} graph execute(s) traced for {len(outcome.steps)} steps", evidence, "missing_executes"
+        )
     buffers = sorted({b.position for b in bindings})
     if len(buffers) < len(outcome.case.card.mutated_buffers):
-        raise CheckFailure(f"{len(buffers)} mutbuf pair(s) in the compiled graph for "
-                           f"{len(outcome.case.card.mutated_buffers)} mutated buffer(s)", evidence, "no_mutbuf_pair")
+        raise CheckFailure(
+            f"{len(buffers)} mutbuf pair(s) in the compiled graph for "
+            f"{len(outcome.case.card.mutated_buffers)} mutated buffer(s)",
+            evidence,
+            "no_mutbuf_pair",
+        )
     unpaired = [b for b in bindings if b.output_name is None]
     if unpaired:
-        raise CheckFailure(f"mutbuf input {unpaired[0].input_name} has no output with the same position", evidence, "unpaired_mutbuf")
+        raise CheckFailure(
+            f"mutbuf input {unpaired[0].input_name} has no output with the same position", evidence, "unpaired_mutbuf"
+        )
     split = [b for b in bindings if not b.shared]
     if split:
         b = split[0]
-        raise CheckFailure(f"execute {b.execute}: {b.input_name} at {b.input_address} but {b.output_name} at "
-                           f"{b.output_address} ({len(split)} split binding(s))", evidence, "split_address")
+        raise CheckFailure(
+            f"execute {b.execute}: {b.input_name} at {b.input_address} but {b.output_name} at "
+            f"{b.output_address} ({len(split)} split binding(s))",
+            evidence,
+            "split_address",
+        )
     moved = [p for p in buffers if len({b.input_address for b in bindings if b.position == p}) > 1]
     if moved:
         raise CheckFailure(f"mutbuf {moved[0]} changed address between executes", evidence, "moved_address")
@@ -159,20 +215,30 @@ def _classify(outcome: CaseOutcome, comparison: numerics.Comparison, what: str) 
     errors = comparison.errors
     bad = [e for e in errors if e.mismatches]
     first = bad[0]
-    line = (f"{what}: {sum(e.mismatches for e in bad)} element(s) out of tolerance in {len(bad)}/{len(errors)} step(s); "
-            f"first at step {first.step}, max abs error {first.max_abs_error:.4g}, SQNR {first.sqnr_db:.1f} dB")
+    line = (
+        f"{what}: {sum(e.mismatches for e in bad)} element(s) out of tolerance in {len(bad)}/{len(errors)} step(s); "
+        f"first at step {first.step}, max abs error {first.max_abs_error:.4g}, SQNR {first.sqnr_db:.1f} dB"
+    )
     if outcome.delegated_buffers:  # no buffer in the delegate (skip mode, or rejected ops): not this defect
         pattern = outcome.pattern_reference
         if pattern.comparison is not None and not pattern.comparison.mismatched:
-            raise CheckFailure(line + f"; the device equals eager started from its heap pattern {pattern.description}",
-                               _evidence(errors), UNINITIALISED_DELEGATED_BUFFER)
+            raise CheckFailure(
+                line + f"; the device equals eager started from its heap pattern {pattern.description}",
+                _evidence(errors),
+                UNINITIALISED_DELEGATED_BUFFER,
+            )
         if pattern.comparison is not None and not pattern.inconclusive:
             wrong = numerics.count(pattern.comparison.masks)
-            line += (f"; not the uninitialised-buffer defect: eager started from the heap pattern "
-                     f"{pattern.description} differs too ({wrong} element(s))")
+            line += (
+                f"; not the uninitialised-buffer defect: eager started from the heap pattern "
+                f"{pattern.description} differs too ({wrong} element(s))"
+            )
         elif _only_where_initial_value_matters(outcome, comparison.masks):
-            raise CheckFailure(line + f"; every mismatch depends on the buffer's initial value (unconfirmed: "
-                                      f"{_unconfirmed(pattern)})", _evidence(errors), UNINITIALISED_DELEGATED_BUFFER)
+            raise CheckFailure(
+                line + f"; every mismatch depends on the buffer's initial value (unconfirmed: {_unconfirmed(pattern)})",
+                _evidence(errors),
+                UNINITIALISED_DELEGATED_BUFFER,
+            )
     raise CheckFailure(line, _evidence(errors), "state_mismatch")
 
 
@@ -180,17 +246,27 @@ def _unconfirmed(pattern: PatternReference) -> str:
     """Why the exact signature could not decide, for the loose one's message."""
     if pattern.comparison is None:
         return pattern.description
-    return f"the device differs from eager started from the heap pattern {pattern.description}, but {pattern.inconclusive}"
+    return (
+        f"the device differs from eager started from the heap pattern {pattern.description}, but {pattern.inconclusive}"
+    )
 
 
 def _only_where_initial_value_matters(outcome: CaseOutcome, masks: numerics.Outputs) -> bool:
     """The loose signature: no mismatch in an element that does not depend on the initial value."""
-    return all(not np.any(mask & ~dep) for mask_row, dep_row in zip(masks, outcome.initial_value_dependence)
-               for mask, dep in zip(mask_row, dep_row))
+    return all(
+        not np.any(mask & ~dep)
+        for mask_row, dep_row in zip(masks, outcome.initial_value_dependence)
+        for mask, dep in zip(mask_row, dep_row)
+    )
 
 
-@check("state", short="state", needs_device=True, signatures=("state_mismatch", UNINITIALISED_DELEGATED_BUFFER),
-       matrix=cases.with_meta_llama)
+@check(
+    "state",
+    short="state",
+    needs_device=True,
+    signatures=("state_mismatch", UNINITIALISED_DELEGATED_BUFFER),
+    matrix=cases.with_meta_llama,
+)
 def check_state(outcome: CaseOutcome) -> dict:
     """Step by step the device matches eager within the dtype's tolerance."""
     _require_run(outcome)
@@ -200,8 +276,13 @@ def check_state(outcome: CaseOutcome) -> dict:
     return _evidence(comparison.errors)
 
 
-@check("initial_state", short="init", needs_device=True,
-       signatures=("initial_value_ignored", UNINITIALISED_DELEGATED_BUFFER), matrix=cases.with_meta_llama)
+@check(
+    "initial_state",
+    short="init",
+    needs_device=True,
+    signatures=("initial_value_ignored", UNINITIALISED_DELEGATED_BUFFER),
+    matrix=cases.with_meta_llama,
+)
 def check_initial_state(outcome: CaseOutcome) -> dict:
     """Output elements that depend on the registered initial value match eager (the buffer started
     from that value on the device)."""
@@ -213,27 +294,43 @@ def check_initial_state(outcome: CaseOutcome) -> dict:
     only_dependent = numerics.only_where(comparison.masks, dependence)
     wrong = numerics.count(only_dependent)
     if wrong:
-        step_errors = [numerics.StepError(e.step, e.max_abs_error, e.sqnr_db, int(sum(m.sum() for m in row)))
-                       for e, row in zip(comparison.errors, only_dependent)]
+        step_errors = [
+            numerics.StepError(e.step, e.max_abs_error, e.sqnr_db, int(sum(m.sum() for m in row)))
+            for e, row in zip(comparison.errors, only_dependent)
+        ]
         first = next(e for e in step_errors if e.mismatches)
-        message = (f"{wrong} output element(s) that depend on the registered initial value differ from eager, "
-                   f"first at step {first.step}")
+        message = (
+            f"{wrong} output element(s) that depend on the registered initial value differ from eager, "
+            f"first at step {first.step}"
+        )
         if not outcome.delegated_buffers:
             raise CheckFailure(message, _evidence(step_errors), "initial_value_ignored")
         pattern = outcome.pattern_reference
-        unexplained = (numerics.count(numerics.only_where(pattern.comparison.masks, dependence))
-                       if pattern.comparison is not None else None)
+        unexplained = (
+            numerics.count(numerics.only_where(pattern.comparison.masks, dependence))
+            if pattern.comparison is not None
+            else None
+        )
         if unexplained == 0:
-            raise CheckFailure(message + f"; they equal eager started from the heap pattern {pattern.description}: "
-                                         f"the delegated buffer started uninitialised", _evidence(step_errors),
-                               UNINITIALISED_DELEGATED_BUFFER)
+            raise CheckFailure(
+                message + f"; they equal eager started from the heap pattern {pattern.description}: "
+                f"the delegated buffer started uninitialised",
+                _evidence(step_errors),
+                UNINITIALISED_DELEGATED_BUFFER,
+            )
         if unexplained is None or pattern.inconclusive:
-            raise CheckFailure(message + f"; the delegated buffer did not start from its registered value "
-                                         f"(unconfirmed: {_unconfirmed(pattern)})", _evidence(step_errors),
-                               UNINITIALISED_DELEGATED_BUFFER)
-        raise CheckFailure(message + f"; not the uninitialised-buffer defect: {unexplained} of them differ from eager "
-                                     f"started from the heap pattern {pattern.description} too", _evidence(step_errors),
-                           "initial_value_ignored")
+            raise CheckFailure(
+                message + f"; the delegated buffer did not start from its registered value "
+                f"(unconfirmed: {_unconfirmed(pattern)})",
+                _evidence(step_errors),
+                UNINITIALISED_DELEGATED_BUFFER,
+            )
+        raise CheckFailure(
+            message + f"; not the uninitialised-buffer defect: {unexplained} of them differ from eager "
+            f"started from the heap pattern {pattern.description} too",
+            _evidence(step_errors),
+            "initial_value_ignored",
+        )
     return {"dependent_elements": numerics.count(dependence)}
 
 
@@ -243,13 +340,21 @@ def check_meta_llama_partitions(outcome: CaseOutcome) -> dict:
     partitions; what the flow gives with the pass off is recorded as evidence, not judged."""
     facts = outcome.artifact.facts
     without = facts.partitions_without_convert_bmm
-    recorded = {"delegates_without_convert_bmm": len(without.delegates) if without else None,
-                "without_convert_bmm_error": facts.without_convert_bmm_error}
+    recorded = {
+        "delegates_without_convert_bmm": len(without.delegates) if without else None,
+        "without_convert_bmm_error": facts.without_convert_bmm_error,
+    }
     try:
         result = _partitions(outcome)
     except CheckFailure as failure:
-        off = (f"{len(without.delegates)} delegate(s)" if without
-               else f"no lowering ({facts.without_convert_bmm_error})" if facts.without_convert_bmm_error else "not recorded")
-        raise CheckFailure(f"{failure} (with ConvertBmmToMatmul off: {off})", {**failure.evidence, **recorded},
-                           failure.signature) from None
+        off = (
+            f"{len(without.delegates)} delegate(s)"
+            if without
+            else f"no lowering ({facts.without_convert_bmm_error})"
+            if facts.without_convert_bmm_error
+            else "not recorded"
+        )
+        raise CheckFailure(
+            f"{failure} (with ConvertBmmToMatmul off: {off})", {**failure.evidence, **recorded}, failure.signature
+        ) from None
     return {**result, **recorded}

@@ -4,6 +4,7 @@ The controller (the only process when xdist is off) resolves the options into de
 provider (harness/providers.py) and makes a run id (harness/session.py). Workers receive this as JSON,
 so every worker collects the same cases and talks to the same adb server.
 """
+
 from __future__ import annotations
 
 import json
@@ -41,12 +42,19 @@ class RunContext:
         return json.dumps(data)
 
     @classmethod
-    def from_json(cls, text: str) -> "RunContext":
+    def from_json(cls, text: str) -> RunContext:
         data = json.loads(text)
-        return cls(data["run_id"], tuple(DeviceSpec(**spec) for spec in data["devices"]),
-                   data["emulated_pids"], tuple(data["started_pids"]), Path(data["work_dir"]),
-                   Path(data["lowering_server"]) if data.get("lowering_server") else None,
-                   data.get("quarantined") or {}, data.get("provenance") or {}, data.get("lowering_server_pid"))
+        return cls(
+            data["run_id"],
+            tuple(DeviceSpec(**spec) for spec in data["devices"]),
+            data["emulated_pids"],
+            tuple(data["started_pids"]),
+            Path(data["work_dir"]),
+            Path(data["lowering_server"]) if data.get("lowering_server") else None,
+            data.get("quarantined") or {},
+            data.get("provenance") or {},
+            data.get("lowering_server_pid"),
+        )
 
 
 def new_run_id() -> str:

@@ -3,6 +3,7 @@
 Also the one print that cannot fail: a diagnostic line is written where a terminal, a pytest capture file
 or a pipe may be broken or on a full disk, and a line that cannot be shown must not become the error.
 """
+
 from __future__ import annotations
 
 import errno
@@ -10,8 +11,9 @@ import json
 import os
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 

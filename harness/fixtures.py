@@ -3,11 +3,12 @@
 Layered like pytest-embedded's services: suites ask for `run_check` (or `case_store`) and never see adb,
 executorch or the emulator behind it.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -53,21 +54,38 @@ def worker_id_name() -> str:
 
 @pytest.fixture(scope="session")
 def device_pool(run_context, qnnsuite_options, toolchain, worker_id_name):
-    given = kinds.payload_inputs(toolchain.sdk, qnnsuite_options.runner, qnnsuite_options.backend_lib,
-                                 qnnsuite_options.android_ndk)  # built and checked by the controller already
-    pool = DevicePool(list(run_context.devices), run_context.run_id, worker_id_name,
-                      sdk=toolchain.sdk, runner=given.runner, backend_lib=given.backend_lib,
-                      trace_interposer=given.trace_interposer, quarantined=dict(run_context.quarantined))
+    given = kinds.payload_inputs(
+        toolchain.sdk, qnnsuite_options.runner, qnnsuite_options.backend_lib, qnnsuite_options.android_ndk
+    )  # built and checked by the controller already
+    pool = DevicePool(
+        list(run_context.devices),
+        run_context.run_id,
+        worker_id_name,
+        sdk=toolchain.sdk,
+        runner=given.runner,
+        backend_lib=given.backend_lib,
+        trace_interposer=given.trace_interposer,
+        quarantined=dict(run_context.quarantined),
+    )
     yield pool
     for line in pool.close(keep=qnnsuite_options.keep_workspace):
         say(line)  # a teardown line that cannot be shown must not become an error charged to a test
 
 
 @pytest.fixture(scope="session")
-def case_store(pytestconfig, run_context, qnnsuite_options, toolchain, device_pool, worker_id_name) -> Iterator[CaseStore]:
-    store = CaseStore(toolchain, None if qnnsuite_options.compile_only else device_pool, run_context.work_dir,
-                      worker_id_name, qnnsuite_options.steps_for, qnnsuite_options.runner_timeout_s,
-                      qnnsuite_options.cache_dir, run_context.lowering_server)
+def case_store(
+    pytestconfig, run_context, qnnsuite_options, toolchain, device_pool, worker_id_name
+) -> Iterator[CaseStore]:
+    store = CaseStore(
+        toolchain,
+        None if qnnsuite_options.compile_only else device_pool,
+        run_context.work_dir,
+        worker_id_name,
+        qnnsuite_options.steps_for,
+        qnnsuite_options.runner_timeout_s,
+        qnnsuite_options.cache_dir,
+        run_context.lowering_server,
+    )
     order = pytestconfig.stash.get(CASE_ORDER, None)  # known in a run without xdist workers
     if order:
         store.lower_ahead(order)
@@ -79,7 +97,9 @@ def case_store(pytestconfig, run_context, qnnsuite_options, toolchain, device_po
 def repro_bundles(run_context, qnnsuite_options, toolchain) -> Iterator[BundleWriter]:
     """Reproduction bundles go beside the run's reports (reports/<run>/<SOC>/repro/), written by the worker;
     the last case's archive is made when the worker's session ends, before the controller writes the reports."""
-    writer = BundleWriter(qnnsuite_options.report_dir.resolve() / run_context.run_id, toolchain, qnnsuite_options.repro_all)
+    writer = BundleWriter(
+        qnnsuite_options.report_dir.resolve() / run_context.run_id, toolchain, qnnsuite_options.repro_all
+    )
     yield writer
     writer.archive()
 
@@ -96,9 +116,17 @@ def run_check(request, case_store, qnnsuite_options, repro_bundles):
             pytest.skip("--compile-only: no device runs")
         outcome = case_store.executed(case) if spec.needs_device else case_store.lowered(case)
         item = request.node
-        judgement = verdicts.judge(spec, case, outcome, item.stash.get(verdicts.EXPECTED, []), item.nodeid,
-                                   words=lambda error: str(item.repr_failure(pytest.ExceptionInfo.from_exception(error))))
-        record = repro_bundles.add(judgement.record, outcome=outcome, signature=judgement.signature, known=judgement.known)
+        judgement = verdicts.judge(
+            spec,
+            case,
+            outcome,
+            item.stash.get(verdicts.EXPECTED, []),
+            item.nodeid,
+            words=lambda error: str(item.repr_failure(pytest.ExceptionInfo.from_exception(error))),
+        )
+        record = repro_bundles.add(
+            judgement.record, outcome=outcome, signature=judgement.signature, known=judgement.known
+        )
         item.stash[verdicts.JUDGEMENT] = dataclasses.replace(judgement, record=record)
         raised = judgement.exception()
         if raised is not None:  # its report is worded by verdicts.settle() (a harness bug keeps pytest's words)

@@ -9,6 +9,7 @@ the CaseStore, and compared with eager by the same tolerances as every case. A d
 quarantined: one line on stderr naming it and the cause, and its cases raise InfrastructureError with that
 line (harness/device/pool.py). The same visit measures the device's provenance (harness/device/provenance.py).
 """
+
 from __future__ import annotations
 
 import threading
@@ -16,14 +17,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.case_store import CaseStore
 from harness.device import kinds, provenance
-from harness.device.kinds import PayloadInputs
 from harness.device.device import WORKSPACE_ROOT
+from harness.device.kinds import PayloadInputs
 from harness.device.pool import DevicePool, DeviceSpec
+from harness.outcome import CaseOutcome
 from harness.pipeline.health_card import HEALTH_CARD, STEPS
 from harness.qnn.toolchain import Toolchain
-from harness.outcome import CaseOutcome
-from harness.case_store import CaseStore
 from harness.vocabulary import FLOAT_DTYPE, Case, Mode
 
 # A one-op program runs in well under a second on a phone's HTP; a minute covers a slow first DSP start
@@ -55,22 +56,31 @@ def verdict(outcome: CaseOutcome) -> str | None:
         return f"its output is not the program's: {error}"
     if comparison.mismatched:
         worst = max(comparison.errors, key=lambda e: e.max_abs_error)
-        return (f"its output differs from eager: {sum(e.mismatches for e in comparison.errors)} element(s) out of "
-                f"tolerance, max abs error {worst.max_abs_error:.4g} at step {worst.step}")
+        return (
+            f"its output differs from eager: {sum(e.mismatches for e in comparison.errors)} element(s) out of "
+            f"tolerance, max abs error {worst.max_abs_error:.4g} at step {worst.step}"
+        )
     return None
 
 
 def quarantine_line(spec: DeviceSpec, cause: str) -> str:
-    return (f"device {spec.label} ({spec.soc}) quarantined: it failed the health check (a one-op program): "
-            f"{cause}")
+    return f"device {spec.label} ({spec.soc}) quarantined: it failed the health check (a one-op program): {cause}"
 
 
 class HealthCheck:
     """One run's health checks; `run()` visits every device in parallel and returns what it found."""
 
-    def __init__(self, specs: tuple[DeviceSpec, ...], run_id: str, toolchain: Toolchain,
-                 work_dir: Path, given: PayloadInputs, runner_timeout_s: float, cache_dir: Path | None,
-                 lowering_server: Path | None) -> None:
+    def __init__(
+        self,
+        specs: tuple[DeviceSpec, ...],
+        run_id: str,
+        toolchain: Toolchain,
+        work_dir: Path,
+        given: PayloadInputs,
+        runner_timeout_s: float,
+        cache_dir: Path | None,
+        lowering_server: Path | None,
+    ) -> None:
         self._specs, self._run_id = specs, run_id
         self._toolchain, self._work_dir, self._given = toolchain, work_dir, given
         self._timeout_s = min(runner_timeout_s, HEALTH_TIMEOUT_S)
@@ -80,8 +90,10 @@ class HealthCheck:
 
     def run(self) -> HealthResults:
         started = time.perf_counter()
-        threads = [threading.Thread(target=self._visit, args=(index, spec), name=f"health {spec.serial}", daemon=True)
-                   for index, spec in enumerate(self._specs)]
+        threads = [
+            threading.Thread(target=self._visit, args=(index, spec), name=f"health {spec.serial}", daemon=True)
+            for index, spec in enumerate(self._specs)
+        ]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -92,17 +104,28 @@ class HealthCheck:
     def _visit(self, index: int, spec: DeviceSpec) -> None:
         worker = f"health-{index}"  # its own host and device folders, even for two devices of one SoC
         given = self._given
-        pool = DevicePool([spec], self._run_id, worker, self._toolchain.sdk, given.runner,
-                          given.backend_lib, given.trace_interposer)
-        store = CaseStore(self._toolchain, pool, self._work_dir, worker, lambda tags: STEPS, self._timeout_s,
-                          self._cache_dir, self._lowering_server)
+        pool = DevicePool(
+            [spec], self._run_id, worker, self._toolchain.sdk, given.runner, given.backend_lib, given.trace_interposer
+        )
+        store = CaseStore(
+            self._toolchain,
+            pool,
+            self._work_dir,
+            worker,
+            lambda tags: STEPS,
+            self._timeout_s,
+            self._cache_dir,
+            self._lowering_server,
+        )
         cause, status = None, "passed"
         try:
             outcome = store.executed(health_case(spec.soc))
             if not outcome.artifact.ok:  # not the device's fault: say so, and let it take cases
                 status = f"not checked: its program could not be lowered ({outcome.artifact.failure.splitlines()[0]})"
-                self._say(f"qnnsuite: device {spec.serial} ({spec.soc}) is not health-checked: the one-op program "
-                          f"could not be lowered ({outcome.artifact.failure.splitlines()[0]})")
+                self._say(
+                    f"qnnsuite: device {spec.serial} ({spec.soc}) is not health-checked: the one-op program "
+                    f"could not be lowered ({outcome.artifact.failure.splitlines()[0]})"
+                )
             else:
                 cause = verdict(outcome)
             found = self._provenance(pool, spec)
@@ -111,8 +134,13 @@ class HealthCheck:
         finally:
             pool.close(keep=False)
         with self._lock:
-            self._results.provenance[spec.label] = {"serial": spec.serial, "device": spec.label, "soc": spec.soc, **found,
-                                                    "health": cause or status}
+            self._results.provenance[spec.label] = {
+                "serial": spec.serial,
+                "device": spec.label,
+                "soc": spec.soc,
+                **found,
+                "health": cause or status,
+            }
             if cause is not None:
                 line = quarantine_line(spec, cause)
                 self._results.quarantined[spec.label] = line
@@ -122,10 +150,14 @@ class HealthCheck:
         try:
             payload = kinds.of(spec.kind).payload(spec.abi, spec.htp_arch, self._given)
             device = pool.device(spec.label)
-            return provenance.measure(device, spec.kind, payload, f"{WORKSPACE_ROOT}/{self._run_id}/payload",
-                                      self._toolchain.sdk)
+            return provenance.measure(
+                device, spec.kind, payload, f"{WORKSPACE_ROOT}/{self._run_id}/payload", self._toolchain.sdk
+            )
         except Exception as error:  # provenance not measured is said in the report, never a quarantine
-            return {"kind": spec.kind, "problem": f"provenance not measured: {str(error).splitlines()[0] if str(error) else type(error).__name__}"}
+            return {
+                "kind": spec.kind,
+                "problem": f"provenance not measured: {str(error).splitlines()[0] if str(error) else type(error).__name__}",
+            }
 
     def _say(self, line: str) -> None:
         with self._lock:

@@ -10,6 +10,7 @@ An entry may be scoped to versions: `executorch = ">=1.4"` (PEP 440 specifiers o
 under test) and `qnn = "<2.51"` (on the QAIRT release of the QNN libraries, read from libQnnHtp.so).
 Outside its scope an entry does not exist, so one manifest stays strict across a version matrix.
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -53,16 +54,20 @@ class KnownFailure:
     executorch: str = ""  # version scope on the executorch under test, e.g. ">=1.4" (empty: every version)
     qnn: str = ""  # version scope on the QAIRT release of the QNN libraries, e.g. "<2.51" (empty: every one)
 
-    def in_scope(self, versions: "VersionsUnderTest") -> bool:
+    def in_scope(self, versions: VersionsUnderTest) -> bool:
         """Whether this entry applies to these versions; a scope only asks for the version it names."""
-        return ((not self.executorch or SpecifierSet(self.executorch).contains(versions.executorch(), prereleases=True))
-                and (not self.qnn or SpecifierSet(self.qnn).contains(versions.qnn(), prereleases=True)))
+        return (
+            not self.executorch or SpecifierSet(self.executorch).contains(versions.executorch(), prereleases=True)
+        ) and (not self.qnn or SpecifierSet(self.qnn).contains(versions.qnn(), prereleases=True))
 
     def explains(self, failure: BaseException) -> bool:
         """The failure is the one this entry expects: its signature, and its message (the first
         MATCHED_MESSAGE_CHARS characters, so no message makes a pattern's match run long) matches."""
-        return (isinstance(failure, CheckFailure) and failure.signature == self.signature
-                and re.search(self.message, str(failure)[:MATCHED_MESSAGE_CHARS]) is not None)
+        return (
+            isinstance(failure, CheckFailure)
+            and failure.signature == self.signature
+            and re.search(self.message, str(failure)[:MATCHED_MESSAGE_CHARS]) is not None
+        )
 
     def describe(self) -> str:
         return f"known failure [{self.signature}]: {self.reason}" + (f" ({self.reference})" if self.reference else "")
@@ -113,12 +118,16 @@ def _checked_message(path: Path, entry: KnownFailure) -> None:
     try:
         re.compile(entry.message)
     except re.error as error:
-        raise ValueError(f"{path}: entry {entry.pattern!r} has message {entry.message!r}, not a regular "
-                         f"expression ({error}): fix or escape it") from None
+        raise ValueError(
+            f"{path}: entry {entry.pattern!r} has message {entry.message!r}, not a regular "
+            f"expression ({error}): fix or escape it"
+        ) from None
     if problem := backtracking_risk(entry.message):
-        raise ValueError(f"{path}: entry {entry.pattern!r} has message {entry.message!r} with {problem}: a "
-                         f"failure's message could make matching it run for hours; match a plainer part of the "
-                         f"message (e.g. a literal phrase)")
+        raise ValueError(
+            f"{path}: entry {entry.pattern!r} has message {entry.message!r} with {problem}: a "
+            f"failure's message could make matching it run for hours; match a plainer part of the "
+            f"message (e.g. a literal phrase)"
+        )
 
 
 @cache
@@ -145,8 +154,10 @@ def load(path: Path = MANIFEST) -> tuple[KnownFailure, ...]:
             try:
                 SpecifierSet(scope)
             except InvalidSpecifier:
-                raise ValueError(f"{path}: entry {entry.pattern!r} has {field} = {scope!r}, not a version "
-                                 f"specifier: write e.g. \">=1.4\" or \">=2.47,<2.51\"") from None
+                raise ValueError(
+                    f"{path}: entry {entry.pattern!r} has {field} = {scope!r}, not a version "
+                    f'specifier: write e.g. ">=1.4" or ">=2.47,<2.51"'
+                ) from None
         entries.append(entry)
     return tuple(entries)
 
@@ -164,22 +175,26 @@ class VersionsUnderTest:
     def __init__(self, executorch: str | None = None, qnn: str | None = None) -> None:
         self._executorch, self._qnn = executorch, qnn
 
-    @cache
+    @cache  # noqa: B019 - one instance per run: the memo is meant to live as long as it
     def executorch(self) -> Version:
         raw = self._executorch
         if raw is None:
             try:
                 raw = metadata.version("executorch")
             except metadata.PackageNotFoundError:
-                raise ValueError("an entry is scoped to executorch versions but executorch is not installed: "
-                                 "run the README's set-up command") from None
+                raise ValueError(
+                    "an entry is scoped to executorch versions but executorch is not installed: "
+                    "run the README's set-up command"
+                ) from None
         try:
             return Version(raw)
         except InvalidVersion:
-            raise ValueError(f"executorch version {raw!r} is not a PEP 440 version, so executorch scopes "
-                             f"cannot be evaluated: install a released or dev build") from None
+            raise ValueError(
+                f"executorch version {raw!r} is not a PEP 440 version, so executorch scopes "
+                f"cannot be evaluated: install a released or dev build"
+            ) from None
 
-    @cache
+    @cache  # noqa: B019 - as executorch() above
     def qnn(self) -> Version:
         from harness.qnn import qairt, sdk
 

@@ -5,6 +5,7 @@ what a buffer reads from a heap pattern) are harness/pipeline/eager.py's, made b
 imports nothing of the suite, so a reproduction bundle carries it unchanged; the checks ask a case's
 outcome, which computes each of these once and shares it between the state and initial-state checks.
 """
+
 from __future__ import annotations
 
 import math
@@ -53,7 +54,7 @@ def tolerance(dtype: str, reference: np.ndarray) -> np.ndarray:
 
 
 def sqnr_db(reference: np.ndarray, error: np.ndarray) -> float:
-    signal, noise = float(np.sum(reference ** 2)), float(np.sum(error ** 2))
+    signal, noise = float(np.sum(reference**2)), float(np.sum(error**2))
     if noise == 0:
         return math.inf
     return 10 * math.log10(signal / noise) if signal > 0 else -math.inf
@@ -81,8 +82,9 @@ def compare(device: Outputs, reference: Outputs, dtype: str) -> Comparison:
 FIXED_POINT_TYPES = {0x0308: (1, True), 0x0316: (2, True), 0x0408: (1, False), 0x0416: (2, False)}
 
 
-def pattern_dequantized(pattern: int, value: torch.Tensor, stored_bytes: int, data_type: int | None,
-                        scale: float | None, offset: int | None) -> torch.Tensor | None:
+def pattern_dequantized(
+    pattern: int, value: torch.Tensor, stored_bytes: int, data_type: int | None, scale: float | None, offset: int | None
+) -> torch.Tensor | None:
     """What a buffer the delegate stores in fixed point reads when its memory holds only the byte `pattern`:
     the stored integer (every byte the pattern) dequantized as QNN does, (q + offset) x scale, in the
     buffer's own dtype. None when the encoding is not a known per-tensor scale and offset."""
@@ -95,7 +97,9 @@ def pattern_dequantized(pattern: int, value: torch.Tensor, stored_bytes: int, da
 
 
 def only_where(masks: Outputs, selection: Outputs) -> Outputs:
-    return [[mask & chosen for mask, chosen in zip(mask_row, chosen_row)] for mask_row, chosen_row in zip(masks, selection)]
+    return [
+        [mask & chosen for mask, chosen in zip(mask_row, chosen_row)] for mask_row, chosen_row in zip(masks, selection)
+    ]
 
 
 def count(masks: Outputs) -> int:

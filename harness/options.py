@@ -3,6 +3,7 @@
 Kept apart from the hooks (harness/plugin.py) as pytest does with its own plugins: this module only
 declares options and turns them into a RunOptions value, with one clear line for each bad value.
 """
+
 from __future__ import annotations
 
 import os
@@ -29,50 +30,115 @@ DEFAULT_CACHE_DIR = REPO_ROOT / ".cache" / "artifacts"
 
 def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("qnnsuite", "QNN mutable-buffer conformance")
-    group.addoption("--device", action="append", default=[], metavar="SERIAL",
-                    help="adb serial of a device to test (repeatable; 'all' = every attached device; HOST:PORT/SERIAL "
-                         "for a serial that two --adb-server list; ANDROID_SERIAL is honoured). Without it, "
-                         "emulated devices are used.")
-    group.addoption("--adb-server", action="append", default=[], metavar="HOST:PORT",
-                    help="adb server whose devices --device selects from (repeatable; default the local one: "
-                         "ADB_SERVER_SOCKET=tcp:HOST:PORT, else ANDROID_ADB_SERVER_PORT, else 5037). "
-                         "Without --device, every ready device of the named servers is used.")
-    group.addoption("--shard", default=None, metavar="INDEX/COUNT",
-                    help="run only this shard of the cases (e.g. 2/4; all checks of a case stay in one shard)")
-    group.addoption("--shard-timings", default=None, metavar="REPORT",
-                    help="with --shard: balance the shards by the case durations of this report.json or run folder")
+    group.addoption(
+        "--device",
+        action="append",
+        default=[],
+        metavar="SERIAL",
+        help="adb serial of a device to test (repeatable; 'all' = every attached device; HOST:PORT/SERIAL "
+        "for a serial that two --adb-server list; ANDROID_SERIAL is honoured). Without it, "
+        "emulated devices are used.",
+    )
+    group.addoption(
+        "--adb-server",
+        action="append",
+        default=[],
+        metavar="HOST:PORT",
+        help="adb server whose devices --device selects from (repeatable; default the local one: "
+        "ADB_SERVER_SOCKET=tcp:HOST:PORT, else ANDROID_ADB_SERVER_PORT, else 5037). "
+        "Without --device, every ready device of the named servers is used.",
+    )
+    group.addoption(
+        "--shard",
+        default=None,
+        metavar="INDEX/COUNT",
+        help="run only this shard of the cases (e.g. 2/4; all checks of a case stay in one shard)",
+    )
+    group.addoption(
+        "--shard-timings",
+        default=None,
+        metavar="REPORT",
+        help="with --shard: balance the shards by the case durations of this report.json or run folder",
+    )
     group.addoption("--soc", action="append", default=[], metavar="SOC", help="only run cases for these SoCs")
-    group.addoption("--emulate", default=None, metavar="SOC[,SOC]",
-                    help=f"emulated devices to start when no --device is given (default {','.join(DEFAULT_EMULATED)})")
+    group.addoption(
+        "--emulate",
+        default=None,
+        metavar="SOC[,SOC]",
+        help=f"emulated devices to start when no --device is given (default {','.join(DEFAULT_EMULATED)})",
+    )
     group.addoption("--dtype", action="append", default=[], choices=DTYPES, help="only these dtypes (repeatable)")
-    group.addoption("--steps", type=int, default=None, metavar="N",
-                    help=f"steps per case (default {DEFAULT_STEPS}; llama cards {DEFAULT_LLAMA_STEPS})")
+    group.addoption(
+        "--steps",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"steps per case (default {DEFAULT_STEPS}; llama cards {DEFAULT_LLAMA_STEPS})",
+    )
     group.addoption("--runner", default=None, metavar="PATH", help="Android qnn_executor_runner to push to phones")
-    group.addoption("--backend-lib", default=None, metavar="PATH",
-                    help="libqnn_executorch_backend.so to push to phones (default: beside the runner, else "
-                         "BUILD/backends/qualcomm/ of the runner's build folder BUILD)")
-    group.addoption("--android-ndk", default=None, metavar="PATH",
-                    help="Android NDK (else ANDROID_NDK_ROOT): build the interposer for phones and push it, so "
-                         "address sharing is measured there too")
-    group.addoption("--qnn-sdk", default=None, metavar="PATH",
-                    help="QNN SDK root (else QNN_SDK_ROOT, else the onnxruntime-qnn wheel's libraries)")
-    group.addoption("--models", action="append", default=[], metavar="MODULE",
-                    help="also load model cards from this importable module (repeatable)")
+    group.addoption(
+        "--backend-lib",
+        default=None,
+        metavar="PATH",
+        help="libqnn_executorch_backend.so to push to phones (default: beside the runner, else "
+        "BUILD/backends/qualcomm/ of the runner's build folder BUILD)",
+    )
+    group.addoption(
+        "--android-ndk",
+        default=None,
+        metavar="PATH",
+        help="Android NDK (else ANDROID_NDK_ROOT): build the interposer for phones and push it, so "
+        "address sharing is measured there too",
+    )
+    group.addoption(
+        "--qnn-sdk",
+        default=None,
+        metavar="PATH",
+        help="QNN SDK root (else QNN_SDK_ROOT, else the onnxruntime-qnn wheel's libraries)",
+    )
+    group.addoption(
+        "--models",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="also load model cards from this importable module (repeatable)",
+    )
     group.addoption("--report-dir", default="reports", metavar="DIR", help="where reports/<run>/<SOC>/ are written")
-    group.addoption("--baseline", default=None, metavar="PATH", help="report.json (or a folder of them) to gate against")
-    group.addoption("--allow-missing", action="store_true",
-                    help="gate: a check of the baseline that this run lacks does not fail the gate (a narrowed run)")
-    group.addoption("--known-failures", default=str(MANIFEST), metavar="FILE",
-                    help="known-failures manifest to judge failures by (default fixtures/known_failures.toml)")
+    group.addoption(
+        "--baseline", default=None, metavar="PATH", help="report.json (or a folder of them) to gate against"
+    )
+    group.addoption(
+        "--allow-missing",
+        action="store_true",
+        help="gate: a check of the baseline that this run lacks does not fail the gate (a narrowed run)",
+    )
+    group.addoption(
+        "--known-failures",
+        default=str(MANIFEST),
+        metavar="FILE",
+        help="known-failures manifest to judge failures by (default fixtures/known_failures.toml)",
+    )
     group.addoption("--compile-only", action="store_true", help="export, quantize and lower only; no device runs")
-    group.addoption("--runner-timeout", type=float, default=300.0, metavar="S",
-                    help="kill a device run after S seconds (default 300)")
-    group.addoption("--cache-dir", default=str(DEFAULT_CACHE_DIR), metavar="DIR",
-                    help="lowered artifacts kept by content key across runs (default .cache/artifacts)")
+    group.addoption(
+        "--runner-timeout",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="kill a device run after S seconds (default 300)",
+    )
+    group.addoption(
+        "--cache-dir",
+        default=str(DEFAULT_CACHE_DIR),
+        metavar="DIR",
+        help="lowered artifacts kept by content key across runs (default .cache/artifacts)",
+    )
     group.addoption("--no-cache", action="store_true", help="lower every case afresh (this run only)")
     group.addoption("--keep-workspace", action="store_true", help="keep device workspaces and print their paths")
-    group.addoption("--repro-all", action="store_true",
-                    help="write reproduction bundles (reports/<run>/<SOC>/repro/) for passing cases too, not only failures")
+    group.addoption(
+        "--repro-all",
+        action="store_true",
+        help="write reproduction bundles (reports/<run>/<SOC>/repro/) for passing cases too, not only failures",
+    )
 
 
 @dataclass(frozen=True)
@@ -146,7 +212,9 @@ def parse(config: pytest.Config) -> RunOptions:
         raise pytest.UsageError(f"--known-failures {manifest} does not exist: pass a known-failures TOML file")
     baseline = config.getoption("--baseline")
     if baseline and not Path(baseline).exists():
-        raise pytest.UsageError(f"--baseline {baseline} does not exist: pass a previous report.json or a folder of them")
+        raise pytest.UsageError(
+            f"--baseline {baseline} does not exist: pass a previous report.json or a folder of them"
+        )
     report_dir = Path(config.getoption("--report-dir"))
     if (problem := unwritable_reason(report_dir)) is not None:  # found now, not after an hour of running
         raise pytest.UsageError(f"--report-dir {report_dir}: {problem}: pass a folder this user can write to")
@@ -187,16 +255,22 @@ def trusted_cache_dir(given: Path) -> Path:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
         info = os.stat(path)
     except OSError as error:
-        raise pytest.UsageError(f"--cache-dir {path} cannot be created ({error.strerror}): pass a folder of "
-                                f"your own with --cache-dir, or --no-cache") from None
+        raise pytest.UsageError(
+            f"--cache-dir {path} cannot be created ({error.strerror}): pass a folder of "
+            f"your own with --cache-dir, or --no-cache"
+        ) from None
     if not stat.S_ISDIR(info.st_mode):
         raise pytest.UsageError(f"--cache-dir {path} is not a folder: pass a folder of your own with --cache-dir")
     if info.st_uid != os.getuid():
-        raise pytest.UsageError(f"--cache-dir {path} belongs to uid {info.st_uid}, not to you (uid {os.getuid()}): "
-                                f"someone else could plant entries there; pass a folder of your own with --cache-dir")
+        raise pytest.UsageError(
+            f"--cache-dir {path} belongs to uid {info.st_uid}, not to you (uid {os.getuid()}): "
+            f"someone else could plant entries there; pass a folder of your own with --cache-dir"
+        )
     if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise pytest.UsageError(f"--cache-dir {path} has mode {stat.S_IMODE(info.st_mode):o}, writable by others: "
-                                f"run `chmod go-w {shlex.quote(str(path))}`, or pass another folder with --cache-dir")
+        raise pytest.UsageError(
+            f"--cache-dir {path} has mode {stat.S_IMODE(info.st_mode):o}, writable by others: "
+            f"run `chmod go-w {shlex.quote(str(path))}`, or pass another folder with --cache-dir"
+        )
     return path
 
 
@@ -206,6 +280,8 @@ def _android_ndk(option: str | None) -> Path | None:
     if not value:
         return None
     if not Path(value).is_dir():
-        raise pytest.UsageError(f"{origin} {value} is not a folder: pass the root of an Android NDK, or leave it "
-                                f"unset (address sharing is then not measured on phones)")
+        raise pytest.UsageError(
+            f"{origin} {value} is not a folder: pass the root of an Android NDK, or leave it "
+            f"unset (address sharing is then not measured on phones)"
+        )
     return Path(value).resolve()

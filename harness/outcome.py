@@ -9,6 +9,7 @@ the checks and numerics unchanged and fills a CaseOutcome with its own lowering 
 bundle judges a case by the same code as the suite. Keep this module's imports to numerics, vocabulary and
 the pure pipeline modules (eager, mutbuf, facts): a bundle carries exactly those.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -83,8 +84,9 @@ def _traced_buffers(trace: Path | None) -> dict[str, TracedBuffer]:
         for tensor in record.get("inputs", []):
             match = mutbuf.INPUT.match(tensor["name"])
             if match and "bytes" in tensor:
-                found[match.group(2)] = TracedBuffer(int(tensor["bytes"]), tensor.get("data_type"),
-                                                     tensor.get("scale"), tensor.get("offset"))
+                found[match.group(2)] = TracedBuffer(
+                    int(tensor["bytes"]), tensor.get("data_type"), tensor.get("scale"), tensor.get("offset")
+                )
     return found
 
 
@@ -117,8 +119,10 @@ class CaseOutcome:
             for index, raw in enumerate(row):
                 expected = self.reference[step][index]
                 if raw.nbytes != expected.nbytes:
-                    raise ValueError(f"step {step} output {index}: device wrote {raw.nbytes} bytes, "
-                                     f"eager has {expected.nbytes} ({expected.dtype}{list(expected.shape)})")
+                    raise ValueError(
+                        f"step {step} output {index}: device wrote {raw.nbytes} bytes, "
+                        f"eager has {expected.nbytes} ({expected.dtype}{list(expected.shape)})"
+                    )
                 shaped_row.append(raw.view(expected.dtype).reshape(expected.shape))
             shaped.append(shaped_row)
         return shaped
@@ -149,37 +153,59 @@ class CaseOutcome:
         pattern, buffers = self.run.heap_pattern, self.delegated_buffers
         stored = _traced_buffers(self.run.trace)
         initial = eager.pattern_initial(self.case.card, pattern, buffers)
-        encoded, decoded_names = [], set()  # buffers the delegate stores in fixed point: the pattern through their encoding
+        encoded, decoded_names = (
+            [],
+            set(),
+        )  # buffers the delegate stores in fixed point: the pattern through their encoding
         for name, value in list(initial.items()):
             if not value.is_floating_point():  # e.g. 0x40404040: beyond the float range the delegate computes in
-                return PatternReference(None, f"{name} ({str(value.dtype).removeprefix('torch.')}) reads the pattern "
-                                              f"0x{pattern:02x} as {value.flatten()[0].item():.4g}, beyond what the "
-                                              f"delegate computes exactly")
+                return PatternReference(
+                    None,
+                    f"{name} ({str(value.dtype).removeprefix('torch.')}) reads the pattern "
+                    f"0x{pattern:02x} as {value.flatten()[0].item():.4g}, beyond what the "
+                    f"delegate computes exactly",
+                )
             traced = stored.get("b_" + name.replace(".", "_"))
             if traced is None or traced.bytes == value.numel() * value.element_size():
                 continue
-            decoded_value = numerics.pattern_dequantized(pattern, value, traced.bytes, traced.data_type,
-                                                         traced.scale, traced.offset)
+            decoded_value = numerics.pattern_dequantized(
+                pattern, value, traced.bytes, traced.data_type, traced.scale, traced.offset
+            )
             if decoded_value is None:
-                return PatternReference(None, f"the delegate stores {name} in {traced.bytes} bytes, not as "
-                                              f"{value.numel()} x {value.dtype}: its encoding is unknown")
+                return PatternReference(
+                    None,
+                    f"the delegate stores {name} in {traced.bytes} bytes, not as "
+                    f"{value.numel()} x {value.dtype}: its encoding is unknown",
+                )
             initial[name] = decoded_value
             decoded_names.add(name)
-            encoded.append(f"{name} stored as {traced.bytes // value.numel()}-byte fixed point, scale "
-                           f"{traced.scale:.4g} offset {traced.offset}")
-        decoded = ", ".join(f"{name} = {value.flatten()[0].item():.4g} as {str(value.dtype).removeprefix('torch.')}"
-                            for name, value in initial.items())
+            encoded.append(
+                f"{name} stored as {traced.bytes // value.numel()}-byte fixed point, scale "
+                f"{traced.scale:.4g} offset {traced.offset}"
+            )
+        decoded = ", ".join(
+            f"{name} = {value.flatten()[0].item():.4g} as {str(value.dtype).removeprefix('torch.')}"
+            for name, value in initial.items()
+        )
         reference = eager.run_steps(self.case.card, self.steps, initial=initial)
         # Exact where what each delegated buffer reads is known: in a float graph the pattern's bytes; in a
         # quantized one, a buffer stored in fixed point decodes them through the scale and offset the trace
         # recorded. A buffer a quantized graph keeps in float is quantized inside the graph, which can clip.
         unknown = [name for name in buffers if name not in decoded_names]
-        inconclusive = "" if self.case.dtype == FLOAT_DTYPE or not unknown else (
-            f"the {self.case.dtype} delegate reads {', '.join(unknown)} through a quantization encoding the trace "
-            f"did not show, which can clip the pattern's value")
+        inconclusive = (
+            ""
+            if self.case.dtype == FLOAT_DTYPE or not unknown
+            else (
+                f"the {self.case.dtype} delegate reads {', '.join(unknown)} through a quantization encoding the trace "
+                f"did not show, which can clip the pattern's value"
+            )
+        )
         described = "; ".join([decoded or "no delegated buffer", *encoded])
-        return PatternReference(numerics.compare(self.device_outputs(), reference, self.case.dtype),
-                                f"0x{pattern:02x} ({described})", inconclusive)
+        return PatternReference(
+            numerics.compare(self.device_outputs(), reference, self.case.dtype),
+            f"0x{pattern:02x} ({described})",
+            inconclusive,
+        )
 
     @property
     def initial_value_dependence(self) -> numerics.Outputs:

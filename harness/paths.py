@@ -1,4 +1,5 @@
 """Where the suite keeps what it builds: one place, so every module agrees and tests can redirect it."""
+
 from __future__ import annotations
 
 import os

@@ -6,6 +6,7 @@ registration in harness/check_registry.py), verdicts by the known-failures manif
 and the reports and gate (harness/reporter.py, on the controller only). The controller decides the run
 once; xdist workers receive it through workerinput.
 """
+
 from __future__ import annotations
 
 import os
@@ -14,7 +15,8 @@ from pathlib import Path
 import pytest
 
 import harness.checks  # noqa: F401  (registers the built-in checks)
-from harness import check_registry, options as run_options, shard, verdicts
+from harness import check_registry, shard, verdicts
+from harness import options as run_options
 from harness.context import RunContext
 from harness.paths import REPO_ROOT
 from harness.pipeline import card, cases
@@ -46,8 +48,12 @@ def _wants_devices(config: pytest.Config) -> bool:
     harness's own tests (which start what they need) and `--help` do not."""
     if config.option.help:
         return False
-    explicit = (config.getoption("--device") or config.getoption("--emulate") or config.getoption("--adb-server")
-                or os.environ.get("ANDROID_SERIAL"))
+    explicit = (
+        config.getoption("--device")
+        or config.getoption("--emulate")
+        or config.getoption("--adb-server")
+        or os.environ.get("ANDROID_SERIAL")
+    )
     suites = REPO_ROOT / "suites"
     return bool(explicit) or any(Path(str(arg).split("::")[0]).resolve().is_relative_to(suites) for arg in config.args)
 

@@ -6,6 +6,7 @@ or emulated devices served by `python -m harness emulate`) and leaves them as th
 kind (harness/device/kinds.py) then owns its payload and capabilities. `provider_for` picks one from the
 options, as pytest-embedded's factory picks a device service.
 """
+
 from __future__ import annotations
 
 import json
@@ -53,9 +54,10 @@ class AttachedDevices:
 
     def start(self) -> ProvidedDevices:
         clients = discovery.reachable(self._servers)
-        specs = tuple(DeviceSpec(d.serial, d.soc, d.htp_arch, d.abi, d.model, kinds.kind_for_abi(d.abi),
-                                 d.server)
-                      for d in discovery.select_across(clients, self._serials))
+        specs = tuple(
+            DeviceSpec(d.serial, d.soc, d.htp_arch, d.abi, d.model, kinds.kind_for_abi(d.abi), d.server)
+            for d in discovery.select_across(clients, self._serials)
+        )
         return ProvidedDevices(specs)
 
     def stop(self) -> None:
@@ -66,10 +68,14 @@ class EmulatedFleet:
     """A private adb server and one emulated device per SoC, started for this run and stopped with it."""
 
     def __init__(self, options: RunOptions, toolchain: Toolchain, work_dir: Path) -> None:
-        self.expected_socs = tuple(soc for soc in options.emulate if not options.soc_filter or soc in options.soc_filter)
+        self.expected_socs = tuple(
+            soc for soc in options.emulate if not options.soc_filter or soc in options.soc_filter
+        )
         if not self.expected_socs:
-            raise DeviceError(f"--soc {','.join(options.soc_filter)} leaves no SoC to emulate from "
-                              f"{','.join(options.emulate)}: widen --soc or pass --emulate")
+            raise DeviceError(
+                f"--soc {','.join(options.soc_filter)} leaves no SoC to emulate from "
+                f"{','.join(options.emulate)}: widen --soc or pass --emulate"
+            )
         self._toolchain, self._work_dir = toolchain, work_dir
         self._fleet = None
 
@@ -79,15 +85,27 @@ class EmulatedFleet:
         # The runner server's start-time environment is every runner's (harness/process/fork_server.py): MALLOC_* there.
         device_env = kinds.EmulatedKind.heap_environment(self._toolchain.child_env())
         device_env["QNNSUITE_PYTHON"] = sys.executable
-        self._fleet = fleet = EmulatorFleet(list(self.expected_socs), self._work_dir / "emulator", device_env=device_env)
+        self._fleet = fleet = EmulatorFleet(
+            list(self.expected_socs), self._work_dir / "emulator", device_env=device_env
+        )
         fleet.start()
         faults_by_soc = json.loads(os.environ.get(FAULTS_ENV, "{}"))
         for info in fleet.devices:
             if faults_by_soc.get(info.soc):
                 fleet.set_faults(info.serial, **faults_by_soc[info.soc])
         server = fleet.server.address
-        specs = tuple(DeviceSpec(info.serial, info.soc, soc_table.lookup(info.soc).htp_arch, kinds.HOST_ABI,
-                                 f"Emulated {info.soc}", kinds.EmulatedKind.name, server) for info in fleet.devices)
+        specs = tuple(
+            DeviceSpec(
+                info.serial,
+                info.soc,
+                soc_table.lookup(info.soc).htp_arch,
+                kinds.HOST_ABI,
+                f"Emulated {info.soc}",
+                kinds.EmulatedKind.name,
+                server,
+            )
+            for info in fleet.devices
+        )
         return ProvidedDevices(specs, {i.serial: i.pid for i in fleet.devices}, tuple(fleet.started_pids))
 
     def stop(self) -> None:

@@ -4,6 +4,7 @@ Decided once, on the worker that ran the check (harness/verdicts.py: known failu
 included), and carried to the controller on pytest's own test report (as junitxml carries its properties); the reporter
 (harness/reporter.py) collects them there. Plain data only: it crosses xdist's channel as a dict.
 """
+
 from __future__ import annotations
 
 import json

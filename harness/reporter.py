@@ -5,6 +5,7 @@ Registered on the controller only (as pytest's junitxml registers its LogXML), s
 worker's reports once, as they arrive, and nothing is written per worker. The baseline it gates against
 was read before this run wrote anything, so `--baseline reports/latest` means the previous run.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,8 @@ from harness.files import say, unwritable, write_atomically
 from harness.options import RunOptions
 from harness.qnn.toolchain import prepare
 from harness.record import REPORT_ATTRIBUTE, CheckRecord
-from harness.repro import layout
 from harness.report.gate import Key, Outcome
+from harness.repro import layout
 from harness.user_state import UnsafeStateDir, state_dir
 
 SECTION = "QNN mutable-buffer conformance"
@@ -54,7 +55,9 @@ class ConformanceReporter:
         try:
             self.records.append(CheckRecord.from_dict(data))
         except (TypeError, ValueError) as error:  # one bad record costs its own check, never the report
-            self._notes.append(f"unreadable record of {report.nodeid} ({type(error).__name__}: {error}); left out of the report")
+            self._notes.append(
+                f"unreadable record of {report.nodeid} ({type(error).__name__}: {error}); left out of the report"
+            )
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if not self.records:
@@ -65,13 +68,20 @@ class ConformanceReporter:
             self.failed = True
             kept = self._keep_records()
             if unwritable(error):  # the lab's fault, not the suite's: one line, no traceback, a code of its own
-                written = [soc for soc in sorted({r.soc for r in self.records})
-                           if (self._options.report_dir / self._context.run_id / soc / "report.json").is_file()]
-                self._lines = [*self._notes, (
-                    f"reports not written: {error.strerror} ({getattr(error, 'filename', None) or self._options.report_dir})"
-                    f"; report.json written for {', '.join(written) if written else 'no SoC'}; {kept}; `latest` still "
-                    f"names the last complete run: free space there or pass --report-dir on another filesystem "
-                    f"(exit {REPORTS_NOT_WRITTEN})")]
+                written = [
+                    soc
+                    for soc in sorted({r.soc for r in self.records})
+                    if (self._options.report_dir / self._context.run_id / soc / "report.json").is_file()
+                ]
+                self._lines = [
+                    *self._notes,
+                    (
+                        f"reports not written: {error.strerror} ({getattr(error, 'filename', None) or self._options.report_dir})"
+                        f"; report.json written for {', '.join(written) if written else 'no SoC'}; {kept}; `latest` still "
+                        f"names the last complete run: free space there or pass --report-dir on another filesystem "
+                        f"(exit {REPORTS_NOT_WRITTEN})"
+                    ),
+                ]
                 session.exitstatus = REPORTS_NOT_WRITTEN
                 return
             try:
@@ -86,8 +96,10 @@ class ConformanceReporter:
         state folder (XDG_RUNTIME_DIR or the temporary folder: often another filesystem), else the terminal
         (one compact JSON line per record). Returns what was done, in words."""
         data = json.dumps([r.to_dict() for r in self.records], separators=(",", ":"))
-        candidates = [lambda: self._context.work_dir / "records.json",
-                      lambda: state_dir(KEPT_RECORDS) / f"{self._context.run_id}.json"]
+        candidates = [
+            lambda: self._context.work_dir / "records.json",
+            lambda: state_dir(KEPT_RECORDS) / f"{self._context.run_id}.json",
+        ]
         for candidate in candidates:
             try:
                 path: Path = candidate()
@@ -106,22 +118,38 @@ class ConformanceReporter:
         shard = self._options.shard.label if self._options.shard else None
         environments = environment.per_soc(self._context, toolchain, self._started, _now(), shard)
         provenance = environment.provenance_per_soc(self._context, toolchain)
-        folders = report.write_run(self.records, environments, self._options.report_dir, self._context.run_id,
-                                   check_registry.columns(), verdict, provenance)
-        self._lines = [report.summary_line(self.records, soc, folders[soc] / "report.html", shard) for soc in sorted(folders)]
+        folders = report.write_run(
+            self.records,
+            environments,
+            self._options.report_dir,
+            self._context.run_id,
+            check_registry.columns(),
+            verdict,
+            provenance,
+        )
+        self._lines = [
+            report.summary_line(self.records, soc, folders[soc] / "report.html", shard) for soc in sorted(folders)
+        ]
         self._lines += [line for soc in sorted(folders) for line in provenance.get(soc, {}).get("warnings", [])]
         self._lines += self._notes
         for soc in sorted(folders):
             if bundles := layout.sizes(folders[soc]):
-                self._lines.append(f"{soc}: {len(bundles)} reproduction bundle(s), "
-                                   f"{sum(b.archive_bytes for b in bundles) / 1024:.0f} KiB as .tar.gz -> {folders[soc] / layout.REPRO_DIR}")
+                self._lines.append(
+                    f"{soc}: {len(bundles)} reproduction bundle(s), "
+                    f"{sum(b.archive_bytes for b in bundles) / 1024:.0f} KiB as .tar.gz -> {folders[soc] / layout.REPRO_DIR}"
+                )
         if unbundled := [r for r in self.records if r.verdict in layout.BUNDLED_VERDICTS and not r.repro]:
-            self._lines.append(f"{len(unbundled)} check(s) have no reproduction bundle (it could not be written; "
-                               f"stderr says why), e.g. {unbundled[0].case_id} {unbundled[0].check}")
+            self._lines.append(
+                f"{len(unbundled)} check(s) have no reproduction bundle (it could not be written; "
+                f"stderr says why), e.g. {unbundled[0].case_id} {unbundled[0].check}"
+            )
         if verdict is not None:
             named = len(verdict.entries())
-            self._lines += [f"gate against {self._options.baseline}: " + ("no regressions" if verdict.ok else "FAILED")
-                            + (f" ({named} check(s) named; gate.json beside each report.json)" if named else "")]
+            self._lines += [
+                f"gate against {self._options.baseline}: "
+                + ("no regressions" if verdict.ok else "FAILED")
+                + (f" ({named} check(s) named; gate.json beside each report.json)" if named else "")
+            ]
             self._lines += [f"  {line}" for line in verdict.lines()]
             if not verdict.ok:
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED

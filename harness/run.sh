@@ -59,6 +59,9 @@ if [ "$command" = doctor ]; then
 fi
 "$venv/bin/python" -m harness setup
 if [ "$command" = tests ]; then
+  # The pinned ruff (ruff.toml) first: a lint or format problem fails the tests like any other.
+  "$venv/bin/ruff" check --quiet . || { echo "tests: ruff check failed: fix the lines above (ruff check --fix . fixes many)" >&2; exit 1; }
+  "$venv/bin/ruff" format --check --quiet . || { echo "tests: files not formatted: run $venv/bin/ruff format ." >&2; exit 1; }
   # Two workers, a test file each at a time (a file's module fixtures, e.g. a suite run, are made once):
   # most tests wait on suite runs and devices, so serial the tests took 29 min on 2 cores, with two 18.
   # The slowest tests by name, so a CI log says where its time went (the budget is 30 minutes).

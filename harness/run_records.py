@@ -13,6 +13,7 @@ phone (`/data/local/tmp/qnnsuite/<run id>`, payload and programs). Its record th
 list (`leftovers/<run id>.json`), and each later run removes the folders on the phones it has
 (harness/session.py), ticking them off until none is left.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,13 +44,19 @@ def _folder(folder: Path | None) -> Path:
     return folder if folder is not None else state_dir(RECORDS)
 
 
-def record(run_id: str, work_dir: Path, pids: tuple[int, ...], folder: Path | None = None,
-           devices: tuple[str, ...] = ()) -> Path:
+def record(
+    run_id: str, work_dir: Path, pids: tuple[int, ...], folder: Path | None = None, devices: tuple[str, ...] = ()
+) -> Path:
     """Write this run's record (called once its processes are started). devices: serials of attached
     devices that will hold the run's folder (emulated ones die with the run, and their storage with them)."""
     me = os.getpid()
-    entry = {"run_id": run_id, "controller": [me, start_time(me)], "work_dir": str(work_dir),
-             "processes": [[pid, start_time(pid)] for pid in pids], "devices": list(devices)}
+    entry = {
+        "run_id": run_id,
+        "controller": [me, start_time(me)],
+        "work_dir": str(work_dir),
+        "processes": [[pid, start_time(pid)] for pid in pids],
+        "devices": list(devices),
+    }
     path = _folder(folder) / f"{run_id}.json"
     write_atomically(path, json.dumps(entry))
     return path
@@ -84,10 +91,14 @@ def clean_up_after_killed_runs(folder: Path | None = None) -> list[str]:
         devices = [d for d in entry.get("devices", []) if isinstance(d, str)]
         run_id = str(entry.get("run_id", path.stem))
         if devices and SAFE_RUN_ID.fullmatch(run_id):
-            write_atomically(_leftovers_folder(folder) / f"{run_id}.json", json.dumps({"run_id": run_id, "devices": devices}))
+            write_atomically(
+                _leftovers_folder(folder) / f"{run_id}.json", json.dumps({"run_id": run_id, "devices": devices})
+            )
         path.unlink(missing_ok=True)
-        lines.append(f"qnnsuite: cleaned up after run {entry.get('run_id', path.stem)}, which was killed: "
-                     f"{killed} process(es) stopped, {work_dir} removed")
+        lines.append(
+            f"qnnsuite: cleaned up after run {entry.get('run_id', path.stem)}, which was killed: "
+            f"{killed} process(es) stopped, {work_dir} removed"
+        )
     return lines
 
 

@@ -15,6 +15,7 @@ before any case asks; a case nobody foresaw (a damaged cache entry) is lowered i
 without a server. Stopping removes the run's folder from every device while the devices still answer,
 then stops the lowering server and the provider, then removes the work folder.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,8 +25,8 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from harness import health, run_records
 from harness.context import RunContext, new_run_id
@@ -34,12 +35,12 @@ from harness.device.device import DeviceError
 from harness.emulator.launcher import FleetError
 from harness.options import RunOptions
 from harness.pipeline.health_card import STEPS as HEALTH_STEPS
+from harness.pipeline.lowering_cache import is_lowered, lowering_directory
 from harness.process import fork_server
 from harness.process.services import LOWERING
 from harness.providers import DeviceProvider, provider_for
 from harness.qnn.interposer import InterposerBuildError
 from harness.qnn.sdk import SdkError
-from harness.pipeline.lowering_cache import is_lowered, lowering_directory
 from harness.qnn.toolchain import Toolchain, ToolchainError, prepare
 from harness.user_state import UnsafeStateDir
 from harness.vocabulary import Case
@@ -89,24 +90,32 @@ class RunSession:
             kinds.check_payloads([(d.kind, d.abi, d.htp_arch) for d in provided.devices], given)
             # Until the lowering server serves there, or without it, a client lowers in a fresh Python.
             server_pids = (self._lowering_server.pid,) if self._lowering_server else ()
-            self.context = RunContext(run_id, provided.devices, provided.emulated_pids,
-                                      (*provided.started_pids, *server_pids), work_dir, lowering_server=socket_path,
-                                      lowering_server_pid=server_pids[0] if server_pids else None)
+            self.context = RunContext(
+                run_id,
+                provided.devices,
+                provided.emulated_pids,
+                (*provided.started_pids, *server_pids),
+                work_dir,
+                lowering_server=socket_path,
+                lowering_server_pid=server_pids[0] if server_pids else None,
+            )
         except (DeviceError, SdkError, ToolchainError, FleetError, InterposerBuildError) as error:
             self._stop_processes()
             shutil.rmtree(work_dir, ignore_errors=True)
             raise RunStartError(str(error)) from error
         self._publish(self.context)
         # By label (server/serial): the next run must find the folder on the same host's device.
-        attached = self._attached = tuple(spec.label for spec in self.context.devices
-                                          if spec.serial not in self.context.emulated_pids)
+        attached = self._attached = tuple(
+            spec.label for spec in self.context.devices if spec.serial not in self.context.emulated_pids
+        )
         run_records.record(run_id, work_dir, self.context.started_pids, devices=attached)
         self._remove_killed_runs_folders(set(attached))
         if checks_health:
             if self._lowering_server is not None:
                 self._wait_for_lowering_server()
             elif not self._provider.expected_socs and self._health_unlowered(
-                    {spec.soc for spec in self.context.devices}, work_dir):
+                {spec.soc for spec in self.context.devices}, work_dir
+            ):
                 self._start_lowering_server()  # devices whose SoCs were not known before they came up
             self.context = self._checked(self.context, toolchain, given)
             self._publish(self.context)
@@ -114,8 +123,14 @@ class RunSession:
 
     def _health_unlowered(self, socs: Iterable[str], work_dir: Path) -> bool:
         """Whether the health check's program for one of these SoCs is not in the artifact cache."""
-        return any(not is_lowered(lowering_directory(health.health_case(soc), HEALTH_STEPS, self._toolchain,
-                                                     self._options.cache_dir, work_dir)) for soc in socs)
+        return any(
+            not is_lowered(
+                lowering_directory(
+                    health.health_case(soc), HEALTH_STEPS, self._toolchain, self._options.cache_dir, work_dir
+                )
+            )
+            for soc in socs
+        )
 
     def _remove_killed_runs_folders(self, labels: set[str]) -> None:
         """The folders killed earlier runs of this user left on these devices (harness/run_records.py)."""
@@ -125,14 +140,23 @@ class RunSession:
             lines = pool.remove_run_folders([spec], run_id)
             if not lines:
                 run_records.leftover_removed(run_id, label)
-                print(f"qnnsuite: removed {label}:{pool.WORKSPACE_ROOT}/{run_id}, left by a killed run", file=sys.stderr)
+                print(
+                    f"qnnsuite: removed {label}:{pool.WORKSPACE_ROOT}/{run_id}, left by a killed run", file=sys.stderr
+                )
 
     def _checked(self, context: RunContext, toolchain: Toolchain, given: kinds.PayloadInputs) -> RunContext:
         """The context with the devices that failed their health check quarantined, and every device's provenance."""
         options = self._options
-        results = health.HealthCheck(context.devices, context.run_id, toolchain, context.work_dir,
-                                     given, options.runner_timeout_s, options.cache_dir,
-                                     context.lowering_server).run()
+        results = health.HealthCheck(
+            context.devices,
+            context.run_id,
+            toolchain,
+            context.work_dir,
+            given,
+            options.runner_timeout_s,
+            options.cache_dir,
+            context.lowering_server,
+        ).run()
         for line in health.report_lines(results, len(context.devices)):
             print(line, file=sys.stderr, flush=True)
         return dataclasses.replace(context, quarantined=results.quarantined, provenance=results.provenance)
@@ -146,9 +170,19 @@ class RunSession:
         options, context = self._options, self.context
         if self._lowering_server is not None:  # started for the health check
             return
-        missing = [case for case in cases if not is_lowered(lowering_directory(
-            case, len(case.card.steps(options.steps_for(case.card.tags))), self._toolchain, options.cache_dir,
-            context.work_dir))]
+        missing = [
+            case
+            for case in cases
+            if not is_lowered(
+                lowering_directory(
+                    case,
+                    len(case.card.steps(options.steps_for(case.card.tags))),
+                    self._toolchain,
+                    options.cache_dir,
+                    context.work_dir,
+                )
+            )
+        ]
         if missing:
             self._start_lowering_server()
 
@@ -167,8 +201,11 @@ class RunSession:
         context = self.context
         self._spawn_lowering_server(context.lowering_server)
         self._wait_for_lowering_server()
-        self.context = dataclasses.replace(context, lowering_server_pid=self._lowering_server.pid,
-                                           started_pids=(*context.started_pids, self._lowering_server.pid))
+        self.context = dataclasses.replace(
+            context,
+            lowering_server_pid=self._lowering_server.pid,
+            started_pids=(*context.started_pids, self._lowering_server.pid),
+        )
         self._publish(self.context)
         run_records.record(context.run_id, context.work_dir, self.context.started_pids, devices=self._attached)
 

@@ -8,6 +8,7 @@ time so far, ties to the lower case id and the lower shard. Cases the previous r
 median case (a fresh card is about as slow as the others); without timings every case counts the same,
 which deals them out round-robin in id order.
 """
+
 from __future__ import annotations
 
 import re
@@ -45,7 +46,9 @@ def parse(spelling: str, timings: Path | None = None) -> Shard:
         raise ShardError(f"--shard {spelling!r}: write it as INDEX/COUNT, e.g. --shard 1/4")
     index, count = int(match[1]), int(match[2])
     if not 1 <= index <= count:
-        raise ShardError(f"--shard {spelling}: INDEX must be between 1 and COUNT ({count}), e.g. --shard 1/{max(count, 1)}")
+        raise ShardError(
+            f"--shard {spelling}: INDEX must be between 1 and COUNT ({count}), e.g. --shard 1/{max(count, 1)}"
+        )
     return Shard(index, count, case_durations(timings) if timings is not None else {})
 
 

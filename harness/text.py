@@ -6,6 +6,7 @@ newline would render as an image, a link, a notification, a broken table. Every 
 its strings through here, so what is escaped, and how, is decided once. Imports nothing of the suite:
 harness/repro/ uses it too.
 """
+
 from __future__ import annotations
 
 import re
@@ -34,6 +35,7 @@ def markdown_text(text: object) -> str:
     """text as one line of inert Markdown: it renders as the characters it holds (also in a table cell),
     never as markup, a link, an image, a mention or more than one line."""
     flat = " ".join(printable(str(text)).replace("\r", "\n").split("\n")).strip()  # no indented code block
-    escaped = _LINE_START.sub(lambda m: f"\\{m.group(1)}" if m.group(1) else f"{m.group(2)}\\.",
-                              _MARKUP.sub(r"\\\1", flat))
+    escaped = _LINE_START.sub(
+        lambda m: f"\\{m.group(1)}" if m.group(1) else f"{m.group(2)}\\.", _MARKUP.sub(r"\\\1", flat)
+    )
     return _LINKED.sub(lambda m: m.group(0) + ZERO_WIDTH_SPACE, escaped)

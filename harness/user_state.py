@@ -6,6 +6,7 @@ else the temporary directory with the uid in the name; it and every folder made 
 and checked (a real directory, owned by this user, nobody else may enter) before use, and files in it
 are opened without following symlinks.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,15 +27,25 @@ def checked_dir(path: Path) -> Path:
     except FileExistsError:
         pass
     except OSError as error:
-        raise UnsafeStateDir(f"cannot create state folder {path} ({error.strerror}): "
-                             f"check its parent or set XDG_RUNTIME_DIR") from error
+        raise UnsafeStateDir(
+            f"cannot create state folder {path} ({error.strerror}): check its parent or set XDG_RUNTIME_DIR"
+        ) from error
     info = os.lstat(path)
-    problem = ("is a symlink" if stat.S_ISLNK(info.st_mode) else "is not a directory" if not stat.S_ISDIR(info.st_mode)
-               else f"belongs to uid {info.st_uid}" if info.st_uid != os.getuid()
-               else f"has mode {stat.S_IMODE(info.st_mode):o} (others may enter)" if info.st_mode & 0o077 else "")
+    problem = (
+        "is a symlink"
+        if stat.S_ISLNK(info.st_mode)
+        else "is not a directory"
+        if not stat.S_ISDIR(info.st_mode)
+        else f"belongs to uid {info.st_uid}"
+        if info.st_uid != os.getuid()
+        else f"has mode {stat.S_IMODE(info.st_mode):o} (others may enter)"
+        if info.st_mode & 0o077
+        else ""
+    )
     if problem:
-        raise UnsafeStateDir(f"state folder {path} {problem}: remove it (someone may have planted it) "
-                             f"or point XDG_RUNTIME_DIR elsewhere")
+        raise UnsafeStateDir(
+            f"state folder {path} {problem}: remove it (someone may have planted it) or point XDG_RUNTIME_DIR elsewhere"
+        )
     return path
 
 

@@ -9,18 +9,25 @@ raises what pytest must see. The report hook (harness/plugin.py) only calls sett
 report as the judgement says and puts the record on it, where the controller's reporter finds it
 (harness/reporter.py), as junitxml's properties travel on reports.
 """
+
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
 from harness import known_failures
-from harness.check_registry import (WORDED_BY_THE_SUITE, CheckFailure, CheckSpec, InfrastructureError, NotApplicable,
-                                    NotMeasured)
+from harness.check_registry import (
+    WORDED_BY_THE_SUITE,
+    CheckFailure,
+    CheckSpec,
+    InfrastructureError,
+    NotApplicable,
+    NotMeasured,
+)
 from harness.device.device import DeviceError
 from harness.known_failures import KnownFailure
 from harness.outcome import CaseOutcome
@@ -60,8 +67,14 @@ def expect_known_failures(items: list[pytest.Item], manifest: Path) -> None:
         item.stash[EXPECTED] = known_failures.matching(item.name, path=manifest)
 
 
-def judge(spec: CheckSpec, case: Case, outcome: CaseOutcome, expected: list[KnownFailure], nodeid: str,
-          words: Callable[[BaseException], str]) -> Judgement:
+def judge(
+    spec: CheckSpec,
+    case: Case,
+    outcome: CaseOutcome,
+    expected: list[KnownFailure],
+    nodeid: str,
+    words: Callable[[BaseException], str],
+) -> Judgement:
     """Run the check on the outcome and decide its verdict. words: pytest's own words for an exception the
     suite does not word (a harness bug), whose last line is the record's message."""
     started = time.perf_counter()
@@ -77,8 +90,10 @@ def judge(spec: CheckSpec, case: Case, outcome: CaseOutcome, expected: list[Know
             evidence = {**getattr(raised, "evidence", {}), **({"detail": detail} if detail else {})}
             failure_line = line
             if isinstance(raised, CheckFailure) and not spec.declares(raised.signature):
-                failure_line = (f"{line} [check {spec.name} raised signature {raised.signature!r}, which its "
-                                f"@check declaration does not list: add it to signatures=]")
+                failure_line = (
+                    f"{line} [check {spec.name} raised signature {raised.signature!r}, which its "
+                    f"@check declaration does not list: add it to signatures=]"
+                )
     check_s = round(time.perf_counter() - started, 4)
     verdict, report_line, entry = decide(error, expected, nodeid)
     if failure_line and verdict is not Verdict.XPASSED:
@@ -91,18 +106,33 @@ def judge(spec: CheckSpec, case: Case, outcome: CaseOutcome, expected: list[Know
         message = words(error) if error is not None else ""
     known = entry.describe() if entry is not None and verdict in (Verdict.XFAILED, Verdict.XPASSED) else ""
     record = CheckRecord(
-        nodeid=nodeid, check=spec.name, case_id=case.id, card=case.card.name, tags=tuple(sorted(case.card.tags)),
-        dtype=case.dtype, mode=case.mode.value, soc=case.soc, verdict=verdict, message=_last_line(message),
-        known_failure=known, evidence=evidence, device_serial=outcome.device_serial,
-        delegates=outcome.artifact.delegate_count, retries=outcome.retries, cached_lowering=outcome.artifact.cached,
+        nodeid=nodeid,
+        check=spec.name,
+        case_id=case.id,
+        card=case.card.name,
+        tags=tuple(sorted(case.card.tags)),
+        dtype=case.dtype,
+        mode=case.mode.value,
+        soc=case.soc,
+        verdict=verdict,
+        message=_last_line(message),
+        known_failure=known,
+        evidence=evidence,
+        device_serial=outcome.device_serial,
+        delegates=outcome.artifact.delegate_count,
+        retries=outcome.retries,
+        cached_lowering=outcome.artifact.cached,
         work=outcome.artifact.work,
-        timings_s={**outcome.timings_s, "lower_wall": round(outcome.artifact.wall_s, 3)}, check_s=check_s)
+        timings_s={**outcome.timings_s, "lower_wall": round(outcome.artifact.wall_s, 3)},
+        check_s=check_s,
+    )
     signature = error.signature if isinstance(error, CheckFailure) else (entry.signature if entry else "")
     return Judgement(record, signature, entry, report_line, error)
 
 
-def decide(failure: BaseException | None, expected: list[KnownFailure],
-           nodeid: str) -> tuple[Verdict, str | None, KnownFailure | None]:
+def decide(
+    failure: BaseException | None, expected: list[KnownFailure], nodeid: str
+) -> tuple[Verdict, str | None, KnownFailure | None]:
     """The verdict of a test that raised failure (None: it passed), the line its report shows instead of
     pytest's words (None: pytest's), and the manifest entry that explains it or expected a failure."""
     if isinstance(failure, NotMeasured):
@@ -122,8 +152,11 @@ def decide(failure: BaseException | None, expected: list[KnownFailure],
     if explaining is not None:
         return Verdict.XFAILED, None, explaining
     if isinstance(failure, CheckFailure):
-        hint = (f"; the known failure expected here is {', '.join(entry.signature for entry in expected)}"
-                if expected else "")
+        hint = (
+            f"; the known failure expected here is {', '.join(entry.signature for entry in expected)}"
+            if expected
+            else ""
+        )
         return Verdict.FAILED, f"{nodeid}: {failure} [signature: {failure.signature}{hint}]", None
     if isinstance(failure, DeviceError):
         return Verdict.FAILED, f"{nodeid}: {failure}", None

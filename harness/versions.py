@@ -1,4 +1,5 @@
 """Installed package versions and build identities, for the doctor, the reports and the artifact cache key."""
+
 from __future__ import annotations
 
 import hashlib
@@ -68,10 +69,15 @@ def _editable_source(dist: metadata.Distribution) -> Path | None:
 
 def _tree_identity(source: Path) -> str:
     try:
-        head = subprocess.run(["git", "-C", str(source), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=GIT_TIMEOUT_S)
-        changed = subprocess.run(["git", "-C", str(source), "status", "--porcelain", "-uno"], capture_output=True,
-                                 text=True, timeout=GIT_TIMEOUT_S)
+        head = subprocess.run(
+            ["git", "-C", str(source), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=GIT_TIMEOUT_S
+        )
+        changed = subprocess.run(
+            ["git", "-C", str(source), "status", "--porcelain", "-uno"],
+            capture_output=True,
+            text=True,
+            timeout=GIT_TIMEOUT_S,
+        )
     except (OSError, subprocess.TimeoutExpired):
         head = changed = None
     digest = hashlib.sha256()

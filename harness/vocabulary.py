@@ -5,11 +5,13 @@ pipeline/, the checks, the plugin and report/ (which stays free of torch) all sp
 because they import them from here. A mode has one spelling: the `Mode` value, which is also what test
 ids, records and reports show.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # only for the card contract's annotations: importing this module never imports torch
     import torch

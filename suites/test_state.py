@@ -1,4 +1,5 @@
 """Check: state persists step by step as in eager (harness/checks.py)."""
+
 from harness.check_registry import suite_test
 
 test_state = suite_test("state")

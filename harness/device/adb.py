@@ -18,6 +18,7 @@ state folder instead (any local account can talk to a loopback port, and adb ser
 client), so `_ServerConnection` opens an AF_UNIX socket for a `localfilesystem:PATH` server: hand-written
 because no kept library speaks the adb host protocol over a unix socket.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -26,8 +27,8 @@ import re
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator, Optional
 
 import adbutils
 from adbutils._proto import ShellReturnRaw
@@ -72,10 +73,18 @@ class AdbServer:
     def unix(cls, path: str | os.PathLike[str], option: str = "unix socket") -> AdbServer:
         """A server on a unix socket; ValueError names `option` when the path cannot be one."""
         text = os.fspath(path)
-        if not _SOCKET_PATH.fullmatch(text) or "//" in text or text.endswith("/") or len(text.encode()) > SOCKET_PATH_MAX \
-                or "/../" in f"{text}/" or "/./" in f"{text}/":
-            raise ValueError(f"{option} {UNIX_PREFIX}{text!r}: write a unix socket server as localfilesystem:/ABSOLUTE/PATH "
-                             f"(no control characters, at most {SOCKET_PATH_MAX} bytes, no . or .. parts)")
+        if (
+            not _SOCKET_PATH.fullmatch(text)
+            or "//" in text
+            or text.endswith("/")
+            or len(text.encode()) > SOCKET_PATH_MAX
+            or "/../" in f"{text}/"
+            or "/./" in f"{text}/"
+        ):
+            raise ValueError(
+                f"{option} {UNIX_PREFIX}{text!r}: write a unix socket server as localfilesystem:/ABSOLUTE/PATH "
+                f"(no control characters, at most {SOCKET_PATH_MAX} bytes, no . or .. parts)"
+            )
         return cls("", 0, text)
 
     @classmethod
@@ -87,8 +96,10 @@ class AdbServer:
             return cls.unix(text.removeprefix(UNIX_PREFIX), option)
         host, _, port = text.removeprefix("tcp:").rpartition(":")
         if not _HOST.fullmatch(host) or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"{option} {text!r}: write the adb server as HOST:PORT, e.g. 192.168.1.20:5037, "
-                             f"or as localfilesystem:/PATH/OF/SOCKET")
+            raise ValueError(
+                f"{option} {text!r}: write the adb server as HOST:PORT, e.g. 192.168.1.20:5037, "
+                f"or as localfilesystem:/PATH/OF/SOCKET"
+            )
         return cls(host.strip("[]"), int(port))
 
 
@@ -116,7 +127,7 @@ class _ServerConnection(adbutils.AdbConnection):
         try:
             sock.settimeout(3)  # as adbutils' own connect
             sock.connect(self._unix_path)
-        except socket.timeout as error:
+        except TimeoutError as error:
             sock.close()
             raise adbutils.AdbTimeout("connect to adb server timeout") from error
         except OSError as error:
@@ -166,7 +177,7 @@ class AdbClient(adbutils.AdbClient):
         finally:
             self._opened_here.sockets = None
 
-    def device(self, serial: Optional[str] = None, transport_id: Optional[int] = None) -> adbutils.AdbDevice:
+    def device(self, serial: str | None = None, transport_id: int | None = None) -> adbutils.AdbDevice:
         return _Device(self, serial=serial, transport_id=transport_id)
 
     def server_version(self) -> int:
@@ -174,7 +185,7 @@ class AdbClient(adbutils.AdbClient):
             self._server_version = super().server_version()
         return self._server_version
 
-    def make_connection(self, timeout: Optional[float] = None) -> adbutils.AdbConnection:
+    def make_connection(self, timeout: float | None = None) -> adbutils.AdbConnection:
         try:
             connection = _ServerConnection(self.host, self.port, self.server.path)
         except TimeoutError as error:
@@ -193,10 +204,10 @@ class _Device(adbutils.AdbDevice):
     `get-state`, ...) default to a 600 s timeout, which a wedged server holds in full; and a command's output
     is kept to its last shell_v2.OUTPUT_KEEP_BYTES per stream, not in full."""
 
-    def open_transport(self, command: Optional[str] = None, timeout: Optional[float] = None) -> adbutils.AdbConnection:
+    def open_transport(self, command: str | None = None, timeout: float | None = None) -> adbutils.AdbConnection:
         return super().open_transport(command, timeout)  # None: the client's CONNECT_TIMEOUT_S
 
-    def _shell_v2(self, cmdargs: str, timeout: Optional[float] = None) -> ShellReturnRaw:
+    def _shell_v2(self, cmdargs: str, timeout: float | None = None) -> ShellReturnRaw:
         connection = self.open_transport(timeout=timeout)
         try:
             connection.send_command(f"shell,v2:{cmdargs}")

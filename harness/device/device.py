@@ -4,6 +4,7 @@ Modelled on Mobly's device controller: one object owns the device's lifecycle (s
 detection, workspaces it created and removes, one user at a time) so that suites and fixtures never
 speak adb themselves.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -16,10 +17,11 @@ import shlex
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Iterator, Protocol
+from typing import Protocol
 
 import adbutils
 from filelock import FileLock
@@ -116,9 +118,11 @@ def detect_soc(device: ReportsIdentity) -> str:
         named = soc_table.named_by(value) if value else ()
         if len(named) == 1:
             return named[0]
-    raise DeviceError(f"device {device.serial}: cannot tell its SoC; it reports {', '.join(seen)}, and none of these "
-                      f"names exactly one SoC the ExecuTorch under test knows: report these values (the codenames "
-                      f"are in harness/qnn/soc.py)")
+    raise DeviceError(
+        f"device {device.serial}: cannot tell its SoC; it reports {', '.join(seen)}, and none of these "
+        f"names exactly one SoC the ExecuTorch under test knows: report these values (the codenames "
+        f"are in harness/qnn/soc.py)"
+    )
 
 
 class Device:
@@ -177,6 +181,7 @@ class Device:
             return
         done, frozen = threading.Event(), threading.Event()
         with self._client.opened_connections() as sockets:
+
             def watch() -> None:
                 if done.wait(WATCH_AFTER_S):
                     return
@@ -190,6 +195,7 @@ class Device:
                                 sock.shutdown(socket.SHUT_RDWR)
                         return
                     done.wait(WATCH_INTERVAL_S if misses == 0 else 0)
+
             watcher = threading.Thread(target=watch, name=f"watchdog {self.serial}", daemon=True)
             watcher.start()
             try:
@@ -204,8 +210,10 @@ class Device:
                 raise self._frozen(doing)
 
     def _frozen(self, doing: str) -> DeviceFrozen:
-        return DeviceFrozen(f"device {self.serial} stopped answering while {doing}: {WATCH_MISSES} probes (`echo ok`) "
-                          f"got nothing in {PROBE_TIMEOUT_S:.0f} s each: check it (`adb -s {self.serial} shell echo ok`)")
+        return DeviceFrozen(
+            f"device {self.serial} stopped answering while {doing}: {WATCH_MISSES} probes (`echo ok`) "
+            f"got nothing in {PROBE_TIMEOUT_S:.0f} s each: check it (`adb -s {self.serial} shell echo ok`)"
+        )
 
     def shell(self, command: str, timeout_s: float = 60) -> RunResult:
         started = time.perf_counter()
@@ -216,18 +224,28 @@ class Device:
             raise
         except adbutils.AdbTimeout as error:
             if not self.answers():  # a device that keeps its link but is frozen must not cost every case a timeout
-                raise DeviceLost(f"device {self.serial} stopped answering: `{command[:80]}` got nothing in "
-                                 f"{timeout_s:.0f} s and `echo ok` nothing in {PROBE_TIMEOUT_S:.0f} s: check it "
-                                 f"(`adb -s {self.serial} shell echo ok`)") from error
+                raise DeviceLost(
+                    f"device {self.serial} stopped answering: `{command[:80]}` got nothing in "
+                    f"{timeout_s:.0f} s and `echo ok` nothing in {PROBE_TIMEOUT_S:.0f} s: check it "
+                    f"(`adb -s {self.serial} shell echo ok`)"
+                ) from error
             raise DeviceError(f"device {self.serial}: `{command[:80]}` did not answer in {timeout_s:.0f} s") from error
         except (adbutils.AdbError, OSError, EOFError) as error:
             what = command.split("&&")[-1].strip()[:60]
-            raise DeviceLost(f"device {self.serial} lost during `{what}` ({error}): "
-                             f"check the cable/connection and `adb devices`") from error
+            raise DeviceLost(
+                f"device {self.serial} lost during `{what}` ({error}): check the cable/connection and `adb devices`"
+            ) from error
         return RunResult(command, result.returncode, result.output, time.perf_counter() - started, result.stderr)
 
-    def run(self, argv: list[str], cwd: str, timeout_s: float, env: dict[str, str] | None = None,
-            prepend: dict[str, str] | None = None, first: str = "") -> RunResult:
+    def run(
+        self,
+        argv: list[str],
+        cwd: str,
+        timeout_s: float,
+        env: dict[str, str] | None = None,
+        prepend: dict[str, str] | None = None,
+        first: str = "",
+    ) -> RunResult:
         """Run argv with a device-side kill after timeout_s (a hung runner must not outlive its case).
 
         env: variables set to these values; prepend: path lists put in front of the device's own value;
@@ -238,8 +256,14 @@ class Device:
                 raise DeviceError(f"device {self.serial}: {key!r} cannot be an environment variable name")
         assignments = [f"{key}={shlex.quote(value)}" for key, value in (env or {}).items()]
         assignments += [f'{key}={shlex.quote(value)}"${{{key}:+:${key}}}"' for key, value in (prepend or {}).items()]
-        line = " ".join([f"cd {shlex.quote(cwd)} &&", *([f"{first} &&"] if first else []), *assignments,
-                         shell_line(["timeout", "-s", "KILL", str(int(timeout_s)), *argv])])
+        line = " ".join(
+            [
+                f"cd {shlex.quote(cwd)} &&",
+                *([f"{first} &&"] if first else []),
+                *assignments,
+                shell_line(["timeout", "-s", "KILL", str(int(timeout_s)), *argv]),
+            ]
+        )
         return self.shell(line, timeout_s=timeout_s + ADB_GRACE_S)
 
     # --- files ----------------------------------------------------------------------------------
@@ -279,26 +303,35 @@ class Device:
         except DeviceLost:
             raise
         except SyncRefused as refused:
-            raise DeviceError(f"device {self.serial} refused {doing} {session.current if session else ''} ({refused}): "
-                              f"check that the path exists and is readable") from refused
+            raise DeviceError(
+                f"device {self.serial} refused {doing} {session.current if session else ''} ({refused}): "
+                f"check that the path exists and is readable"
+            ) from refused
         except (adbutils.AdbError, OSError, EOFError) as error:
             name = posixpath.basename(session.current) if session and session.current else "files"
-            raise DeviceLost(f"device {self.serial} lost while {doing} {name} ({error}): "
-                             f"check the connection and `adb devices`") from error
+            raise DeviceLost(
+                f"device {self.serial} lost while {doing} {name} ({error}): check the connection and `adb devices`"
+            ) from error
 
     def _explain_failed_push(self, local: Path, remote: str, error: Exception) -> None:
         """adb reports a refused push as a bare FAIL; tell a full disk from a lost device."""
         try:
             free = self.free_kb(remote.rsplit("/", 1)[0] or "/")
         except DeviceError:
-            raise DeviceLost(f"device {self.serial} lost while pushing {local.name} ({error}): "
-                             f"check the connection and `adb devices`") from error
+            raise DeviceLost(
+                f"device {self.serial} lost while pushing {local.name} ({error}): "
+                f"check the connection and `adb devices`"
+            ) from error
         size_kb = local.stat().st_size // 1024 + 1
         if free is not None and free < size_kb:
-            raise DeviceError(f"device {self.serial}: no space left on device pushing {local.name} ({size_kb} KB, "
-                              f"{free} KB free): free space under {WORKSPACE_ROOT}") from error
-        raise DeviceError(f"device {self.serial} refused the push of {local.name} to {remote} ({error}): "
-                          f"check permissions and `adb -s {self.serial} shell df {WORKSPACE_ROOT}`") from error
+            raise DeviceError(
+                f"device {self.serial}: no space left on device pushing {local.name} ({size_kb} KB, "
+                f"{free} KB free): free space under {WORKSPACE_ROOT}"
+            ) from error
+        raise DeviceError(
+            f"device {self.serial} refused the push of {local.name} to {remote} ({error}): "
+            f"check permissions and `adb -s {self.serial} shell df {WORKSPACE_ROOT}`"
+        ) from error
 
     def free_kb(self, remote_dir: str) -> int | None:
         """Available KB where remote_dir lives, from the device's df (None if unreadable)."""
@@ -322,8 +355,10 @@ class Device:
                 check_sizes(sizes, limits)
             for name in sizes:
                 if not safe_pull_name(name):
-                    raise DeviceError(f"device {self.serial} listed a file named {name!r} in {remote_dir}, which "
-                                      f"would land outside {local_dir}: nothing more is pulled; check the device")
+                    raise DeviceError(
+                        f"device {self.serial} listed a file named {name!r} in {remote_dir}, which "
+                        f"would land outside {local_dir}: nothing more is pulled; check the device"
+                    )
                 session.pull(f"{remote_dir}/{name}", local_dir / name, limits[name] if limits is not None else None)
         return list(sizes)
 
@@ -336,8 +371,10 @@ class Device:
         path = f"{WORKSPACE_ROOT}/{name}"
         result = self.shell(f"mkdir -p {shlex.quote(path)}")
         if result.exit_code != 0:
-            raise DeviceError(f"device {self.serial}: cannot create {path} ({result.output.strip()}): "
-                              f"check free space and permissions under {WORKSPACE_ROOT}")
+            raise DeviceError(
+                f"device {self.serial}: cannot create {path} ({result.output.strip()}): "
+                f"check free space and permissions under {WORKSPACE_ROOT}"
+            )
         self._workspaces.add(path)
         return path
 
@@ -375,4 +412,6 @@ class Device:
                 yield
             finally:
                 with open_append(directory / f"{safe}.uses.jsonl") as log:
-                    log.write(json.dumps({"holder": holder, "pid": os.getpid(), "start": started, "end": time.time()}) + "\n")
+                    log.write(
+                        json.dumps({"holder": holder, "pid": os.getpid(), "start": started, "end": time.time()}) + "\n"
+                    )

@@ -5,6 +5,7 @@ server on a unix socket, as the run's private one is): two hosts' servers may ea
 (the same model flashed alike, or `emulator-5554` on both), so a serial found on two servers must be written
 with its server.
 """
+
 from __future__ import annotations
 
 import os
@@ -34,7 +35,9 @@ def default_server() -> AdbServer:
     try:
         if socket_spec := os.environ.get("ADB_SERVER_SOCKET"):
             return AdbServer.parse(socket_spec, "ADB_SERVER_SOCKET")
-        return AdbServer.parse(f"127.0.0.1:{os.environ.get('ANDROID_ADB_SERVER_PORT', DEFAULT_PORT)}", "ANDROID_ADB_SERVER_PORT")
+        return AdbServer.parse(
+            f"127.0.0.1:{os.environ.get('ANDROID_ADB_SERVER_PORT', DEFAULT_PORT)}", "ANDROID_ADB_SERVER_PORT"
+        )
     except ValueError as error:
         raise DeviceError(f"{error} (or unset it)") from error
 
@@ -60,12 +63,16 @@ def unix_server_listening(path: str) -> bool:
 def client(server: AdbServer) -> AdbClient:
     if server.path:
         if not unix_server_listening(server.path):
-            raise DeviceError(f"no adb server answers on {server.address}: start it with `adb -L {server.address} "
-                              f"server nodaemon` (or fix ADB_SERVER_SOCKET / --adb-server)")
+            raise DeviceError(
+                f"no adb server answers on {server.address}: start it with `adb -L {server.address} "
+                f"server nodaemon` (or fix ADB_SERVER_SOCKET / --adb-server)"
+            )
         return AdbClient(server=server)
     if not server_listening(server.port, server.host):
-        raise DeviceError(f"no adb server answers on {server.address}: start it there with `adb -a -P {server.port} "
-                          f"server nodaemon` (or drop --adb-server {server.address})")
+        raise DeviceError(
+            f"no adb server answers on {server.address}: start it there with `adb -a -P {server.port} "
+            f"server nodaemon` (or drop --adb-server {server.address})"
+        )
     return AdbClient(host=server.host, port=server.port)
 
 
@@ -77,8 +84,10 @@ def requested_serials(options: list[str]) -> list[str]:
     seen = set()
     for serial in serials:
         if serial in seen:
-            raise DeviceError(f"device {serial} is given twice: pass each --device once (one worker per device "
-                              f"is already enforced by its lock)")
+            raise DeviceError(
+                f"device {serial} is given twice: pass each --device once (one worker per device "
+                f"is already enforced by its lock)"
+            )
         seen.add(serial)
     return serials
 
@@ -95,8 +104,10 @@ def reachable(servers: list[AdbServer]) -> list[AdbClient]:
     if not clients:  # one line for the run's end, whatever the number of servers
         if len(unreachable) == 1:
             raise unreachable[0]
-        raise DeviceError(f"none of the adb servers {', '.join(s.address for s in servers)} answers: start them "
-                          f"(`adb -a -P PORT server nodaemon` on each host) or fix --adb-server")
+        raise DeviceError(
+            f"none of the adb servers {', '.join(s.address for s in servers)} answers: start them "
+            f"(`adb -a -P PORT server nodaemon` on each host) or fix --adb-server"
+        )
     for error in unreachable:
         print(f"qnnsuite: {error}; going on without it", file=sys.stderr)
     return clients
@@ -108,7 +119,9 @@ def select_across(clients: list[AdbClient], requested: list[str]) -> list[Device
     if requested == ["all"]:
         ready = {server: [s for s, state in states.items() if state == "device"] for server, states in listings.items()}
         if not any(ready.values()):
-            raise DeviceError(f"--device all: no device is attached and ready on {', '.join(listings)}: check `adb devices`")
+            raise DeviceError(
+                f"--device all: no device is attached and ready on {', '.join(listings)}: check `adb devices`"
+            )
         return [device for adb in clients for device in select(adb, ready[address_of(adb)])]
     by_server: dict[str, list[str]] = {}
     for value in requested:
@@ -126,13 +139,17 @@ def _locate(listings: dict[str, dict[str, str]], value: str) -> tuple[str, str]:
     server, serial = split_label(value)
     if server:
         if server not in listings:
-            raise DeviceError(f"--device {value}: {server} is not a reachable adb server of this run; "
-                              f"name it with --adb-server {server}")
+            raise DeviceError(
+                f"--device {value}: {server} is not a reachable adb server of this run; "
+                f"name it with --adb-server {server}"
+            )
         return server, serial
     holding = [server for server, states in listings.items() if value in states]
     if len(holding) > 1:
-        raise DeviceError(f"device {value} is on {len(holding)} adb servers ({', '.join(holding)}): write it as "
-                          f"{holding[0]}/{value} to say which")
+        raise DeviceError(
+            f"device {value} is on {len(holding)} adb servers ({', '.join(holding)}): write it as "
+            f"{holding[0]}/{value} to say which"
+        )
     if not holding and len(listings) > 1:
         attached = ", ".join(f"{server}/{s} ({st})" for server, states in listings.items() for s, st in states.items())
         raise DeviceError(f"unknown device serial {value}: attached are {attached or 'none'}; check `adb devices`")

@@ -3,6 +3,7 @@
 Follows the runner contract of DESIGN.md: an input list with one line per step, outputs named
 outputs/output_{step}_{index}.raw; the interposer's trace (emulated devices) comes back too.
 """
+
 from __future__ import annotations
 
 import re
@@ -121,8 +122,10 @@ DEVICE_LOG_TAIL = 20
 # the device's time is kept for `logcat -T` should the run fail. The folder itself is made by the push (adbd
 # creates a SEND's missing folders), so a case costs one shell, not two.
 STARTED_NAME = ".run_started"
-BEFORE_RUNNER = (f"{shell_line(['rm', '-rf', 'outputs'])} && {shell_line(['mkdir', 'outputs'])} && "
-                 f"{shell_line(['date', DEVICE_TIME_FORMAT])} > {STARTED_NAME}")
+BEFORE_RUNNER = (
+    f"{shell_line(['rm', '-rf', 'outputs'])} && {shell_line(['mkdir', 'outputs'])} && "
+    f"{shell_line(['date', DEVICE_TIME_FORMAT])} > {STARTED_NAME}"
+)
 
 
 def run_started(device: Device, remote: str) -> str | None:
@@ -159,14 +162,26 @@ def _failed(device: Device, remote: str, local_dir: Path, line: str) -> RunnerFa
 def pull_limits(output_count: int, steps: int, output_bytes: list[list[int]] | None) -> dict[str, int]:
     """The files a run's outputs folder may give back, each with its most bytes: eager's size of each output
     (output_bytes[step][index]) where known, and the trace."""
-    limits = {f"output_{step}_{index}.raw": output_bytes[step][index] if output_bytes else OUTPUT_FILE_MAX_BYTES
-              for step in range(steps) for index in range(output_count)}
+    limits = {
+        f"output_{step}_{index}.raw": output_bytes[step][index] if output_bytes else OUTPUT_FILE_MAX_BYTES
+        for step in range(steps)
+        for index in range(output_count)
+    }
     return {**limits, TRACE_NAME: TRACE_MAX_BYTES}
 
 
-def run_case(device: Device, workspace: Workspace, case_dir_name: str, pte: Path, steps: list[tuple],
-             local_dir: Path, output_count: int, timeout_s: float = RUNNER_TIMEOUT_S, method_index: int = 0,
-             output_bytes: list[list[int]] | None = None) -> DeviceRun:
+def run_case(
+    device: Device,
+    workspace: Workspace,
+    case_dir_name: str,
+    pte: Path,
+    steps: list[tuple],
+    local_dir: Path,
+    output_count: int,
+    timeout_s: float = RUNNER_TIMEOUT_S,
+    method_index: int = 0,
+    output_bytes: list[list[int]] | None = None,
+) -> DeviceRun:
     """output_bytes: eager's byte size of each output [step][index]; a larger file fails the case unpulled."""
     timings: dict[str, float] = {}
     started = time.perf_counter()
@@ -184,45 +199,88 @@ def run_case(device: Device, workspace: Workspace, case_dir_name: str, pte: Path
     env = {"ADSP_LIBRARY_PATH": workspace.payload}
     if workspace.traced:  # the interposer appends a line per graph execute; pulled with the outputs
         env[TRACE_VARIABLE] = f"{remote}/outputs/{TRACE_NAME}"
-    result = device.run([f"{workspace.payload}/{RUNNER_NAME}", "--model_path", "model.pte", "--input_list_path",
-                         "input_list.txt", "--output_folder_path", "outputs", "--method_index", str(int(method_index))],
-                        cwd=remote, timeout_s=timeout_s, env=env, prepend={"LD_LIBRARY_PATH": workspace.payload},
-                        first=BEFORE_RUNNER)
+    result = device.run(
+        [
+            f"{workspace.payload}/{RUNNER_NAME}",
+            "--model_path",
+            "model.pte",
+            "--input_list_path",
+            "input_list.txt",
+            "--output_folder_path",
+            "outputs",
+            "--method_index",
+            str(int(method_index)),
+        ],
+        cwd=remote,
+        timeout_s=timeout_s,
+        env=env,
+        prepend={"LD_LIBRARY_PATH": workspace.payload},
+        first=BEFORE_RUNNER,
+    )
     timings["run"] = time.perf_counter() - started
     executed = RUNNER_EXECUTION.search(result.output)
     if executed:  # the emulated runner reports its own execution time, imports excluded
         timings["runner_exec"] = float(executed.group(1)) / 1000
     (local_dir / "runner.log").write_text(result.output)
     if result.timed_out(timeout_s):
-        raise _failed(device, remote, local_dir, f"runner on {device.serial} hung and was killed after {timeout_s:.0f} s "
-                           f"(last words: {_last_words(result)}); its log:\n{_tail(result.output)}")
+        raise _failed(
+            device,
+            remote,
+            local_dir,
+            f"runner on {device.serial} hung and was killed after {timeout_s:.0f} s "
+            f"(last words: {_last_words(result)}); its log:\n{_tail(result.output)}",
+        )
     if result.exit_code == SIGKILL_EXIT:
-        raise _failed(device, remote, local_dir, f"runner on {device.serial} was killed (SIGKILL, exit 137) after {result.duration_s:.1f} s, "
-                           f"well before its {timeout_s:.0f} s timeout: something else killed it, e.g. Android's "
-                           f"low-memory killer; check `adb -s {device.serial} logcat -d` and free memory (last words: "
-                           f"{_last_words(result)}); its log:\n{_tail(result.output)}")
+        raise _failed(
+            device,
+            remote,
+            local_dir,
+            f"runner on {device.serial} was killed (SIGKILL, exit 137) after {result.duration_s:.1f} s, "
+            f"well before its {timeout_s:.0f} s timeout: something else killed it, e.g. Android's "
+            f"low-memory killer; check `adb -s {device.serial} logcat -d` and free memory (last words: "
+            f"{_last_words(result)}); its log:\n{_tail(result.output)}",
+        )
     if result.exit_code != 0:
-        raise _failed(device, remote, local_dir, f"runner on {device.serial} {_exit_description(result)} (last words: "
-                           f"{_last_words(result)}); its log:\n{_tail(result.output)}")
+        raise _failed(
+            device,
+            remote,
+            local_dir,
+            f"runner on {device.serial} {_exit_description(result)} (last words: "
+            f"{_last_words(result)}); its log:\n{_tail(result.output)}",
+        )
 
     started = time.perf_counter()
     try:
-        present = set(device.pull_files(f"{remote}/outputs", local_dir / "outputs",
-                                        pull_limits(output_count, len(steps), output_bytes)))
+        present = set(
+            device.pull_files(
+                f"{remote}/outputs", local_dir / "outputs", pull_limits(output_count, len(steps), output_bytes)
+            )
+        )
     except Oversized as oversized:
-        raise _failed(device, remote, local_dir, f"runner on {device.serial} wrote too much: {oversized} "
-                      f"(not pulled); its log:\n{_tail(result.output)}") from oversized
+        raise _failed(
+            device,
+            remote,
+            local_dir,
+            f"runner on {device.serial} wrote too much: {oversized} (not pulled); its log:\n{_tail(result.output)}",
+        ) from oversized
     outputs, files = [], []
     for step in range(len(steps)):
         names = [f"output_{step}_{index}.raw" for index in range(output_count)]
         missing = [name for name in names if name not in present]
         if missing:
-            raise _failed(device, remote, local_dir, f"runner on {device.serial} wrote no {', '.join(missing[:3])} "
-                               f"(expected {output_count} output(s) x {len(steps)} step(s)); its log:\n{_tail(result.output)}")
+            raise _failed(
+                device,
+                remote,
+                local_dir,
+                f"runner on {device.serial} wrote no {', '.join(missing[:3])} "
+                f"(expected {output_count} output(s) x {len(steps)} step(s)); its log:\n{_tail(result.output)}",
+            )
         row = [local_dir / "outputs" / name for name in names]
         files.append(row)
         outputs.append([np.fromfile(path, dtype=np.uint8) for path in row])
     trace = local_dir / "outputs" / TRACE_NAME if TRACE_NAME in present else None
     timings["pull"] = time.perf_counter() - started
     pattern = HEAP_PATTERN.search(result.output)
-    return DeviceRun(outputs, files, trace, result.output, timings, pushed, int(pattern.group(1), 16) if pattern else None)
+    return DeviceRun(
+        outputs, files, trace, result.output, timings, pushed, int(pattern.group(1), 16) if pattern else None
+    )

@@ -4,6 +4,7 @@ A kind says what must be pushed before a program can run (payload) and what the 
 (capabilities). The rest of the suite asks a device's kind and never looks at ABIs or SDK origins itself.
 An attached device is emulated when it runs host (x86_64) binaries: real phones are arm64.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -11,8 +12,14 @@ from importlib import metadata
 from pathlib import Path
 
 from harness.device.device import DeviceError
-from harness.device.payload import (PayloadFile, PhoneFiles, emulated_payload, missing_files_line, phone_files_missing,
-                                    phone_payload)
+from harness.device.payload import (
+    PayloadFile,
+    PhoneFiles,
+    emulated_payload,
+    missing_files_line,
+    phone_files_missing,
+    phone_payload,
+)
 from harness.qnn import interposer
 from harness.qnn.sdk import WHEEL_ORIGIN, QnnSdk
 
@@ -44,8 +51,12 @@ class PayloadInputs:
 
     def phone_files(self) -> PhoneFiles:
         # The wheel's SDK tree has host libraries only; a phone needs a full SDK's Android and Hexagon ones.
-        return PhoneFiles(self.runner, None if self.sdk.origin == WHEEL_ORIGIN else self.sdk.root, self.backend_lib,
-                          self.trace_interposer)
+        return PhoneFiles(
+            self.runner,
+            None if self.sdk.origin == WHEEL_ORIGIN else self.sdk.root,
+            self.backend_lib,
+            self.trace_interposer,
+        )
 
 
 class EmulatedKind:
@@ -61,7 +72,9 @@ class EmulatedKind:
     def host_libraries(sdk: QnnSdk) -> dict[str, Path]:
         """What the device's runner uses without its being pushed (its provenance): the host executorch's QNN
         backend library and the host SDK's libQnnHtp.so, by role ("backend") or file name."""
-        backend = Path(str(metadata.distribution("executorch").locate_file("executorch/lib/libexecutorch_backend_qnn.so")))
+        backend = Path(
+            str(metadata.distribution("executorch").locate_file("executorch/lib/libexecutorch_backend_qnn.so"))
+        )
         return {"backend": backend, "libQnnHtp.so": sdk.htp_library}
 
     @staticmethod
@@ -70,7 +83,11 @@ class EmulatedKind:
         the runner server's start)."""
         ours = {tunable.partition("=")[0] for tunable in _OURS}
         tunables = [t for t in env.get("GLIBC_TUNABLES", "").split(":") if t and t.partition("=")[0] not in ours]
-        return {**env, "MALLOC_PERTURB_": str(EMULATED_HEAP_PATTERN ^ 0xFF), "GLIBC_TUNABLES": ":".join([*tunables, *_OURS])}
+        return {
+            **env,
+            "MALLOC_PERTURB_": str(EMULATED_HEAP_PATTERN ^ 0xFF),
+            "GLIBC_TUNABLES": ":".join([*tunables, *_OURS]),
+        }
 
 
 class PhoneKind:
@@ -100,7 +117,9 @@ def of(name: str) -> DeviceKind:
     return KINDS[name]
 
 
-def payload_inputs(sdk: QnnSdk, runner: Path | None, backend_lib: Path | None, android_ndk: Path | None) -> PayloadInputs:
+def payload_inputs(
+    sdk: QnnSdk, runner: Path | None, backend_lib: Path | None, android_ndk: Path | None
+) -> PayloadInputs:
     """The run's payload inputs; with an NDK, the interposer is built for phones (once: it is cached)."""
     return PayloadInputs(sdk, runner, backend_lib, interposer.build_for_android(android_ndk) if android_ndk else None)
 

@@ -7,6 +7,7 @@ interposer is pushed as libQnnHtp.so and Qualcomm's library beside it as libQnnH
 overlay does (harness/qnn/interposer.py). An emulated device gets the emulated runner, since its QNN
 libraries are the host's. Which one a device is, is decided in harness/device/kinds.py.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -46,7 +47,9 @@ def elf_abi(path: Path) -> str | None:
     header = path.read_bytes()[:20]
     if header[:4] != b"\x7fELF":
         return None
-    return ELF_MACHINES.get(int.from_bytes(header[18:20], "little"), f"machine {int.from_bytes(header[18:20], 'little')}")
+    return ELF_MACHINES.get(
+        int.from_bytes(header[18:20], "little"), f"machine {int.from_bytes(header[18:20], 'little')}"
+    )
 
 
 def _checked_runner(runner: Path, abi: str) -> PayloadFile:
@@ -54,15 +57,16 @@ def _checked_runner(runner: Path, abi: str) -> PayloadFile:
         raise DeviceError(f"--runner {runner} does not exist: pass the path of your Android qnn_executor_runner build")
     runner_abi = elf_abi(runner)
     if runner_abi is not None and runner_abi != abi:
-        raise DeviceError(f"--runner {runner} is built for {runner_abi} but the device is {abi}: "
-                          f"build qnn_executor_runner for {abi}")
+        raise DeviceError(
+            f"--runner {runner} is built for {runner_abi} but the device is {abi}: build qnn_executor_runner for {abi}"
+        )
     return PayloadFile(runner, RUNNER_NAME, 0o755)
 
 
 def backend_library_candidates(runner: Path) -> list[Path]:
     """Beside the runner, then BUILD/backends/qualcomm/ when the runner is in BUILD/examples/qualcomm/executor_runner/."""
     candidates = [runner.parent / BACKEND_LIBRARY]
-    if runner.parent.parts[-len(RUNNER_BUILD_DIR):] == RUNNER_BUILD_DIR:
+    if runner.parent.parts[-len(RUNNER_BUILD_DIR) :] == RUNNER_BUILD_DIR:
         candidates.append(runner.parents[len(RUNNER_BUILD_DIR)] / BACKEND_BUILD_DIR / BACKEND_LIBRARY)
     return candidates
 
@@ -74,8 +78,13 @@ def emulated_payload(abi: str, runner: Path | None) -> list[PayloadFile]:
 
 def _sdk_libraries(sdk_root: Path, htp_arch: int) -> list[Path]:
     android = sdk_root / "lib" / "aarch64-android"
-    return [android / "libQnnHtp.so", android / f"libQnnHtpV{htp_arch}Stub.so", android / "libQnnHtpPrepare.so",
-            android / "libQnnSystem.so", sdk_root / "lib" / f"hexagon-v{htp_arch}" / "unsigned" / f"libQnnHtpV{htp_arch}Skel.so"]
+    return [
+        android / "libQnnHtp.so",
+        android / f"libQnnHtpV{htp_arch}Stub.so",
+        android / "libQnnHtpPrepare.so",
+        android / "libQnnSystem.so",
+        sdk_root / "lib" / f"hexagon-v{htp_arch}" / "unsigned" / f"libQnnHtpV{htp_arch}Skel.so",
+    ]
 
 
 def phone_files_missing(htp_arch: int, given: PhoneFiles) -> list[str]:
@@ -95,20 +104,26 @@ def phone_files_missing(htp_arch: int, given: PhoneFiles) -> list[str]:
 
 def missing_files_line(missing: list[str]) -> str:
     """The one line that names every missing file and the fix."""
-    return (f"files to push to the phones are missing: {'; '.join(missing)}: use a QNN SDK with Android and "
-            f"Hexagon libraries (--qnn-sdk), and pass --backend-lib PATH unless {BACKEND_LIBRARY} is beside the "
-            f"runner or in BUILD/{BACKEND_BUILD_DIR}/ of the runner's build folder")
+    return (
+        f"files to push to the phones are missing: {'; '.join(missing)}: use a QNN SDK with Android and "
+        f"Hexagon libraries (--qnn-sdk), and pass --backend-lib PATH unless {BACKEND_LIBRARY} is beside the "
+        f"runner or in BUILD/{BACKEND_BUILD_DIR}/ of the runner's build folder"
+    )
 
 
 def phone_payload(abi: str, htp_arch: int, given: PhoneFiles) -> list[PayloadFile]:
     """A phone gets the user's Android runner, the backend library and the QNN libraries of its HTP arch,
     as upstream pushes them (plus the trace interposer in front of libQnnHtp.so when there is one)."""
     if given.runner is None:
-        raise DeviceError(f"a {abi} device needs its Android qnn_executor_runner: pass --runner PATH "
-                          f"(built from executorch's examples/qualcomm/executor_runner)")
+        raise DeviceError(
+            f"a {abi} device needs its Android qnn_executor_runner: pass --runner PATH "
+            f"(built from executorch's examples/qualcomm/executor_runner)"
+        )
     files = [_checked_runner(given.runner, abi)]
     if given.sdk_root is None:
-        raise DeviceError("pushing to a phone needs a full QNN SDK for its libraries: pass --qnn-sdk or set QNN_SDK_ROOT")
+        raise DeviceError(
+            "pushing to a phone needs a full QNN SDK for its libraries: pass --qnn-sdk or set QNN_SDK_ROOT"
+        )
     missing = phone_files_missing(htp_arch, given)
     if missing:
         raise DeviceError(missing_files_line(missing))
@@ -116,5 +131,8 @@ def phone_payload(abi: str, htp_arch: int, given: PhoneFiles) -> list[PayloadFil
     libraries = [PayloadFile(path, path.name) for path in _sdk_libraries(given.sdk_root, htp_arch)]
     if given.trace_interposer is not None:
         real = libraries[0]
-        libraries[0:1] = [PayloadFile(given.trace_interposer, real.remote_name), PayloadFile(real.local, REAL_LIBRARY_NAME)]
+        libraries[0:1] = [
+            PayloadFile(given.trace_interposer, real.remote_name),
+            PayloadFile(real.local, REAL_LIBRARY_NAME),
+        ]
     return files + libraries + [PayloadFile(backend, BACKEND_LIBRARY)]

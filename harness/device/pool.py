@@ -7,13 +7,14 @@ own folders; the controller removes the run's folder at the end (remove_run_fold
 A device that is lost, or that failed its health check at the start of the run (harness/health.py),
 fails its own cases with the line that said so; the rest go on.
 """
+
 from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 from filelock import Timeout
 
@@ -152,7 +153,9 @@ def remove_run_folders(specs: list[DeviceSpec], run_id: str) -> list[str]:
     lines = []
     for spec in specs:
         try:
-            Device(spec.serial, spec.client()).shell(shell_line(["rm", "-rf", f"{WORKSPACE_ROOT}/{run_id}"]), timeout_s=30)
+            Device(spec.serial, spec.client()).shell(
+                shell_line(["rm", "-rf", f"{WORKSPACE_ROOT}/{run_id}"]), timeout_s=30
+            )
         except DeviceError:
             lines.append(f"could not remove {spec.label}:{WORKSPACE_ROOT}/{run_id} (device gone)")
     return lines

@@ -7,6 +7,7 @@ change causes. Hashes of pushed files are taken on the device (sha256sum of what
 from the library files' own bytes (harness/qnn/qairt.py). What a device uses without its being pushed (an
 emulated device runs on the host's executorch and QNN libraries) is recorded as such, from the host files.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -71,15 +72,22 @@ def measure(device: Device, kind_name: str, payload: list[PayloadFile], payload_
         on_device, problem = {}, str(error).splitlines()[0]
     else:
         problem = ""
-    files = [file_entry(item.remote_name, item.local, True, on_device.get(remote[item.remote_name])) for item in payload]
+    files = [
+        file_entry(item.remote_name, item.local, True, on_device.get(remote[item.remote_name])) for item in payload
+    ]
     in_place = kinds.of(kind_name).host_libraries(sdk)
     files += [file_entry(local.name, local, False) for local in in_place.values()]
     by_name = {entry["name"]: entry for entry in files}
     backend = by_name.get(in_place["backend"].name if "backend" in in_place else BACKEND_LIBRARY)
     htp = by_name.get(BUILD_ID_LIBRARY)
-    return {"kind": kind_name, "runner": by_name.get(RUNNER_NAME), "backend": backend,
-            "qnn_libraries": [entry for entry in files if QNN_LIBRARY.match(entry["name"])],
-            "qnn_build_id": htp.get("build_id") if htp else None, "problem": problem}
+    return {
+        "kind": kind_name,
+        "runner": by_name.get(RUNNER_NAME),
+        "backend": backend,
+        "qnn_libraries": [entry for entry in files if QNN_LIBRARY.match(entry["name"])],
+        "qnn_build_id": htp.get("build_id") if htp else None,
+        "problem": problem,
+    }
 
 
 def warnings(provenance: dict[str, dict], host_build_id: str) -> list[str]:
@@ -88,12 +96,16 @@ def warnings(provenance: dict[str, dict], host_build_id: str) -> list[str]:
     for serial, found in sorted(provenance.items()):
         device_id = found.get("qnn_build_id")
         if device_id and host_build_id and device_id != host_build_id:
-            lines.append(f"warning: device {serial} runs QNN {device_id} but the programs were lowered with QNN "
-                         f"{host_build_id}: push the libraries of the SDK that lowers (--qnn-sdk), or lower with "
-                         f"the device's")
+            lines.append(
+                f"warning: device {serial} runs QNN {device_id} but the programs were lowered with QNN "
+                f"{host_build_id}: push the libraries of the SDK that lowers (--qnn-sdk), or lower with "
+                f"the device's"
+            )
         for entry in [found.get("runner"), found.get("backend"), *found.get("qnn_libraries", [])]:
             if entry and entry.get("pushed") and entry.get("device_sha256") not in (None, entry.get("sha256")):
-                lines.append(f"warning: device {serial} holds another {entry['name']} than the one pushed "
-                             f"(sha256 {entry['device_sha256'][:12]} on the device, {str(entry['sha256'])[:12]} "
-                             f"here): check its storage")
+                lines.append(
+                    f"warning: device {serial} holds another {entry['name']} than the one pushed "
+                    f"(sha256 {entry['device_sha256'][:12]} on the device, {str(entry['sha256'])[:12]} "
+                    f"here): check its storage"
+                )
     return lines

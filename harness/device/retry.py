@@ -4,6 +4,7 @@ the device comes back, as Mobly's controllers own reconnecting their devices; ca
 The case store (harness/case_store.py) asks for a run here and copies the result into the case's outcome:
 the device layer knows nothing of outcomes, checks or verdicts.
 """
+
 from __future__ import annotations
 
 import time
@@ -33,9 +34,19 @@ class Attempt:
     timings_s: dict[str, float] = field(default_factory=dict)
 
 
-def run_with_reconnects(pool: DevicePool, soc: str, holder: str, case_dir_name: str, pte: Path,
-                        steps: list[tuple], local_dir: Path, output_count: int, timeout_s: float,
-                        method_index: int, output_bytes: list[list[int]] | None = None) -> Attempt:
+def run_with_reconnects(
+    pool: DevicePool,
+    soc: str,
+    holder: str,
+    case_dir_name: str,
+    pte: Path,
+    steps: list[tuple],
+    local_dir: Path,
+    output_count: int,
+    timeout_s: float,
+    method_index: int,
+    output_bytes: list[list[int]] | None = None,
+) -> Attempt:
     """Run the case on a device of its SoC; every failure is one line in the result, never an exception."""
     attempt = Attempt()
     started = time.perf_counter()
@@ -45,9 +56,18 @@ def run_with_reconnects(pool: DevicePool, soc: str, holder: str, case_dir_name: 
                 # waiting for another worker's case to free the device, plus a first push of the payload
                 attempt.timings_s["device_wait"] = time.perf_counter() - started
                 attempt.device_serial, attempt.device_kind = device.label, pool.spec(device.label).kind
-                attempt.run = run_case(device, workspace, case_dir_name, pte, steps, local_dir,
-                                       output_count=output_count, timeout_s=timeout_s, method_index=method_index,
-                                       output_bytes=output_bytes)
+                attempt.run = run_case(
+                    device,
+                    workspace,
+                    case_dir_name,
+                    pte,
+                    steps,
+                    local_dir,
+                    output_count=output_count,
+                    timeout_s=timeout_s,
+                    method_index=method_index,
+                    output_bytes=output_bytes,
+                )
                 attempt.timings_s.update(attempt.run.timings_s)
             break
         except DeviceLost as lost:

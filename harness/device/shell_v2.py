@@ -5,6 +5,7 @@ adbutils keeps a command's whole output in memory (three copies: stdout, stderr 
 to stderr without end grew a worker to 1.56 GB in 6 s, and its timeout allowed some 21 GB. What explains a
 failure is at the end (the runner's last words), so the end is what is kept.
 """
+
 from __future__ import annotations
 
 from adbutils import AdbConnection
@@ -54,5 +55,6 @@ def read(connection: AdbConnection, command: str, keep: int | None = None) -> Sh
         elif header[0] == EXIT and data:
             exit_code = data[0]
             break
-    return ShellReturnRaw(command=command, returncode=exit_code, output=both.value(), stderr=stderr.value(),
-                          stdout=stdout.value())
+    return ShellReturnRaw(
+        command=command, returncode=exit_code, output=both.value(), stderr=stderr.value(), stdout=stdout.value()
+    )

@@ -6,6 +6,7 @@ its device time (measured: 33 connections and 0.57 s per case on an emulated dev
 lets one session carry any number of SEND, RECV and LIST requests, as `adb push DIR` uses it; this
 module speaks that protocol (v1) over a transport that adbutils opened.
 """
+
 from __future__ import annotations
 
 import stat

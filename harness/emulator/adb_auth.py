@@ -9,6 +9,7 @@ token. Verification is one modular exponentiation compared byte for byte with th
 (RFC 8017 8.2.2, encode-and-compare, so no padding parser to get wrong); the venv has no crypto library
 and this is all a device needs.
 """
+
 from __future__ import annotations
 
 import base64
@@ -61,7 +62,7 @@ def parse_public_key(line: str) -> PublicKey:
     words = struct.unpack_from("<I", blob)[0]
     if not 16 <= words <= 256 or len(blob) != 8 + 8 * words + 4:
         raise AdbKeyError(f"{len(blob)} bytes do not make an adb public key of {words} words")
-    modulus = int.from_bytes(blob[8:8 + 4 * words], "little")
+    modulus = int.from_bytes(blob[8 : 8 + 4 * words], "little")
     exponent = struct.unpack_from("<I", blob, 8 + 8 * words)[0]
     if exponent < 3 or modulus.bit_length() < 512:
         raise AdbKeyError("implausible RSA key (exponent or modulus too small)")
@@ -85,7 +86,11 @@ def load_keys(path: Path) -> list[PublicKey]:
 def user_key_files(env: dict[str, str]) -> list[Path]:
     """The private keys an adb server started by this user signs with: ~/.android/adbkey (adb's folder is
     $ANDROID_USER_HOME, else $HOME/.android) and ADB_VENDOR_KEYS (files, or folders of *.adb_key files)."""
-    android = Path(env["ANDROID_USER_HOME"]) if env.get("ANDROID_USER_HOME") else Path(env.get("HOME", "~")).expanduser() / ".android"
+    android = (
+        Path(env["ANDROID_USER_HOME"])
+        if env.get("ANDROID_USER_HOME")
+        else Path(env.get("HOME", "~")).expanduser() / ".android"
+    )
     files = [android / "adbkey"]
     for entry in filter(None, env.get("ADB_VENDOR_KEYS", "").split(":")):
         path = Path(entry).expanduser()
@@ -111,10 +116,14 @@ def user_server_keys(adb: str, env: dict[str, str]) -> list[str]:
         try:
             parse_public_key(line)
         except AdbKeyError as error:
-            raise AdbKeyError(f"{public if public.is_file() else private}: {error}: give the adb server's own key "
-                              f"(adb keygen) or fix ADB_VENDOR_KEYS") from error
+            raise AdbKeyError(
+                f"{public if public.is_file() else private}: {error}: give the adb server's own key "
+                f"(adb keygen) or fix ADB_VENDOR_KEYS"
+            ) from error
         keys.append(line)
     if not keys:
-        raise AdbKeyError(f"the adb server has no key to trust: none of {', '.join(map(str, user_key_files(env)))} "
-                          f"exists; run `adb start-server` once (it makes ~/.android/adbkey) or set ADB_VENDOR_KEYS")
+        raise AdbKeyError(
+            f"the adb server has no key to trust: none of {', '.join(map(str, user_key_files(env)))} "
+            f"exists; run `adb start-server` once (it makes ~/.android/adbkey) or set ADB_VENDOR_KEYS"
+        )
     return keys

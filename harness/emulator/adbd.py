@@ -23,8 +23,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from harness.emulator import device_log, jail, shell_paths
 from harness.emulator.adb_auth import TOKEN_SIZE, PublicKey, load_keys
@@ -33,7 +34,8 @@ from harness.emulator.shell_paths import rewrite_device_paths
 from harness.files import write_atomically
 
 A_CNXN, A_OPEN, A_OKAY, A_CLSE, A_WRTE, A_AUTH = (
-    int.from_bytes(name, "little") for name in (b"CNXN", b"OPEN", b"OKAY", b"CLSE", b"WRTE", b"AUTH"))
+    int.from_bytes(name, "little") for name in (b"CNXN", b"OPEN", b"OKAY", b"CLSE", b"WRTE", b"AUTH")
+)
 AUTH_TOKEN, AUTH_SIGNATURE, AUTH_RSAPUBLICKEY = 1, 2, 3
 # A connection that has not authenticated within this long is hung up on, so idle ones cannot pile up.
 HANDSHAKE_TIMEOUT_S = 10.0
@@ -44,10 +46,25 @@ MIN_PAYLOAD = 4096
 # own environment (the launcher's device_env) only what the device's commands need to find the runner and
 # its toolchain: the suite's own QNNSUITE_* variables, and the loader, Python, SDK and heap settings the
 # runner (or its fresh-process fallback) starts with.
-DEVICE_ENVIRONMENT = {"HOME": "/data", "TMPDIR": "/data/local/tmp", "ANDROID_DATA": "/data", "ANDROID_ROOT": "/system",
-                      "EXTERNAL_STORAGE": "/sdcard", "ANDROID_STORAGE": "/storage", "LANG": "C.UTF-8", "SHELL": "/bin/sh"}
+DEVICE_ENVIRONMENT = {
+    "HOME": "/data",
+    "TMPDIR": "/data/local/tmp",
+    "ANDROID_DATA": "/data",
+    "ANDROID_ROOT": "/system",
+    "EXTERNAL_STORAGE": "/sdcard",
+    "ANDROID_STORAGE": "/storage",
+    "LANG": "C.UTF-8",
+    "SHELL": "/bin/sh",
+}
 DEVICE_PATH = "/usr/local/bin:/usr/bin:/bin"  # the host commands a device shell runs, after /system/bin
-PASSED_VARIABLES = ("LD_LIBRARY_PATH", "PYTHONPATH", "QNN_SDK_ROOT", "MALLOC_PERTURB_", "GLIBC_TUNABLES", "ADSP_LIBRARY_PATH")
+PASSED_VARIABLES = (
+    "LD_LIBRARY_PATH",
+    "PYTHONPATH",
+    "QNN_SDK_ROOT",
+    "MALLOC_PERTURB_",
+    "GLIBC_TUNABLES",
+    "ADSP_LIBRARY_PATH",
+)
 PASSED_PREFIX = "QNNSUITE_"
 
 
@@ -118,14 +135,21 @@ class Device:
         df.write_text(DF_SCRIPT)
         df.chmod(0o755)
         logcat = self.root / "system/bin/logcat"
-        logcat.write_text(LOGCAT_SCRIPT.format(python=shlex.quote(sys.executable),
-                                               repo=shlex.quote(str(Path(__file__).resolve().parents[2]))))
+        logcat.write_text(
+            LOGCAT_SCRIPT.format(
+                python=shlex.quote(sys.executable), repo=shlex.quote(str(Path(__file__).resolve().parents[2]))
+            )
+        )
         logcat.chmod(0o755)
         (self.root / device_log.LOG_PATH.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
         self.jail_problem = "switched off" if os.environ.get(JAIL_ENV) == "off" else jail.unavailable_reason()
         if self.jail_problem:
-            print(f"adbd: device shells are not jailed ({self.jail_problem}); paths are rewritten and host paths "
-                  f"refused instead", file=sys.stderr, flush=True)
+            print(
+                f"adbd: device shells are not jailed ({self.jail_problem}); paths are rewritten and host paths "
+                f"refused instead",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def raw_faults(self) -> dict[str, Any]:
         """The faults file as it is now, dormant switches included; missing or half-edited means no faults."""
@@ -173,32 +197,53 @@ class Device:
         """The CNXN banner adb shows in `adb devices -l`."""
         props = json.loads(self.props_file.read_text())
         name = self.banner_name or props.get("ro.product.name", "emulated")
-        fields = (f"ro.product.name={name}", f"ro.product.model={props.get('ro.product.model', name)}",
-                  f"ro.product.device={props.get('ro.product.device', name)}", f"features={FEATURES}")
+        fields = (
+            f"ro.product.name={name}",
+            f"ro.product.model={props.get('ro.product.model', name)}",
+            f"ro.product.device={props.get('ro.product.device', name)}",
+            f"features={FEATURES}",
+        )
         return ("device::" + ";".join(fields)).encode()
 
     def start_command(self, command: str, separate_stderr: bool) -> subprocess.Popen[bytes]:
         """Run a device command with the host shell in its own process group, inside the sandbox: jailed,
         or (without bubblewrap) with its device paths rewritten and any host path refused."""
-        env = dict(device_environment(dict(os.environ)), ANDROID_ROOT_SANDBOX=str(self.root),
-                   EMULATED_FAULTS_FILE=str(self.faults_file))
+        env = dict(
+            device_environment(dict(os.environ)),
+            ANDROID_ROOT_SANDBOX=str(self.root),
+            EMULATED_FAULTS_FILE=str(self.faults_file),
+        )
         if self.read_faults().get("storage_full"):
             env["EMULATED_STORAGE_FULL"] = "1"
-        env[device_log.LOG_ENV] = device_log.LOG_PATH if not self.jail_problem else str(device_to_host(device_log.LOG_PATH, self.root))
+        env[device_log.LOG_ENV] = (
+            device_log.LOG_PATH if not self.jail_problem else str(device_to_host(device_log.LOG_PATH, self.root))
+        )
         if not self.jail_problem:
             env.update(PATH=f"/system/bin:{DEVICE_PATH}")
             argv = jail.jail_argv(self.root, ["/bin/sh", "-c", command], "/data/local/tmp", env)
         else:
-            env.update(PATH=f"{self.root}/system/bin:{DEVICE_PATH}", HOME=str(self.root / "data"),
-                       TMPDIR=str(self.root / "data/local/tmp"))
+            env.update(
+                PATH=f"{self.root}/system/bin:{DEVICE_PATH}",
+                HOME=str(self.root / "data"),
+                TMPDIR=str(self.root / "data/local/tmp"),
+            )
             refused = shell_paths.refusal(command, self.root)
-            argv = (["/bin/sh", "-c", 'echo "$1" >&2; exit 126', "refused", refused] if refused
-                    else ["/bin/sh", "-c", rewrite_device_paths(command, self.root)])
+            argv = (
+                ["/bin/sh", "-c", 'echo "$1" >&2; exit 126', "refused", refused]
+                if refused
+                else ["/bin/sh", "-c", rewrite_device_paths(command, self.root)]
+            )
         return subprocess.Popen(
-            argv, cwd=self.root / "data/local/tmp", env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE if separate_stderr else subprocess.STDOUT, start_new_session=True)
+            argv,
+            cwd=self.root / "data/local/tmp",
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE if separate_stderr else subprocess.STDOUT,
+            start_new_session=True,
+        )
 
-    def vanish_if(self, stage: str, connection: "Connection") -> bool:
+    def vanish_if(self, stage: str, connection: Connection) -> bool:
         """Fault `freeze_on` = push | run | pull: the device process stops itself (SIGSTOP) at that stage.
         Fault `vanish_on` = push | run | pull: the device disappears at that stage (once). With
         `vanish_permanently` the device process dies (unplugged for good); otherwise only the link
@@ -434,7 +479,7 @@ class Stream:
                 if self.closed:
                     raise StreamClosed
                 self.may_write.clear()
-                chunk = data[start:start + self.connection.max_payload]
+                chunk = data[start : start + self.connection.max_payload]
                 allowed, vanish = self.connection.device.take_send_budget(len(chunk))
                 if allowed:
                     self.connection.send_packet(A_WRTE, self.local_id, self.remote_id, chunk[:allowed])
@@ -605,8 +650,9 @@ def list_directory(device_path: str, root: Path) -> bytes:
         with os.scandir(device_to_host(device_path, root)) as scan:
             for entry in scan:
                 info, name = entry.stat(follow_symlinks=False), entry.name.encode(errors="surrogateescape")
-                entries += sync_status(b"DENT", info.st_mode, info.st_size & 0xFFFFFFFF, int(info.st_mtime),
-                                       len(name)) + name
+                entries += (
+                    sync_status(b"DENT", info.st_mode, info.st_size & 0xFFFFFFFF, int(info.st_mtime), len(name)) + name
+                )
     except (OSError, SandboxEscape):
         pass
     return entries
@@ -698,8 +744,12 @@ def main() -> None:
     parser.add_argument("--props-file", type=Path, required=True, help="JSON object of system properties")
     parser.add_argument("--port-file", type=Path, required=True, help="receives the listening port")
     parser.add_argument("--banner-name", help="product name shown by `adb devices -l`")
-    parser.add_argument("--adb-key", type=Path, required=True,
-                        help="adbkey.pub of the adb server allowed in (adb_keys format, one key a line)")
+    parser.add_argument(
+        "--adb-key",
+        type=Path,
+        required=True,
+        help="adbkey.pub of the adb server allowed in (adb_keys format, one key a line)",
+    )
     arguments = parser.parse_args()
     try:
         keys = load_keys(arguments.adb_key)

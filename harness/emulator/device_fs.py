@@ -2,6 +2,7 @@
 
 Kept apart (and to os and posixpath) because runner_client imports it, whose start-up time counts.
 """
+
 from __future__ import annotations
 
 import posixpath

@@ -7,6 +7,7 @@ stderr, so the runner client copies its stderr lines here (tee), each with its t
 read from the line's own prefix. One JSON object per line in $QNNSUITE_DEVICE_LOG, a device path.
 Imported by the runner client on every run: os, re, json and time only (not even typing: 12 ms a run).
 """
+
 from __future__ import annotations
 
 import json
@@ -33,11 +34,21 @@ _QNN_PRIORITY = {"VERBOSE": "V", "DEBUG": "D", "INFO": "I", "WARN": "W", "ERROR"
 def entry(line: str, pid: int, now: float) -> dict:
     """A log entry for one stderr line: tag and priority from its prefix."""
     if match := _QNN_LINE.match(line):
-        return {"time": now, "pid": pid, "priority": _QNN_PRIORITY[match.group(1)], "tag": match.group(2),
-                "message": match.group(3)}
+        return {
+            "time": now,
+            "pid": pid,
+            "priority": _QNN_PRIORITY[match.group(1)],
+            "tag": match.group(2),
+            "message": match.group(3),
+        }
     if match := _ET_LINE.match(line):
-        return {"time": now, "pid": pid, "priority": match.group(1), "tag": "ExecuTorch",
-                "message": f"{match.group(2)}] {match.group(3)}"}
+        return {
+            "time": now,
+            "pid": pid,
+            "priority": match.group(1),
+            "tag": "ExecuTorch",
+            "message": f"{match.group(2)}] {match.group(3)}",
+        }
     if _ET_BINDING_LINE.match(line):  # the level is not printed: I, the lowest that logcat's defaults show
         return {"time": now, "pid": pid, "priority": "I", "tag": "ExecuTorch", "message": line}
     return {"time": now, "pid": pid, "priority": "I", "tag": RUNNER_TAG, "message": line}
@@ -71,5 +82,9 @@ def _append(log: TextIO, lines: list[bytes], pid: int) -> None:
 
 def threadtime(record: dict) -> str:
     """One entry as `logcat -v threadtime` prints it: `MM-DD HH:MM:SS.mmm  PID  TID P TAG     : message`."""
-    stamp = time.strftime("%m-%d %H:%M:%S", time.localtime(record["time"])) + f".{int(record['time'] * 1000) % 1000:03d}"
-    return f"{stamp} {record['pid']:5d} {record['pid']:5d} {record['priority']} {record['tag']:<8s}: {record['message']}"
+    stamp = (
+        time.strftime("%m-%d %H:%M:%S", time.localtime(record["time"])) + f".{int(record['time'] * 1000) % 1000:03d}"
+    )
+    return (
+        f"{stamp} {record['pid']:5d} {record['pid']:5d} {record['priority']} {record['tag']:<8s}: {record['message']}"
+    )

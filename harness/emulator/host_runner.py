@@ -15,6 +15,7 @@ runner_fewer_outputs, runner_reload_each_line: a broken runner that loses state 
 runner_lose_delegate_state: one that refills the delegate's buffers with the heap pattern after each
 step, so only state held inside the delegate is lost).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,8 +33,17 @@ from pathlib import Path
 PHONE_ENV = "QNNSUITE_EMULATED_PHONE"
 
 # executorch ScalarType codes -> numpy dtype names (the raw files are plain little-endian arrays)
-SCALAR_TYPES = {0: "uint8", 1: "int8", 2: "int16", 3: "int32", 4: "int64", 5: "float16", 6: "float32",
-                7: "float64", 11: "bool"}
+SCALAR_TYPES = {
+    0: "uint8",
+    1: "int8",
+    2: "int16",
+    3: "int32",
+    4: "int64",
+    5: "float16",
+    6: "float32",
+    7: "float64",
+    11: "bool",
+}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -114,6 +124,7 @@ def runtime():
     `import executorch.exir` (for a warning class: 2.9 s and 130 MB more in every process that has it, which
     made each run forked from the runner server twice as dear to fork and to end: 40 vs 21 ms, measured)."""
     import torch  # noqa: F401  the extension links against libtorch, which must be loaded first (portable_lib.py does so)
+
     try:
         from executorch.extension.pybindings import _C as extension
     except ImportError:  # executorch before 1.4 named it _portable_lib
@@ -156,8 +167,7 @@ def main(argv: list[str]) -> int:
         try:
             trace = os.open(output_dir / "trace.jsonl", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
         except FileExistsError:
-            print(f"runner: {output_dir / 'trace.jsonl'} appeared while the runner made it; run again",
-                  file=sys.stderr)
+            print(f"runner: {output_dir / 'trace.jsonl'} appeared while the runner made it; run again", file=sys.stderr)
             return 2
         os.environ["QNNSUITE_TRACE"] = f"/proc/self/fd/{trace}"
 

@@ -12,6 +12,7 @@ Measured on the CI machine: bwrap works as root and as an unprivileged user (Deb
 where it does not, adbd falls back to harness.emulator.shell_paths (quote-proof path rewriting and refusal
 of host paths) and says so in its log.
 """
+
 from __future__ import annotations
 
 import functools
@@ -29,8 +30,14 @@ NOT_FROM_HOST = {"proc", "dev", "run", "tmp", "lost+found", *DEVICE_TOP_DIRS}
 # The devices a shell needs; bound one by one (bwrap's --dev, a fresh devtmpfs, cost 8 ms per command).
 DEVICE_NODES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 # Variables whose paths a device command needs to read even when they lie under /tmp or /run.
-NEEDED_PATH_VARIABLES = ("QNNSUITE_RUNNER_SOCKET", "QNNSUITE_PYTHON", "PYTHONPATH", "LD_LIBRARY_PATH",
-                         "QNN_SDK_ROOT", "EMULATED_FAULTS_FILE")
+NEEDED_PATH_VARIABLES = (
+    "QNNSUITE_RUNNER_SOCKET",
+    "QNNSUITE_PYTHON",
+    "PYTHONPATH",
+    "LD_LIBRARY_PATH",
+    "QNN_SDK_ROOT",
+    "EMULATED_FAULTS_FILE",
+)
 PROBE_TIMEOUT_S = 10
 
 
@@ -47,8 +54,11 @@ def needed_host_paths(root: Path, env: dict[str, str]) -> list[Path]:
             if entry.startswith("/"):
                 path = Path(entry)
                 candidates.append(path if path.is_dir() else path.parent)
-    hidden = [path for path in candidates  # a folder in them, never all of /tmp or /run
-              if len(path.parts) > 2 and path.parts[1] in ("tmp", "run") and path.exists()]
+    hidden = [
+        path
+        for path in candidates  # a folder in them, never all of /tmp or /run
+        if len(path.parts) > 2 and path.parts[1] in ("tmp", "run") and path.exists()
+    ]
     kept: list[Path] = []
     for path in sorted(set(hidden), key=lambda p: len(p.parts)):
         if not any(path.is_relative_to(parent) for parent in kept):
@@ -63,8 +73,17 @@ def jail_argv(root: Path, argv: list[str], cwd: str, env: dict[str, str]) -> lis
         raise FileNotFoundError("bwrap is not installed")
     # No pid namespace: a device command may outlive its shell (`nohup x &`), as on a phone, and dies with
     # the device (launcher.kill_sandbox_processes); without one no /proc can be mounted.
-    command = [bwrap, "--unshare-user-try", "--unshare-ipc", "--unshare-net", "--unshare-uts",
-               "--unshare-cgroup-try", "--die-with-parent", "--cap-drop", "ALL"]
+    command = [
+        bwrap,
+        "--unshare-user-try",
+        "--unshare-ipc",
+        "--unshare-net",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--die-with-parent",
+        "--cap-drop",
+        "ALL",
+    ]
     for name in sorted(os.listdir("/")):
         host = Path("/", name)
         if name in NOT_FROM_HOST:
@@ -92,8 +111,12 @@ def unavailable_reason() -> str | None:
     with tempfile.TemporaryDirectory(prefix="qnnsuite-jail-probe-") as scratch:
         root = Path(scratch)
         try:
-            probe = subprocess.run(jail_argv(root, ["/bin/sh", "-c", "touch /data/probe"], "/data", {}),
-                                   capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
+            probe = subprocess.run(
+                jail_argv(root, ["/bin/sh", "-c", "touch /data/probe"], "/data", {}),
+                capture_output=True,
+                text=True,
+                timeout=PROBE_TIMEOUT_S,
+            )
         except (OSError, subprocess.TimeoutExpired) as error:
             return f"bwrap did not run ({error})"
         if probe.returncode != 0 or not (root / "data" / "probe").exists():

@@ -32,9 +32,10 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from harness.device.adb import SOCKET_PATH_MAX, AdbServer
 from harness.emulator import adb_auth, phone
@@ -72,8 +73,7 @@ def device_properties(soc: str, name: str, as_phone: bool = False, index: int = 
     """System properties of an emulated device of the given SoC; `as_phone`: as the index-th phone shows them
     (harness/emulator/phone.py), else with ro.soc.model and the host ABI (commands are host binaries)."""
     codename = next((name for name, socs in soc_table.PLATFORM_CODENAMES.items() if socs == (soc,)), GENERIC_PLATFORM)
-    identity = (phone.soc_properties(soc, index) if as_phone
-                else {"ro.soc.model": soc, "ro.board.platform": codename})
+    identity = phone.soc_properties(soc, index) if as_phone else {"ro.soc.model": soc, "ro.board.platform": codename}
     return {
         **identity,
         "ro.soc.manufacturer": "QTI",
@@ -136,8 +136,10 @@ def private_socket_path(workdir: Path) -> Path:
         raise FleetError(str(error)) from error
     path = folder / f"{os.getpid()}-{secrets.token_hex(4)}" / "adb.sock"
     if len(os.fsencode(path)) > SOCKET_PATH_MAX:
-        raise FleetError(f"no private place for the adb server's socket: {workdir} and the state folder {folder} are "
-                         f"too deep for a unix socket's {SOCKET_PATH_MAX} bytes; set XDG_RUNTIME_DIR to a shorter folder")
+        raise FleetError(
+            f"no private place for the adb server's socket: {workdir} and the state folder {folder} are "
+            f"too deep for a unix socket's {SOCKET_PATH_MAX} bytes; set XDG_RUNTIME_DIR to a shorter folder"
+        )
     return path
 
 
@@ -173,8 +175,14 @@ def end_process(process: subprocess.Popen[bytes], sig: signal.Signals = signal.S
 class EmulatorFleet:
     """A private adb server and emulated devices; a context manager that cleans up everything it started."""
 
-    def __init__(self, socs: list[str], workdir: Path, device_env: dict[str, str] | None = None,
-                 as_phone: bool = False, user_server: AdbServer | None = None) -> None:
+    def __init__(
+        self,
+        socs: list[str],
+        workdir: Path,
+        device_env: dict[str, str] | None = None,
+        as_phone: bool = False,
+        user_server: AdbServer | None = None,
+    ) -> None:
         """device_env: the environment device commands run in (the QNN toolchain's, for the host runner).
         With it, each device also gets a runner server (harness/process/services.py RUNNER), so a run costs a
         fork instead of a fresh Python with torch and executorch to import; not a phone (as_phone), whose
@@ -246,11 +254,19 @@ class EmulatorFleet:
         if not private_key.exists():
             keygen = subprocess.run([adb, "keygen", str(private_key)], env=env, capture_output=True, text=True)
             if keygen.returncode != 0 or not self.server_public_key.exists():
-                raise FleetError(f"`adb keygen {private_key}` failed ({keygen.stderr.strip()[:200]}): "
-                                 f"check that {private_key.parent} is writable")
+                raise FleetError(
+                    f"`adb keygen {private_key}` failed ({keygen.stderr.strip()[:200]}): "
+                    f"check that {private_key.parent} is writable"
+                )
         log = open(self.workdir / "adb-server.log", "wb")
-        self._server = subprocess.Popen([adb, "-L", self.server.address, "server", "nodaemon"], stdin=subprocess.DEVNULL,
-                                        stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=die_with_parent)
+        self._server = subprocess.Popen(
+            [adb, "-L", self.server.address, "server", "nodaemon"],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            preexec_fn=die_with_parent,
+        )
         log.close()
         self._wait_for("the adb server to answer", self._server_answers)
 
@@ -259,12 +275,19 @@ class EmulatorFleet:
         when none answers); the devices will trust that server's public keys and no other."""
         if not self._answers_on(port):
             log = open(self.workdir / "adb-server.log", "wb")
-            self._server = subprocess.Popen([adb, "-P", str(port), "server", "nodaemon"], stdin=subprocess.DEVNULL,
-                                            stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
+            self._server = subprocess.Popen(
+                [adb, "-P", str(port), "server", "nodaemon"],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                preexec_fn=die_with_parent,
+            )
             log.close()
             self._wait_for("the adb server to answer", self._server_answers)
-            self._wait_for("the adb server's key (adb makes ~/.android/adbkey when it starts)",
-                           lambda: any(path.is_file() for path in adb_auth.user_key_files(dict(os.environ))))
+            self._wait_for(
+                "the adb server's key (adb makes ~/.android/adbkey when it starts)",
+                lambda: any(path.is_file() for path in adb_auth.user_key_files(dict(os.environ))),
+            )
         try:
             keys = adb_auth.user_server_keys(adb, dict(os.environ))
         except adb_auth.AdbKeyError as error:
@@ -283,9 +306,13 @@ class EmulatorFleet:
         assert self._server is not None
         if self._server.poll() is not None:
             log = self.workdir / "adb-server.log"
-            lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()] if log.exists() else []
-            raise FleetError(f"adb server exited with {self._server.returncode} ({lines[-1].strip()[:200] if lines else 'no output'}); "
-                             f"see {log}")
+            lines = (
+                [line for line in log.read_text(errors="replace").splitlines() if line.strip()] if log.exists() else []
+            )
+            raise FleetError(
+                f"adb server exited with {self._server.returncode} ({lines[-1].strip()[:200] if lines else 'no output'}); "
+                f"see {log}"
+            )
         try:
             return bool(host_request(self.server, "host:version", timeout=1.0))
         except OSError:
@@ -314,10 +341,28 @@ class EmulatorFleet:
         env = self._device_environment(name, device_dir, root)
         log = open(device_dir / "adbd.log", "wb")
         process = subprocess.Popen(
-            [sys.executable, "-m", "harness.emulator.adbd", "--root", str(root), "--props-file", str(props_file),
-             "--port-file", str(port_file), "--banner-name", name, "--adb-key", str(self.server_public_key)],
-            cwd=PROJECT_ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-            preexec_fn=die_with_parent)
+            [
+                sys.executable,
+                "-m",
+                "harness.emulator.adbd",
+                "--root",
+                str(root),
+                "--props-file",
+                str(props_file),
+                "--port-file",
+                str(port_file),
+                "--banner-name",
+                name,
+                "--adb-key",
+                str(self.server_public_key),
+            ],
+            cwd=PROJECT_ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            preexec_fn=die_with_parent,
+        )
         log.close()
         self._device_processes[name] = process
 
@@ -336,8 +381,9 @@ class EmulatorFleet:
             if expected != "offline":
                 raise
         self._wait_for(f"{serial} to be {expected}", lambda: self.device_states().get(serial) == expected)
-        info = EmulatedDeviceInfo(soc=soc, serial=serial, root=root.resolve(), pid=process.pid,
-                                  faults_file=faults_file.resolve())
+        info = EmulatedDeviceInfo(
+            soc=soc, serial=serial, root=root.resolve(), pid=process.pid, faults_file=faults_file.resolve()
+        )
         self.devices.append(info)
         return info
 
@@ -427,9 +473,13 @@ class EmulatorFleet:
 
     def describe(self) -> dict[str, Any]:
         """JSON-ready description: the adb server (as ADB_SERVER_SOCKET names it) and every device."""
-        return {"adb_server": self.server.address,
-                "devices": [{key: str(value) if isinstance(value, Path) else value
-                             for key, value in asdict(info).items()} for info in self.devices]}
+        return {
+            "adb_server": self.server.address,
+            "devices": [
+                {key: str(value) if isinstance(value, Path) else value for key, value in asdict(info).items()}
+                for info in self.devices
+            ],
+        }
 
 
 def main() -> None:

@@ -8,6 +8,7 @@ read back as a phone's logcat prints it, for what the harness asks of one:
 TAG:PRIORITY filter specs with `*` for every tag, as Android's logcat reads them. Anything else is refused
 with one line, as logcat refuses what it does not know.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -10,6 +10,7 @@ DSP-side Stub and Skel are stand-ins: the x86 simulator inside libQnnHtp.so does
 executorch build folder whose runner is the emulated one and whose backend library is the host executorch's.
 Nothing is copied: Qualcomm's licence forbids redistributing the libraries, so the trees are links.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -20,7 +21,8 @@ from pathlib import Path
 from harness.device.payload import BACKEND_BUILD_DIR, BACKEND_LIBRARY, EMULATED_RUNNER, RUNNER_BUILD_DIR, RUNNER_NAME
 from harness.emulator.phone_runtime import PHONE_ENV
 from harness.paths import REPO_ROOT
-from harness.qnn import interposer, soc as soc_table
+from harness.qnn import interposer
+from harness.qnn import soc as soc_table
 from harness.qnn.sdk import HOST_LIB_DIR, WHEEL_RUNTIME_DIR, QnnSdk
 from harness.qnn.toolchain import Toolchain
 
@@ -29,11 +31,20 @@ PHONE_ABI = "arm64-v8a"
 BRIDGE_PREFIX = "QNNSUITE_PHONE_HW_"
 ANDROID_LIB_DIR = Path("lib") / "aarch64-android"
 # QAIRT's Android names for the host libraries that do the same work.
-ANDROID_NAMES = {"libQnnHtp.so": "libQnnHtp.so", "libQnnSystem.so": "libQnnSystem.so",
-                 "libQnnHtpPrepare.so": "libHtpPrepare.so"}
+ANDROID_NAMES = {
+    "libQnnHtp.so": "libQnnHtp.so",
+    "libQnnSystem.so": "libQnnSystem.so",
+    "libQnnHtpPrepare.so": "libHtpPrepare.so",
+}
 # Variables of the host toolchain that a phone's commands must not see: the host overlay (interposer, trace).
-HOST_ONLY_VARIABLES = ("QNN_SDK_ROOT", "LD_LIBRARY_PATH", "QNNSUITE_TRACE", "QNNSUITE_BRIDGE_DEVICE_CONFIG",
-                       "MALLOC_PERTURB_", "GLIBC_TUNABLES")
+HOST_ONLY_VARIABLES = (
+    "QNN_SDK_ROOT",
+    "LD_LIBRARY_PATH",
+    "QNNSUITE_TRACE",
+    "QNNSUITE_BRIDGE_DEVICE_CONFIG",
+    "MALLOC_PERTURB_",
+    "GLIBC_TUNABLES",
+)
 
 
 def soc_properties(soc: str, index: int) -> dict[str, str]:
@@ -57,7 +68,9 @@ def device_environment(toolchain: Toolchain, base: dict[str, str]) -> dict[str, 
     """What an emulated phone's commands run with: the host Python for its runner, the libc++ the host QNN
     libraries need (a phone's system libraries), its bridge; none of the host overlay."""
     env = {key: value for key, value in base.items() if key not in HOST_ONLY_VARIABLES}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(REPO_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    )
     runtime = toolchain.sdk.root / "lib" / WHEEL_RUNTIME_DIR
     env["LD_LIBRARY_PATH"] = str(runtime.resolve()) if runtime.exists() else ""
     env[PHONE_ENV] = str(bridge_library().parent)
@@ -77,8 +90,10 @@ def fresh_folder(destination: Path, option: str) -> Path:
     for parent in reversed(destination.parents):  # another user's link above it would say where we write
         parent_info = os.lstat(parent) if os.path.lexists(parent) else None
         if parent_info is not None and stat.S_ISLNK(parent_info.st_mode) and parent_info.st_uid != os.getuid():
-            raise UnsafeDestination(f"{option} {destination} lies under {parent}, a symlink of uid {parent_info.st_uid}: "
-                                    f"name a new folder of yours (e.g. under $HOME) and it is created fresh")
+            raise UnsafeDestination(
+                f"{option} {destination} lies under {parent}, a symlink of uid {parent_info.st_uid}: "
+                f"name a new folder of yours (e.g. under $HOME) and it is created fresh"
+            )
     missing = [parent for parent in [destination, *destination.parents] if not os.path.lexists(parent)]
     for folder in reversed(missing):  # the components we create: 0700 until written, never through a link
         try:
@@ -88,13 +103,24 @@ def fresh_folder(destination: Path, option: str) -> Path:
     for parent in destination.parents:  # another user who may rename entries of a parent could swap ours
         parent_info = os.stat(parent)
         if parent_info.st_uid not in (0, os.getuid()) or (
-                parent_info.st_mode & 0o022 and not parent_info.st_mode & stat.S_ISVTX):
-            raise UnsafeDestination(f"{option} {destination} lies in {parent}, which uid {parent_info.st_uid} owns or "
-                                    f"others may change: name a new folder of yours (e.g. under $HOME)")
+            parent_info.st_mode & 0o022 and not parent_info.st_mode & stat.S_ISVTX
+        ):
+            raise UnsafeDestination(
+                f"{option} {destination} lies in {parent}, which uid {parent_info.st_uid} owns or "
+                f"others may change: name a new folder of yours (e.g. under $HOME)"
+            )
     info = os.lstat(destination)
-    problem = ("is a symlink" if stat.S_ISLNK(info.st_mode) else "is not a directory" if not stat.S_ISDIR(info.st_mode)
-               else f"belongs to uid {info.st_uid}" if info.st_uid != os.getuid()
-               else f"is writable by others (mode {stat.S_IMODE(info.st_mode):o})" if info.st_mode & 0o022 else "")
+    problem = (
+        "is a symlink"
+        if stat.S_ISLNK(info.st_mode)
+        else "is not a directory"
+        if not stat.S_ISDIR(info.st_mode)
+        else f"belongs to uid {info.st_uid}"
+        if info.st_uid != os.getuid()
+        else f"is writable by others (mode {stat.S_IMODE(info.st_mode):o})"
+        if info.st_mode & 0o022
+        else ""
+    )
     if not problem:
         descriptor = os.open(destination, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
@@ -106,8 +132,9 @@ def fresh_folder(destination: Path, option: str) -> Path:
         finally:
             os.close(descriptor)
     if problem:
-        raise UnsafeDestination(f"{option} {destination} {problem}: name a new folder of yours "
-                                f"(e.g. under $HOME) and it is created fresh")
+        raise UnsafeDestination(
+            f"{option} {destination} {problem}: name a new folder of yours (e.g. under $HOME) and it is created fresh"
+        )
     os.chmod(destination, 0o755)  # ours and empty: readable as an SDK tree is, writable by us only
     return destination
 
@@ -119,8 +146,10 @@ def _link(path: Path, target: Path) -> None:
     path.symlink_to(target.resolve())
 
 
-DSP_STAND_IN = ("emulated phone: stand-in for Qualcomm's {name}; the DSP side of HTP v{arch} is the x86 "
-                "simulator inside libQnnHtp.so, so this file is pushed as upstream pushes it and never loaded\n")
+DSP_STAND_IN = (
+    "emulated phone: stand-in for Qualcomm's {name}; the DSP side of HTP v{arch} is the x86 "
+    "simulator inside libQnnHtp.so, so this file is pushed as upstream pushes it and never loaded\n"
+)
 
 
 def write_sdk(destination: Path, sdk: QnnSdk) -> Path:

@@ -10,6 +10,7 @@ loads the first libQnnHtp.so of LD_LIBRARY_PATH, pushed there by the harness: Qu
 harness's trace interposer in front of it (--android-ndk).
 Imported by runner_client, whose start-up time counts: os only.
 """
+
 from __future__ import annotations
 
 import os
@@ -29,6 +30,8 @@ def runner_environment(env: dict[str, str]) -> dict[str, str]:
     folders = [entry for entry in env.get("LD_LIBRARY_PATH", "").split(":") if entry]
     pushed = next((folder for folder in folders if os.path.isfile(os.path.join(folder, HTP_LIBRARY))), None)
     if pushed is None:
-        raise NoQnnLibrary(f"cannot load {HTP_LIBRARY}: it is in none of LD_LIBRARY_PATH={env.get('LD_LIBRARY_PATH', '')!r}")
+        raise NoQnnLibrary(
+            f"cannot load {HTP_LIBRARY}: it is in none of LD_LIBRARY_PATH={env.get('LD_LIBRARY_PATH', '')!r}"
+        )
     bridge = env[PHONE_ENV]
     return {**env, "LD_LIBRARY_PATH": ":".join([bridge, *folders]), REAL_LIBRARY_ENV: os.path.join(pushed, HTP_LIBRARY)}

@@ -19,6 +19,7 @@ On an emulated phone ($QNNSUITE_EMULATED_PHONE) the run is always a fresh proces
 pushed QNN libraries (harness/emulator/phone_runtime.py).
 Start-up cost is what counts here, so only os, sys, socket, json, re, time and threading are imported.
 """
+
 from __future__ import annotations
 
 import os
@@ -98,8 +99,17 @@ def main(argv: list[str]) -> None:
             sys.exit(1)
     fds, tee, write_end = logged_stderr({fd: fd for fd in open_std_fds()})
     try:
-        status = run(socket_path, HOST_RUNNER, argv, os.getcwd(), env,
-                     fds, python=os.environ.get("QNNSUITE_PYTHON"), replace=True, for_server=for_host)
+        status = run(
+            socket_path,
+            HOST_RUNNER,
+            argv,
+            os.getcwd(),
+            env,
+            fds,
+            python=os.environ.get("QNNSUITE_PYTHON"),
+            replace=True,
+            for_server=for_host,
+        )
     except ServerGone as gone:
         print(f"runner_client: {gone}", file=sys.stderr, flush=True)
         status = 1

@@ -11,12 +11,13 @@ load the host's files. So, in each request's child before the runner starts:
 - its environment is the server's own (the toolchain's, read at start) plus the REQUEST_VARIABLES alone: a
   request that names a library to load (QNNSUITE_REAL_QNNHTP, LD_PRELOAD, ...) changes nothing.
 """
+
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from harness.emulator import host_runner
 from harness.process.fork_server import exit_if_qnn_libraries_mapped
@@ -71,8 +72,10 @@ def open_beneath(root_fd: int, root: Path, path: str, cwd: str, directory: bool 
         return fd
     except OSError as error:
         os.close(fd)
-        raise Escape(f"{path}: {error.strerror} (a link on the way, or not there); a runner's files are "
-                     f"opened inside the sandbox without following links") from error
+        raise Escape(
+            f"{path}: {error.strerror} (a link on the way, or not there); a runner's files are "
+            f"opened inside the sandbox without following links"
+        ) from error
 
 
 def pinned(argv: list[str], root: Path, root_fd: int) -> list[str]:
@@ -88,12 +91,18 @@ def pinned(argv: list[str], root: Path, root_fd: int) -> list[str]:
     output = open_beneath(root_fd, root, arguments.output_folder_path, cwd, directory=True)
     with os.fdopen(open_beneath(root_fd, root, arguments.input_list_path, cwd), "r", errors="replace") as listing:
         lines = listing.read().splitlines()
-    pinned_lines = [" ".join(fd_path(open_beneath(root_fd, root, name, cwd)) for name in line.split())
-                    for line in lines if line.strip()]
+    pinned_lines = [
+        " ".join(fd_path(open_beneath(root_fd, root, name, cwd)) for name in line.split())
+        for line in lines
+        if line.strip()
+    ]
     input_list = os.memfd_create("input_list", os.MFD_CLOEXEC)
     os.write(input_list, "".join(f"{line}\n" for line in pinned_lines).encode())
-    replaced = {"--model_path": fd_path(model), "--output_folder_path": fd_path(output),
-                "--input_list_path": fd_path(input_list)}
+    replaced = {
+        "--model_path": fd_path(model),
+        "--output_folder_path": fd_path(output),
+        "--input_list_path": fd_path(input_list),
+    }
     result, skip = [], False
     for word in argv:
         if skip:
@@ -127,6 +136,7 @@ def request_environment(request: dict[str, str], server: dict[str, str], root: P
 def confined(root: Path | None, server_env: dict[str, str] | None = None) -> Callable[[list[str]], object]:
     """host_runner.main for requests that stay inside `root` (None: a server of no device, unconfined), in
     the environment request_environment makes from the server's start-time `server_env`."""
+
     def entry(argv: list[str]) -> object:
         if root is None:
             return host_runner.main(argv)
@@ -143,6 +153,7 @@ def confined(root: Path | None, server_env: dict[str, str] | None = None) -> Cal
         os.environ.clear()
         os.environ.update(env)
         return host_runner.main(argv)
+
     return entry
 
 

@@ -15,6 +15,7 @@ says that is meant. `--as-phone` makes them look like phones
 `--write-build` write a phone-layout QNN SDK tree and a standard executorch build folder for them; with no
 --soc the command writes those and ends.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,18 +41,40 @@ READY_LINE = "emulate: serving; Ctrl-C stops"  # tests wait for this line
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--soc", action="append", default=[], metavar="SOC", help="one device of this SoC (repeatable)")
-    parser.add_argument("--as-phone", action="store_true", help="devices that look like phones (arm64-v8a, pushed libraries)")
-    parser.add_argument("--adb-port", type=int, default=None, metavar="PORT",
-                        help="serve on your TCP adb server at this port (default: a private server on a unix socket)")
-    parser.add_argument("--allow-network-server", action="store_true",
-                        help="accept an --adb-port server that listens beyond loopback (`adb -a`): every host that "
-                             "reaches it gets root shells on the emulated devices")
-    parser.add_argument("--write-sdk", type=Path, default=None, metavar="DIR",
-                        help="write a phone-layout QNN SDK tree into this new (or empty, yours) folder")
-    parser.add_argument("--write-build", type=Path, default=None, metavar="DIR",
-                        help="write a standard executorch build folder into this new (or empty, yours) folder "
-                             "(its runner runs on an emulated phone)")
-    parser.add_argument("--qnn-sdk", default=None, help="host QNN SDK (else QNN_SDK_ROOT, else the onnxruntime-qnn wheel)")
+    parser.add_argument(
+        "--as-phone", action="store_true", help="devices that look like phones (arm64-v8a, pushed libraries)"
+    )
+    parser.add_argument(
+        "--adb-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve on your TCP adb server at this port (default: a private server on a unix socket)",
+    )
+    parser.add_argument(
+        "--allow-network-server",
+        action="store_true",
+        help="accept an --adb-port server that listens beyond loopback (`adb -a`): every host that "
+        "reaches it gets root shells on the emulated devices",
+    )
+    parser.add_argument(
+        "--write-sdk",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="write a phone-layout QNN SDK tree into this new (or empty, yours) folder",
+    )
+    parser.add_argument(
+        "--write-build",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="write a standard executorch build folder into this new (or empty, yours) folder "
+        "(its runner runs on an emulated phone)",
+    )
+    parser.add_argument(
+        "--qnn-sdk", default=None, help="host QNN SDK (else QNN_SDK_ROOT, else the onnxruntime-qnn wheel)"
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -74,19 +97,27 @@ def main(args: argparse.Namespace) -> int:
     user_server = None
     if args.adb_port is not None:
         if not 0 < args.adb_port < 65536:
-            print(f"emulate: --adb-port {args.adb_port}: give a TCP port (1-65535), or drop it for a private server",
-                  file=sys.stderr)
+            print(
+                f"emulate: --adb-port {args.adb_port}: give a TCP port (1-65535), or drop it for a private server",
+                file=sys.stderr,
+            )
             return 2
         user_server = AdbServer("127.0.0.1", args.adb_port)  # served on this host's loopback in any case
         exposed = network_listeners(args.adb_port)
         if exposed and not args.allow_network_server:
-            print(f"emulate: the adb server on port {args.adb_port} listens on {', '.join(exposed)}, beyond loopback "
-                  f"(`adb -a`): every host that reaches it would get root shells on the emulated devices; restart it "
-                  f"without -a, drop --adb-port for a private server, or pass --allow-network-server", file=sys.stderr)
+            print(
+                f"emulate: the adb server on port {args.adb_port} listens on {', '.join(exposed)}, beyond loopback "
+                f"(`adb -a`): every host that reaches it would get root shells on the emulated devices; restart it "
+                f"without -a, drop --adb-port for a private server, or pass --allow-network-server",
+                file=sys.stderr,
+            )
             return 2
     try:  # as the run's own emulated devices get it (harness/providers.py), or a phone's
-        device_env = (phone.device_environment(toolchain, dict(os.environ)) if args.as_phone
-                      else kinds.EmulatedKind.heap_environment(toolchain.child_env()))
+        device_env = (
+            phone.device_environment(toolchain, dict(os.environ))
+            if args.as_phone
+            else kinds.EmulatedKind.heap_environment(toolchain.child_env())
+        )
     except InterposerBuildError as error:
         print(f"emulate: {error}", file=sys.stderr)
         return 1
@@ -96,8 +127,9 @@ def main(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     with tempfile.TemporaryDirectory(prefix="qnnsuite-emulate-") as workdir:  # 0700, removed at the end
         try:
-            with EmulatorFleet(socs, Path(workdir), device_env, as_phone=args.as_phone,
-                               user_server=user_server) as fleet:
+            with EmulatorFleet(
+                socs, Path(workdir), device_env, as_phone=args.as_phone, user_server=user_server
+            ) as fleet:
                 _announce(fleet, written)
                 try:
                     signal.pause()
@@ -137,7 +169,7 @@ def network_listeners(port: int) -> list[str]:
             if int(port_hex, 16) != port:
                 continue
             raw = bytes.fromhex(address_hex)  # 32-bit words in host (little-endian) order
-            address = ipaddress.ip_address(b"".join(raw[i:i + 4][::-1] for i in range(0, width, 4)))
+            address = ipaddress.ip_address(b"".join(raw[i : i + 4][::-1] for i in range(0, width, 4)))
             mapped = getattr(address, "ipv4_mapped", None)
             if not (mapped or address).is_loopback:
                 found.append(str(address))
@@ -150,7 +182,7 @@ def _announce(fleet: EmulatorFleet, written: dict[str, Path]) -> None:
         print(f"emulate: {info.serial} {info.soc}{' (as a phone)' if fleet.as_phone else ''}", flush=True)
     command = ["pytest", "suites", *[word for info in fleet.devices for word in ("--device", info.serial)]]
     command += [word for option, path in written.items() for word in (option, str(path))]
-    (name, value), = fleet.server.environment.items()
+    ((name, value),) = fleet.server.environment.items()
     print(f"emulate: export {name}={shlex.quote(value)}", flush=True)
     print(f"emulate: try `{shlex.join(command)}` with that exported", flush=True)
     print(READY_LINE, flush=True)

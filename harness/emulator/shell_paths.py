@@ -5,6 +5,7 @@ command that reaches the host by relative paths (`cd ..`) or computed ones (`$HO
 does make safe is the rewriting itself: the sandbox root is inserted quoted for the quoting context it
 lands in, so a root with a space, a quote, `;` or `$(...)` stays one word of the command.
 """
+
 from __future__ import annotations
 
 import posixpath
@@ -17,7 +18,7 @@ from harness.emulator.device_fs import DEVICE_TOP_DIRS
 # A path starts a token: at the start, after whitespace, `=`, `:` (path lists), quotes or shell operators.
 _TOKEN_START = r"(?<![^\s='\":;(|&<>`])"
 _TOKEN_END = r"[/\s'\":;)|&<>`]|$"
-_DEVICE_PATH = re.compile(_TOKEN_START + r"/(?:%s)(?=%s)" % ("|".join(DEVICE_TOP_DIRS), _TOKEN_END))
+_DEVICE_PATH = re.compile(_TOKEN_START + r"/(?:" + "|".join(DEVICE_TOP_DIRS) + r")(?=" + _TOKEN_END + r")")
 _ABSOLUTE_PATH = re.compile(_TOKEN_START + r"/[^\s'\":;)|&<>`]*")
 # Host files a device shell may name: the ones every Android shell has too.
 HOST_PATHS_ALLOWED = ("/dev/null", "/dev/zero", "/dev/urandom")
@@ -87,6 +88,8 @@ def refusal(command: str, root: Path) -> str | None:
     outside = host_paths_named(command, root)
     if not outside:
         return None
-    return (f"emulated device: refused, {', '.join(outside[:3])} is outside the device sandbox (no bubblewrap "
-            f"here, so device shells are only path-checked): use device paths under "
-            f"{', '.join('/' + name for name in DEVICE_TOP_DIRS)}")
+    return (
+        f"emulated device: refused, {', '.join(outside[:3])} is outside the device sandbox (no bubblewrap "
+        f"here, so device shells are only path-checked): use device paths under "
+        f"{', '.join('/' + name for name in DEVICE_TOP_DIRS)}"
+    )

@@ -6,6 +6,7 @@
 Writes reports/matrix-<id>/matrix.{html,md,json}. Exits 0 when every combination ran (failing checks
 are findings, not errors), 1 when some could not run (their column says why), 2 on bad arguments.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,16 +41,27 @@ def pinned_qnn_wheel(requirements: Path = REQUIREMENTS) -> str:
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """Options before `--`, pytest's arguments after it."""
-    ours, pytest_args = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    ours, pytest_args = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     parser = argparse.ArgumentParser(prog="python -m harness matrix", description=__doc__.split("\n\n")[0])
     parser.add_argument("--executorch", metavar="V[,V...]", help="executorch releases, one column group each")
-    parser.add_argument("--qnn-wheel", metavar="V[,V...]", default=None,
-                        help="onnxruntime-qnn releases whose host QNN libraries to use (default: the pinned one)")
+    parser.add_argument(
+        "--qnn-wheel",
+        metavar="V[,V...]",
+        default=None,
+        help="onnxruntime-qnn releases whose host QNN libraries to use (default: the pinned one)",
+    )
     parser.add_argument("--id", default=None, help="matrix id (default: a time stamp); reports/matrix-<id>/")
     parser.add_argument("--report-root", type=Path, default=REPO_ROOT / "reports", help="where matrix-<id>/ goes")
-    parser.add_argument("--home", type=Path, default=MATRIX_HOME, help="venvs, QNN trees and caches (default .cache/matrix)")
-    parser.add_argument("--rebuild", type=Path, default=None, metavar="FOLDER",
-                        help="re-render the side-by-side report of an existing reports/matrix-<id>/ and stop")
+    parser.add_argument(
+        "--home", type=Path, default=MATRIX_HOME, help="venvs, QNN trees and caches (default .cache/matrix)"
+    )
+    parser.add_argument(
+        "--rebuild",
+        type=Path,
+        default=None,
+        metavar="FOLDER",
+        help="re-render the side-by-side report of an existing reports/matrix-<id>/ and stop",
+    )
     args = parser.parse_args(ours)
     if args.rebuild is None and not args.executorch:
         parser.error("--executorch is required (e.g. --executorch 1.4.1,1.5.0,1.5.1), or --rebuild FOLDER")
@@ -76,8 +88,9 @@ def write_side_by_side(folder: Path, fallback_command: str) -> Path:
     and re-runs that made it), or `fallback_command` for a folder made before that file existed."""
     recorded = folder / COMMAND_FILE
     command = recorded.read_text().strip() if recorded.is_file() else fallback_command
-    document = side_by_side.build(side_by_side.load_columns(folder), folder.name.removeprefix("matrix-"), command,
-                                  flaky_reasons())
+    document = side_by_side.build(
+        side_by_side.load_columns(folder), folder.name.removeprefix("matrix-"), command, flaky_reasons()
+    )
     render.write(document, folder)
     return folder / "matrix.html"
 
@@ -87,7 +100,9 @@ def main(argv: list[str]) -> int:
     command = "python -m harness matrix " + shlex.join(argv)
     if args.rebuild is not None:
         if not args.rebuild.is_dir():
-            print(f"matrix: --rebuild {args.rebuild}: no such folder; pass a reports/matrix-<id>/ folder", file=sys.stderr)
+            print(
+                f"matrix: --rebuild {args.rebuild}: no such folder; pass a reports/matrix-<id>/ folder", file=sys.stderr
+            )
             return 2
         print(f"matrix: {write_side_by_side(args.rebuild, command)}")
         return 0
@@ -100,8 +115,9 @@ def main(argv: list[str]) -> int:
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / COMMAND_FILE, "a") as commands:  # a re-run of some combinations adds its line
         commands.write(command + "\n")
-    runs = runner.run_matrix(wanted, runner.RealSteps(args.home, pytest_args), folder,
-                             progress=lambda line: print(line, flush=True))
+    runs = runner.run_matrix(
+        wanted, runner.RealSteps(args.home, pytest_args), folder, progress=lambda line: print(line, flush=True)
+    )
     page = write_side_by_side(folder, command)
     ran = sum(run.status == "ran" for run in runs)
     print(f"matrix: {ran} of {len(runs)} combinations ran -> {page} (also matrix.md, matrix.json)")

@@ -5,6 +5,7 @@ Every venv gets the pins of requirements.txt (torch==2.13.0 exactly: the CPU bui
 executorch release swapped in; pip's cache is the user's, shared by all of them. A QNN tree is the wheel's
 libraries installed into a folder of their own and laid out as an SDK (links only; nothing is copied).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -89,17 +90,35 @@ def ensure_venv(executorch: str, home: Path = MATRIX_HOME, base_python: str = sy
     stamp = hashlib.sha256("\n".join(wanted).encode()).hexdigest()[:32]
     root.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(root) + ".lock"):
-        if (root / STAMP).is_file() and (root / STAMP).read_text().strip() == stamp and (root / "bin" / "python").exists():
+        if (
+            (root / STAMP).is_file()
+            and (root / STAMP).read_text().strip() == stamp
+            and (root / "bin" / "python").exists()
+        ):
             return PythonEnv(executorch, root, reused=True)
         if not (root / "bin" / "python").exists():
             created = subprocess.run([base_python, "-m", "venv", str(root)], capture_output=True, text=True)
             if created.returncode != 0:
-                raise MatrixSetupError(f"cannot create a venv at {root}: {(created.stderr.strip().splitlines() or ['?'])[-1]}")
+                raise MatrixSetupError(
+                    f"cannot create a venv at {root}: {(created.stderr.strip().splitlines() or ['?'])[-1]}"
+                )
         listing = root / ".matrix-requirements.txt"
         listing.write_text("\n".join(wanted) + "\n")
-        installed = subprocess.run([str(root / "bin" / "python"), "-m", "pip", "install", "--quiet",
-                                    "--disable-pip-version-check", "-r", str(listing)],
-                                   capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
+        installed = subprocess.run(
+            [
+                str(root / "bin" / "python"),
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "-r",
+                str(listing),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=PIP_TIMEOUT_S,
+        )
         if installed.returncode != 0:
             raise _pip_failure(installed, f"pip cannot install executorch=={executorch} beside torch==2.13.0")
         (root / STAMP).write_text(stamp + "\n")
@@ -123,18 +142,35 @@ def ensure_qnn_tree(wheel: str, home: Path = MATRIX_HOME, python: str = sys.exec
         if not (site / WHEEL_PACKAGE).is_dir():
             partial = base / "site.partial"
             shutil.rmtree(partial, ignore_errors=True)
-            installed = subprocess.run([python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                                        "--no-deps", "--only-binary", ":all:", "--target", str(partial),
-                                        f"onnxruntime-qnn=={version}"],
-                                       capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
+            installed = subprocess.run(
+                [
+                    python,
+                    "-m",
+                    "pip",
+                    "install",
+                    "--quiet",
+                    "--disable-pip-version-check",
+                    "--no-deps",
+                    "--only-binary",
+                    ":all:",
+                    "--target",
+                    str(partial),
+                    f"onnxruntime-qnn=={version}",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=PIP_TIMEOUT_S,
+            )
             if installed.returncode != 0:
                 raise _pip_failure(installed, f"pip cannot fetch onnxruntime-qnn=={version} for this host")
             os.replace(partial, site)
         package = site / WHEEL_PACKAGE
         missing = [name for name in REQUIRED_HOST_LIBS if not (package / name).exists()]
         if missing:
-            raise MatrixSetupError(f"onnxruntime-qnn {version} carries no x86_64 {', '.join(missing)}: "
-                                   f"pick a release that ships the host libraries")
+            raise MatrixSetupError(
+                f"onnxruntime-qnn {version} carries no x86_64 {', '.join(missing)}: "
+                f"pick a release that ships the host libraries"
+            )
         root = lay_out_wheel_tree(base / "sdk", package_dir=package)
     try:
         build_id = qairt.build_id_of(root / HOST_LIB_DIR / "libQnnHtp.so")

@@ -4,6 +4,7 @@ reports/matrix-<id>/ has command.txt, and per combination <combination id>/ has 
 and the suite's own reports (<run>/<SOC>/report.json, reports/README.md); matrix.{json,md,html} sit
 in reports/matrix-<id>/ itself.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

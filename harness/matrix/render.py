@@ -3,6 +3,7 @@
 HTML is autoescaped; in Markdown every value from a report (case ids, messages) goes through `md`,
 which keeps it inside its table cell (pipes, newlines, backticks and angle brackets neutralised).
 """
+
 from __future__ import annotations
 
 import json
@@ -14,7 +15,14 @@ from harness.matrix.layout import OUTPUTS
 from harness.text import markdown_text
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
-LABELS = {"passed": "pass", "failed": "FAIL", "xpassed": "XPASS", "xfailed": "xfail", "skipped": "skip", "absent": "absent"}
+LABELS = {
+    "passed": "pass",
+    "failed": "FAIL",
+    "xpassed": "XPASS",
+    "xfailed": "xfail",
+    "skipped": "skip",
+    "absent": "absent",
+}
 
 
 def md(value: object) -> str:
@@ -23,11 +31,18 @@ def md(value: object) -> str:
 
 
 def _environment(autoescape: bool) -> jinja2.Environment:
-    environment = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=autoescape,
-                                     undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
-                                     keep_trailing_newline=True)
+    environment = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES),
+        autoescape=autoescape,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
     environment.filters["md"] = md
-    environment.filters["verdict"] = lambda cell: "n/a" if cell is None else LABELS.get(cell["verdict"], cell["verdict"])
+    environment.filters["verdict"] = lambda cell: (
+        "n/a" if cell is None else LABELS.get(cell["verdict"], cell["verdict"])
+    )
     return environment
 
 

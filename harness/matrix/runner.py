@@ -5,6 +5,7 @@ Combinations run one after another, each with its venv, its QNN tree and its own
 version table), its own artifact cache and report folder. A combination that cannot run is written
 down with one line saying why, and the matrix goes on.
 """
+
 from __future__ import annotations
 
 import json
@@ -13,12 +14,12 @@ import re
 import shlex
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Protocol
 
-from harness.matrix.environments import (MATRIX_HOME, MatrixSetupError, PythonEnv, QnnTree, ensure_qnn_tree,
-                                         ensure_venv)
+from harness.matrix.environments import MATRIX_HOME, MatrixSetupError, PythonEnv, QnnTree, ensure_qnn_tree, ensure_venv
 from harness.matrix.layout import COMBINATION_FILE, SUITE_LOG, Combination, report_files
 from harness.paths import REPO_ROOT
 
@@ -84,21 +85,38 @@ class RealSteps:
         without it), and one state folder for the matrix (overlays and probe results are keyed by library
         and executorch, so columns never mix)."""
         path = [str(env.root / "bin"), *[p for p in os.environ.get("PATH", "").split(os.pathsep) if p]]
-        variables = {**os.environ, "PATH": os.pathsep.join(path), "VIRTUAL_ENV": str(env.root),
-                     "QNN_SDK_ROOT": str(tree.root), "QNNSUITE_HOME": str(self.home / "state")}
+        variables = {
+            **os.environ,
+            "PATH": os.pathsep.join(path),
+            "VIRTUAL_ENV": str(env.root),
+            "QNN_SDK_ROOT": str(tree.root),
+            "QNNSUITE_HOME": str(self.home / "state"),
+        }
         variables.pop("QNNSUITE_TRACE", None)
         return variables
 
     def setup(self, env: PythonEnv, tree: QnnTree) -> str:
         """Feature checks first (does the runtime binding load beside this torch?), then the bridge probe."""
-        loaded = subprocess.run([str(env.python), "-c", f"import {RUNTIME_MODULE}"], cwd=REPO_ROOT,
-                                env=self._env(env, tree), capture_output=True, text=True, timeout=SETUP_TIMEOUT_S)
+        loaded = subprocess.run(
+            [str(env.python), "-c", f"import {RUNTIME_MODULE}"],
+            cwd=REPO_ROOT,
+            env=self._env(env, tree),
+            capture_output=True,
+            text=True,
+            timeout=SETUP_TIMEOUT_S,
+        )
         if loaded.returncode != 0:
             lines = [line for line in loaded.stderr.splitlines() if line.strip()]
             last = (lines[-1] if lines else f"exit {loaded.returncode}").replace(str(env.root) + "/", "")
             raise MatrixSetupError(f"{RUNTIME_MODULE} does not load in this venv: {_one_line(last)}")
-        completed = subprocess.run([str(env.python), "-m", "harness", "setup"], cwd=REPO_ROOT, env=self._env(env, tree),
-                                   capture_output=True, text=True, timeout=SETUP_TIMEOUT_S)
+        completed = subprocess.run(
+            [str(env.python), "-m", "harness", "setup"],
+            cwd=REPO_ROOT,
+            env=self._env(env, tree),
+            capture_output=True,
+            text=True,
+            timeout=SETUP_TIMEOUT_S,
+        )
         if completed.returncode != 0:
             lines = [line for line in completed.stderr.splitlines() if line.strip()]
             detail = next((line for line in reversed(lines) if line.startswith("setup:")), lines[-1] if lines else "")
@@ -107,14 +125,30 @@ class RealSteps:
         return found.group(1) if found else "unknown"
 
     def suite(self, env: PythonEnv, tree: QnnTree, combination: Combination, folder: Path) -> int:
-        command = [str(env.python), "-m", "pytest", "suites", "-p", "no:cacheprovider",
-                   "--cache-dir", str(self.home / "artifacts" / combination.id), "--report-dir", str(folder),
-                   *self.pytest_args]
+        command = [
+            str(env.python),
+            "-m",
+            "pytest",
+            "suites",
+            "-p",
+            "no:cacheprovider",
+            "--cache-dir",
+            str(self.home / "artifacts" / combination.id),
+            "--report-dir",
+            str(folder),
+            *self.pytest_args,
+        ]
         with open(folder / SUITE_LOG, "w") as log:
             log.write("$ " + shlex.join(command) + "\n")
             log.flush()
-            completed = subprocess.run(command, cwd=REPO_ROOT, env=self._env(env, tree), stdout=log,
-                                       stderr=subprocess.STDOUT, timeout=SUITE_TIMEOUT_S)
+            completed = subprocess.run(
+                command,
+                cwd=REPO_ROOT,
+                env=self._env(env, tree),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                timeout=SUITE_TIMEOUT_S,
+            )
         return completed.returncode
 
 
@@ -156,8 +190,9 @@ def run_combination(combination: Combination, steps: Steps, folder: Path) -> Com
     return run
 
 
-def run_matrix(combinations: list[Combination], steps: Steps, out_dir: Path,
-               progress: Callable[[str], None] = print) -> list[CombinationRun]:
+def run_matrix(
+    combinations: list[Combination], steps: Steps, out_dir: Path, progress: Callable[[str], None] = print
+) -> list[CombinationRun]:
     """Every combination in turn, a progress line before and after each."""
     runs = []
     for index, combination in enumerate(combinations, start=1):
@@ -166,8 +201,11 @@ def run_matrix(combinations: list[Combination], steps: Steps, out_dir: Path,
         run = run_combination(combination, steps, out_dir / combination.id)
         if run.status == "ran":
             counts = _summary(out_dir / combination.id)
-            progress(f"{prefix}: {counts} (QAIRT {run.qnn_build_id}, bridge {run.bridge}, "
-                     f"venv {'reused' if run.venv_reused else 'made in %.0f s' % run.steps_s['venv']}) in {run.duration_s:.0f} s")
+            venv = "reused" if run.venv_reused else f"made in {run.steps_s['venv']:.0f} s"
+            progress(
+                f"{prefix}: {counts} (QAIRT {run.qnn_build_id}, bridge {run.bridge}, "
+                f"venv {venv}) in {run.duration_s:.0f} s"
+            )
         else:
             progress(f"{prefix}: cannot run: {run.reason}")
         runs.append(run)

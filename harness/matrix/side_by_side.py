@@ -5,6 +5,7 @@ report.json files of each combination (reports/README.md). Rows whose verdict ch
 columns that ran come first, each labelled with what changed and since which version, worked out
 from the verdicts alone: "fails from executorch 1.5.0 on", "fixed in QAIRT 2.51".
 """
+
 from __future__ import annotations
 
 import json
@@ -51,7 +52,9 @@ class Column:
     @property
     def qairt(self) -> str:
         """The QAIRT release, shortest form (2.51.0 -> 2.51), from the build id the column reported."""
-        build_id = next((d.get("environment", {}).get("qnn_build_id") for d in self.documents), None) or self.qnn_build_id
+        build_id = (
+            next((d.get("environment", {}).get("qnn_build_id") for d in self.documents), None) or self.qnn_build_id
+        )
         try:
             release = qairt.release_of(str(build_id))
         except qairt.QairtVersionError:
@@ -87,10 +90,14 @@ def _cells(column: Column) -> dict[tuple[str, str, str], dict]:
         for case in document.get("cases", []):
             for check, result in case.get("checks", {}).items():
                 key = (str(case.get("soc", document.get("soc", "?"))), str(case.get("case_id", "?")), str(check))
-                cells[key] = {"verdict": str(result.get("verdict", "?")), "message": str(result.get("message", "")),
-                              "known_failure": str(result.get("known_failure", "")),
-                              "card": str(case.get("card", "")), "dtype": str(case.get("dtype", "")),
-                              "mode": str(case.get("mode", ""))}
+                cells[key] = {
+                    "verdict": str(result.get("verdict", "?")),
+                    "message": str(result.get("message", "")),
+                    "known_failure": str(result.get("known_failure", "")),
+                    "card": str(case.get("card", "")),
+                    "dtype": str(case.get("dtype", "")),
+                    "mode": str(case.get("mode", "")),
+                }
     return cells
 
 
@@ -127,24 +134,38 @@ def label(values: list[tuple[Column, str]]) -> str:
         if sequence is not None:
             return _worded(axis, sequence)
     return "varies with executorch and QAIRT: " + ", ".join(
-        f"{value} with {column.executorch}/{column.qairt}" for column, value in outcomes)
+        f"{value} with {column.executorch}/{column.qairt}" for column, value in outcomes
+    )
 
 
 def check_order(columns: list[Column]) -> tuple[str, ...]:
     """The checks in the reports' column order (each report.json carries the check registry's columns; a check
     some release's suite lacks comes where its reports put it), so a new @check needs no edit here."""
-    return tuple(dict.fromkeys(name for column in columns for document in column.documents
-                               for name in document_check_order(document)))
+    return tuple(
+        dict.fromkeys(
+            name for column in columns for document in column.documents for name in document_check_order(document)
+        )
+    )
 
 
 def _row_order(row: dict, order: tuple[str, ...]) -> tuple:
-    return (not row["changed"], row["flaky"], row["soc"], row["card"], row["dtype"], row["mode"], *rank(order, row["check"]))
+    return (
+        not row["changed"],
+        row["flaky"],
+        row["soc"],
+        row["card"],
+        row["dtype"],
+        row["mode"],
+        *rank(order, row["check"]),
+    )
 
 
 def only_flaky(verdicts: list[tuple[str, str]], flaky_reasons: frozenset[str]) -> bool:
     """Whether (verdict, known_failure) of the columns differ only as a flaky known failure allows:
     passes, and xfails by entries marked flaky."""
-    return all(verdict == "passed" or (verdict == "xfailed" and reason in flaky_reasons) for verdict, reason in verdicts)
+    return all(
+        verdict == "passed" or (verdict == "xfailed" and reason in flaky_reasons) for verdict, reason in verdicts
+    )
 
 
 def _flaky_label(values: list[tuple[Column, str]]) -> str:
@@ -161,27 +182,46 @@ def build(columns: list[Column], matrix_id: str, command: str, flaky_reasons: fr
     rows = []
     for key in sorted({key for column_cells in cells for key in column_cells}):
         # None: the column did not run at all; {"verdict": "absent"}: it ran without this check.
-        row_cells = [column_cells.get(key, {"verdict": ABSENT}) if column.ran else None
-                     for column, column_cells in zip(columns, cells)]
+        row_cells = [
+            column_cells.get(key, {"verdict": ABSENT}) if column.ran else None
+            for column, column_cells in zip(columns, cells)
+        ]
         ran = [(column, cell["verdict"]) for column, cell in zip(columns, row_cells) if cell is not None]
         changed = len({verdict for _, verdict in ran}) > 1
-        flaky = changed and only_flaky([(cell["verdict"], cell.get("known_failure", "")) for cell in row_cells if cell],
-                                       flaky_reasons)
+        flaky = changed and only_flaky(
+            [(cell["verdict"], cell.get("known_failure", "")) for cell in row_cells if cell], flaky_reasons
+        )
         case = next(cell for cell in row_cells if cell and cell["verdict"] != ABSENT)
-        rows.append({
-            "soc": key[0], "case_id": key[1], "check": key[2], "card": case["card"], "dtype": case["dtype"],
-            "mode": case["mode"], "changed": changed, "flaky": flaky,
-            "label": _flaky_label(ran) if flaky else label(ran) if changed else "",
-            "cells": [cell and {name: cell.get(name, "") for name in ("verdict", "message", "known_failure")}
-                      for cell in row_cells],
-        })
+        rows.append(
+            {
+                "soc": key[0],
+                "case_id": key[1],
+                "check": key[2],
+                "card": case["card"],
+                "dtype": case["dtype"],
+                "mode": case["mode"],
+                "changed": changed,
+                "flaky": flaky,
+                "label": _flaky_label(ran) if flaky else label(ran) if changed else "",
+                "cells": [
+                    cell and {name: cell.get(name, "") for name in ("verdict", "message", "known_failure")}
+                    for cell in row_cells
+                ],
+            }
+        )
     order = check_order(columns)
     rows.sort(key=lambda row: _row_order(row, order))
-    return {"schema_version": MATRIX_SCHEMA_VERSION, "matrix_id": matrix_id, "command": command,
-            "columns": [_column_entry(column) for column in columns], "rows": rows,
-            "findings": _findings(columns, cells),
-            "changed_rows": sum(row["changed"] and not row["flaky"] for row in rows),
-            "flaky_rows": sum(row["flaky"] for row in rows), "total_rows": len(rows)}
+    return {
+        "schema_version": MATRIX_SCHEMA_VERSION,
+        "matrix_id": matrix_id,
+        "command": command,
+        "columns": [_column_entry(column) for column in columns],
+        "rows": rows,
+        "findings": _findings(columns, cells),
+        "changed_rows": sum(row["changed"] and not row["flaky"] for row in rows),
+        "flaky_rows": sum(row["flaky"] for row in rows),
+        "total_rows": len(rows),
+    }
 
 
 def _column_entry(column: Column) -> dict:
@@ -189,12 +229,22 @@ def _column_entry(column: Column) -> dict:
     for document in column.documents:
         summary.update({k: v for k, v in document.get("summary", {}).items() if isinstance(v, int)})
     environment = next((d.get("environment", {}) for d in column.documents), {})
-    return {"id": column.combination.id, "executorch": column.executorch, "onnxruntime_qnn": column.qnn_wheel,
-            "qairt": column.qairt, "qnn_build_id": environment.get("qnn_build_id") or column.qnn_build_id,
-            "executorch_reported": environment.get("executorch", ""), "torch": environment.get("torch", ""),
-            "bridge": environment.get("bridge") or column.bridge, "status": column.status, "reason": column.reason,
-            "socs": sorted({str(d.get("soc", "?")) for d in column.documents}), "summary": dict(summary),
-            "suite_exit_code": column.suite_exit_code, "duration_s": column.duration_s}
+    return {
+        "id": column.combination.id,
+        "executorch": column.executorch,
+        "onnxruntime_qnn": column.qnn_wheel,
+        "qairt": column.qairt,
+        "qnn_build_id": environment.get("qnn_build_id") or column.qnn_build_id,
+        "executorch_reported": environment.get("executorch", ""),
+        "torch": environment.get("torch", ""),
+        "bridge": environment.get("bridge") or column.bridge,
+        "status": column.status,
+        "reason": column.reason,
+        "socs": sorted({str(d.get("soc", "?")) for d in column.documents}),
+        "summary": dict(summary),
+        "suite_exit_code": column.suite_exit_code,
+        "duration_s": column.duration_s,
+    }
 
 
 def _findings(columns: list[Column], cells: list[dict]) -> list[dict]:
@@ -208,8 +258,10 @@ def _findings(columns: list[Column], cells: list[dict]) -> list[dict]:
                 signature = signature_of(cell)
                 table.setdefault(signature, [0 if column.ran else None for column in columns])[index] += 1
                 examples.setdefault(signature, cell["message"] or cell["known_failure"])
-    return [{"signature": signature, "counts": counts, "example": examples[signature][:300]}
-            for signature, counts in sorted(table.items(), key=lambda item: (-sum(n or 0 for n in item[1]), item[0]))]
+    return [
+        {"signature": signature, "counts": counts, "example": examples[signature][:300]}
+        for signature, counts in sorted(table.items(), key=lambda item: (-sum(n or 0 for n in item[1]), item[0]))
+    ]
 
 
 def load_columns(folder: Path) -> list[Column]:
@@ -221,7 +273,16 @@ def load_columns(folder: Path) -> list[Column]:
         for path in report_files(entry.parent):  # sorted by run id: a later run of the same SoC wins
             document = json.loads(path.read_text())
             latest[str(document.get("soc", path.parent.name))] = document
-        columns.append(Column(Combination(run["executorch"], run["qnn_wheel"]), run.get("qnn_build_id", ""), run["status"],
-                              run.get("reason", ""), run.get("bridge", ""), tuple(latest[soc] for soc in sorted(latest)),
-                              run.get("suite_exit_code"), run.get("duration_s", 0.0)))
+        columns.append(
+            Column(
+                Combination(run["executorch"], run["qnn_wheel"]),
+                run.get("qnn_build_id", ""),
+                run["status"],
+                run.get("reason", ""),
+                run.get("bridge", ""),
+                tuple(latest[soc] for soc in sorted(latest)),
+                run.get("suite_exit_code"),
+                run.get("duration_s", 0.0),
+            )
+        )
     return columns

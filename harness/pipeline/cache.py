@@ -10,6 +10,7 @@ wheel's RECORD, an editable checkout's commit and changes: harness/versions.py b
 A quantized program's key is the same less what only lowering reads: SoC, mode (but whether it is quantized),
 the QNN build, the bridge and the interposer; a card's export facts' key is that less the dtype.
 """
+
 from __future__ import annotations
 
 import ast
@@ -33,8 +34,14 @@ NUMERICS_SOURCE = Path(__file__).resolve().parent.parent / "numerics.py"  # the 
 
 
 def key(case: Case, steps: int, toolchain: Toolchain) -> str:
-    parts = [case.dtype, case.mode.value, case.soc, toolchain.probe.build_id,
-             "bridge" if toolchain.probe.bridge_device_config else "no bridge", INTERPOSER_SOURCE.read_text()]
+    parts = [
+        case.dtype,
+        case.mode.value,
+        case.soc,
+        toolchain.probe.build_id,
+        "bridge" if toolchain.probe.bridge_device_config else "no bridge",
+        INTERPOSER_SOURCE.read_text(),
+    ]
     return f"{case.id}-{_digest(case, steps, parts)}"
 
 
@@ -58,9 +65,14 @@ def prepared_key(case: Case, steps: int) -> str | None:
 
 
 def _digest(case: Case, steps: int, specific: list[str]) -> str:
-    parts = [case.card.name, *_card_sources(case.card.module), str(steps), *specific,
-             *(f"{name} {package_version(name)} {build_identity(name)}" for name in ("executorch", "torch", "torchao")),
-             *_lowering_sources()]
+    parts = [
+        case.card.name,
+        *_card_sources(case.card.module),
+        str(steps),
+        *specific,
+        *(f"{name} {package_version(name)} {build_identity(name)}" for name in ("executorch", "torch", "torchao")),
+        *_lowering_sources(),
+    ]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:20]
 
 
@@ -122,8 +134,12 @@ def _source_file(name: str) -> Path | None:
 
 def _in_tree(path: Path, root: Path) -> bool:
     standard = Path(sysconfig.get_paths()["stdlib"]).resolve()
-    return (path.is_relative_to(root) and not path.is_relative_to(HARNESS_DIR) and not path.is_relative_to(standard)
-            and not any(part in INSTALLED for part in path.parts))
+    return (
+        path.is_relative_to(root)
+        and not path.is_relative_to(HARNESS_DIR)
+        and not path.is_relative_to(standard)
+        and not any(part in INSTALLED for part in path.parts)
+    )
 
 
 def _imports(source: str, name: str, is_package: bool) -> list[str]:
@@ -137,7 +153,7 @@ def _imports(source: str, name: str, is_package: bool) -> list[str]:
         elif isinstance(node, ast.ImportFrom):
             package = name if is_package else name.rpartition(".")[0]
             if node.level > 1:
-                package = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1])
+                package = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1])
             base = node.module if node.level == 0 else ".".join(p for p in (package, node.module) if p)
             if base:
                 found += [base, *(f"{base}.{alias.name}" for alias in node.names)]

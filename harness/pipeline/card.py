@@ -5,6 +5,7 @@ A card says how to build a stateful module, which inputs to feed it step by step
 mutates and what a correct lowering looks like. Users add models by writing cards in their own module
 and passing `--models MODULE`; nothing in the suite changes.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -24,8 +25,10 @@ _REGISTRY: dict[str, ModelCard] = {}
 def register(card: ModelCard) -> ModelCard:
     """Add a card; ValueError (one line naming it) for a bad name or a name taken by another module."""
     if not CARD_NAME.fullmatch(card.name) or card.name.strip(".") == "":
-        raise ValueError(f"model card {card.name!r} from {card.module or 'an unnamed module'}: a card name may hold "
-                         f"only letters, digits and _ . - (it names folders on the device): rename the card")
+        raise ValueError(
+            f"model card {card.name!r} from {card.module or 'an unnamed module'}: a card name may hold "
+            f"only letters, digits and _ . - (it names folders on the device): rename the card"
+        )
     if card.name in _REGISTRY and _REGISTRY[card.name].module != card.module:
         raise ValueError(f"two model cards are named {card.name!r} ({_REGISTRY[card.name].module} and {card.module})")
     _REGISTRY[card.name] = card
@@ -44,13 +47,16 @@ def load_module(module: str) -> None:
         importlib.import_module(module)
     except ModuleNotFoundError as error:
         if error.name is not None and (module == error.name or module.startswith(error.name + ".")):
-            raise ValueError(f"cannot import model cards from {module!r} ({error}): pass an importable module name") from None
+            raise ValueError(
+                f"cannot import model cards from {module!r} ({error}): pass an importable module name"
+            ) from None
         raise ValueError(f"model cards {module!r} ({_file_of(module)}) failed to import: {_one_line(error)}") from None
     except KeyboardInterrupt:
         raise
     except SyntaxError as error:
-        raise ValueError(f"model cards {module!r} ({error.filename}, line {error.lineno}) are not valid Python: "
-                         f"{error.msg}") from None
+        raise ValueError(
+            f"model cards {module!r} ({error.filename}, line {error.lineno}) are not valid Python: {error.msg}"
+        ) from None
     except BaseException as error:  # noqa: BLE001  (a card module is the user's code: any failure is one line)
         raise ValueError(f"model cards {module!r} ({_file_of(module)}) failed to import: {_one_line(error)}") from None
 

@@ -1,4 +1,5 @@
 """The case matrices a check runs over: card x dtype x mode x SoC."""
+
 from __future__ import annotations
 
 import re
@@ -14,14 +15,23 @@ CASE_PARAMETER = re.compile(r"\[([^\[\]]+)\](?:@[^\[\]]*)?$")
 
 def matrix(cards: list[ModelCard], dtypes: tuple[str, ...], socs: list[str]) -> list[Case]:
     """Every card in every dtype it supports, in both buffer modes (Meta llama flow and health check cards aside)."""
-    return [case for mode in MATRIX_MODES for card in cards if not card.tags & {META_LLAMA_TAG, HEALTH_CHECK_TAG}
-            for case in _card_cases(card, mode, dtypes, socs)]
+    return [
+        case
+        for mode in MATRIX_MODES
+        for card in cards
+        if not card.tags & {META_LLAMA_TAG, HEALTH_CHECK_TAG}
+        for case in _card_cases(card, mode, dtypes, socs)
+    ]
 
 
 def meta_llama_matrix(cards: list[ModelCard], dtypes: tuple[str, ...], socs: list[str]) -> list[Case]:
     """Cards of executorch's Meta llama flow, lowered by it in every dtype (its buffers are kept outside)."""
-    return [case for card in cards if META_LLAMA_TAG in card.tags
-            for case in _card_cases(card, Mode.META_LLAMA, dtypes, socs)]
+    return [
+        case
+        for card in cards
+        if META_LLAMA_TAG in card.tags
+        for case in _card_cases(card, Mode.META_LLAMA, dtypes, socs)
+    ]
 
 
 def _card_cases(card: ModelCard, mode: Mode, dtypes: tuple[str, ...], socs: list[str]) -> list[Case]:
@@ -33,12 +43,17 @@ def _card_cases(card: ModelCard, mode: Mode, dtypes: tuple[str, ...], socs: list
     (harness/pipeline/prepared.py; measured with the mode varying fastest: the second worker waited out the
     first's export and quantization)."""
     supported = [dtype for dtype in dtypes if dtype in card.dtypes]
-    left = [(dtype, socs[(index + turn) % len(socs)]) for turn in range(len(socs)) for index, dtype in enumerate(supported)]
+    left = [
+        (dtype, socs[(index + turn) % len(socs)]) for turn in range(len(socs)) for index, dtype in enumerate(supported)
+    ]
     order: list[tuple[str, str]] = []
     while left:
         before = order[-1] if order else None
-        chosen = (next((pair for pair in left if before is None or (pair[0] != before[0] and pair[1] != before[1])), None)
-                  or next((pair for pair in left if pair[1] != before[1]), None) or left[0])
+        chosen = (
+            next((pair for pair in left if before is None or (pair[0] != before[0] and pair[1] != before[1])), None)
+            or next((pair for pair in left if pair[1] != before[1]), None)
+            or left[0]
+        )
         left.remove(chosen)
         order.append(chosen)
     return [Case(card, dtype, mode, soc) for dtype, soc in order]
@@ -63,5 +78,8 @@ def collected(nodeids: list[str], candidates: list[Case]) -> list[Case]:
 def in_run_order(items: list) -> list[Case]:
     """The cases of collected pytest items (a check's test takes its case as the parameter `case`), in the
     items' order, which is the order a run without xdist workers asks for them."""
-    return [item.callspec.params["case"] for item in items
-            if "case" in getattr(getattr(item, "callspec", None), "params", {})]
+    return [
+        item.callspec.params["case"]
+        for item in items
+        if "case" in getattr(getattr(item, "callspec", None), "params", {})
+    ]

@@ -4,6 +4,7 @@ Results are kept per process: a card's eager outputs are the same for each of it
 (16 cases of the default matrix), and building a model (a llama flow's imports and source transforms) was a
 fifth of a warm run's work when each case did it again.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -59,8 +60,11 @@ def run_steps(card: ModelCard, steps: list[tuple], initial: dict[str, torch.Tens
     """Outputs per step, read-only (they are shared: computed once per card, steps and initial values in
     a process); `initial` overrides registered buffer values (used to find which output elements depend
     on a buffer's initial value)."""
-    key = (card, _digest((f"{step}.{index}", tensor) for step, row in enumerate(steps) for index, tensor in enumerate(row)),
-           _digest(sorted((initial or {}).items())))
+    key = (
+        card,
+        _digest((f"{step}.{index}", tensor) for step, row in enumerate(steps) for index, tensor in enumerate(row)),
+        _digest(sorted((initial or {}).items())),
+    )
     if key not in _OUTPUTS:
         model = build_model(card)
         if initial:
@@ -100,7 +104,6 @@ def pattern_initial(card: ModelCard, pattern: int, buffers: tuple[str, ...]) -> 
         raw = torch.full((value.numel() * value.element_size(),), pattern, dtype=torch.uint8)
         initial[name] = raw.view(value.dtype).reshape(value.shape)
     return initial
-
 
 
 def read_only(outputs: Outputs) -> Outputs:

@@ -5,12 +5,14 @@ lower_job writes them, the host reads them back (lower.py, the artifact cache) a
 never string keys. A file of another schema version, or one that does not parse, is not facts
 (FactsError): the caller lowers the case again.
 """
+
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 from harness.files import write_atomically
 from harness.vocabulary import FLOAT_DTYPE, Mode
@@ -112,8 +114,12 @@ ENVIRONMENTAL = (OSError, MemoryError)
 
 def lowering_error(error: Exception, traceback_text: str) -> LoweringError:
     text = str(error).strip()
-    return LoweringError(type(error).__name__, text.splitlines()[0] if text else "", traceback_text,
-                         environmental=isinstance(error, ENVIRONMENTAL))
+    return LoweringError(
+        type(error).__name__,
+        text.splitlines()[0] if text else "",
+        traceback_text,
+        environmental=isinstance(error, ENVIRONMENTAL),
+    )
 
 
 class QuantizationFailed(Exception):
@@ -162,18 +168,27 @@ class LoweringFacts:
 
     @classmethod
     def read(cls, path: Path) -> LoweringFacts:
-        return _read(path, "facts", lambda data: cls(
-            timings_s=dict(data["timings_s"]),
-            error=LoweringError(**data["error"]) if data["error"] else None,
-            export=ExportFacts(**data["export"]) if data["export"] else None,
-            quantize=QuantizeFacts(**data["quantize"]) if data["quantize"] else None,
-            partitions=PartitionFacts.of(data["partitions"]) if data["partitions"] else None,
-            partitions_without_convert_bmm=(PartitionFacts.of(data["partitions_without_convert_bmm"])
-                                            if data["partitions_without_convert_bmm"] else None),
-            without_convert_bmm_error=data.get("without_convert_bmm_error"),
-            method_index=int(data.get("method_index", 0)),
-            exported=bool(data.get("exported", False)), quantized=bool(data.get("quantized", False)),
-            program=ProgramFacts(**data["program"]) if data["program"] else None))
+        return _read(
+            path,
+            "facts",
+            lambda data: cls(
+                timings_s=dict(data["timings_s"]),
+                error=LoweringError(**data["error"]) if data["error"] else None,
+                export=ExportFacts(**data["export"]) if data["export"] else None,
+                quantize=QuantizeFacts(**data["quantize"]) if data["quantize"] else None,
+                partitions=PartitionFacts.of(data["partitions"]) if data["partitions"] else None,
+                partitions_without_convert_bmm=(
+                    PartitionFacts.of(data["partitions_without_convert_bmm"])
+                    if data["partitions_without_convert_bmm"]
+                    else None
+                ),
+                without_convert_bmm_error=data.get("without_convert_bmm_error"),
+                method_index=int(data.get("method_index", 0)),
+                exported=bool(data.get("exported", False)),
+                quantized=bool(data.get("quantized", False)),
+                program=ProgramFacts(**data["program"]) if data["program"] else None,
+            ),
+        )
 
     @classmethod
     def read_cached(cls, path: Path) -> LoweringFacts:
@@ -183,8 +198,9 @@ class LoweringFacts:
         facts = cls.read(path)
         if not facts.cacheable:
             assert facts.error is not None
-            raise FactsError(f"{path}: records a failure of the machine ({facts.error.type}), never served from "
-                             f"the cache")
+            raise FactsError(
+                f"{path}: records a failure of the machine ({facts.error.type}), never served from the cache"
+            )
         return facts
 
     @classmethod
@@ -225,10 +241,13 @@ class PreparedFacts:
     @classmethod
     def read(cls, path: Path) -> PreparedFacts:
         def build(data: dict) -> PreparedFacts:
-            facts = cls(quantize=QuantizeFacts(**data["quantize"]) if data["quantize"] else None,
-                        program=ProgramFacts(**data["program"]) if data["program"] else None,
-                        error=LoweringError(**data["error"]) if data.get("error") else None)
+            facts = cls(
+                quantize=QuantizeFacts(**data["quantize"]) if data["quantize"] else None,
+                program=ProgramFacts(**data["program"]) if data["program"] else None,
+                error=LoweringError(**data["error"]) if data.get("error") else None,
+            )
             if facts.error is None and (facts.quantize is None or facts.program is None):
                 raise KeyError("quantize or program")
             return facts
+
         return _read(path, "prepared facts", build)

@@ -5,6 +5,7 @@ no executorch defect under test (docs/FINDINGS.md) can make a healthy device fai
 the same export, lowering, artifact cache and device run as every case. Tagged so the check matrices
 (harness/pipeline/cases.py) leave it out of the suite's cases and reports.
 """
+
 from __future__ import annotations
 
 import torch
@@ -26,5 +27,14 @@ def _steps(count: int) -> list[tuple[torch.Tensor, ...]]:
     return [(torch.arange(WIDTH, dtype=torch.float32).reshape(1, WIDTH) + step,) for step in range(count)]
 
 
-HEALTH_CARD = register(ModelCard(name="qnnsuite_health_one_op", build=OneOp, steps=_steps, mutated_buffers=(),
-                                 tags=frozenset({HEALTH_CHECK_TAG}), module=__name__, dtypes=(FLOAT_DTYPE,)))
+HEALTH_CARD = register(
+    ModelCard(
+        name="qnnsuite_health_one_op",
+        build=OneOp,
+        steps=_steps,
+        mutated_buffers=(),
+        tags=frozenset({HEALTH_CHECK_TAG}),
+        module=__name__,
+        dtypes=(FLOAT_DTYPE,),
+    )
+)

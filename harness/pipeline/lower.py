@@ -1,4 +1,5 @@
 """Host side of lowering: run harness.pipeline.lower_job for a case and read back what it made."""
+
 from __future__ import annotations
 
 import os
@@ -9,9 +10,9 @@ from typing import IO
 
 from harness.paths import REPO_ROOT
 from harness.pipeline import cache
+from harness.pipeline.facts import FactsError, LoweringFacts, LoweringRequest
 from harness.process import fork_client
 from harness.process.services import LOWERING
-from harness.pipeline.facts import FactsError, LoweringFacts, LoweringRequest
 from harness.qnn import qnnlog
 from harness.qnn.toolchain import Toolchain
 from harness.vocabulary import Case
@@ -50,16 +51,25 @@ class LoweredArtifact:
         """What this run computed for the case (nothing when read from the cache): the counts a run's report
         sums, so a benchmark can tell that each card and dtype was exported and quantized once."""
         fresh = not self.cached
-        return {"export": int(fresh and self.facts.exported), "quantize": int(fresh and self.facts.quantized),
-                "lower": int(fresh)}
+        return {
+            "export": int(fresh and self.facts.exported),
+            "quantize": int(fresh and self.facts.quantized),
+            "lower": int(fresh),
+        }
 
     @property
     def delegate_count(self) -> int:
         return len(self.facts.partitions.delegates) if self.facts.partitions else 0
 
 
-def lower_case(case: Case, toolchain: Toolchain, directory: Path, steps: int,
-               server: Path | None = None, shared_root: Path | None = None) -> LoweredArtifact:
+def lower_case(
+    case: Case,
+    toolchain: Toolchain,
+    directory: Path,
+    steps: int,
+    server: Path | None = None,
+    shared_root: Path | None = None,
+) -> LoweredArtifact:
     """Lower in a process of its own: a child of the run's lowering server (harness/process/services.py)
     when there is one, else a fresh `python -m harness.pipeline.lower_job`. shared_root: where the entries
     of what a card's lowerings share live (its export facts, its quantized program per dtype:
@@ -71,8 +81,9 @@ def lower_case(case: Case, toolchain: Toolchain, directory: Path, steps: int,
         exported = str(shared_root / cache.exported_key(case, steps))
         quantized = cache.prepared_key(case, steps)
         prepared = str(shared_root / quantized) if quantized else ""
-    LoweringRequest(case.card.reference, case.dtype, case.mode, case.soc, steps, str(directory),
-                    exported, prepared).write(request_path)
+    LoweringRequest(
+        case.card.reference, case.dtype, case.mode, case.soc, steps, str(directory), exported, prepared
+    ).write(request_path)
     for stale in ("model.pte", "facts.json"):
         (directory / stale).unlink(missing_ok=True)
     log_path = directory / "lower.log"
@@ -92,9 +103,15 @@ def _run_lower_job(request_path: Path, env: dict[str, str], log: IO[bytes], serv
     """Run lower_job on the request, its stdout and stderr into log; returns how it ended, in words."""
     with open(os.devnull, "rb") as stdin:
         try:
-            status = fork_client.run(str(server) if server else None, LOWERING.entry, [str(request_path)],
-                                     str(REPO_ROOT), env, {0: stdin.fileno(), 1: log.fileno(), 2: log.fileno()},
-                                     LOWER_TIMEOUT_S)
+            status = fork_client.run(
+                str(server) if server else None,
+                LOWERING.entry,
+                [str(request_path)],
+                str(REPO_ROOT),
+                env,
+                {0: stdin.fileno(), 1: log.fileno(), 2: log.fileno()},
+                LOWER_TIMEOUT_S,
+            )
         except fork_client.ServerGone as gone:
             return f"was lost ({gone})"
         except TimeoutError:

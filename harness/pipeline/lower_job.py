@@ -6,20 +6,27 @@ because a crash in executorch must fail one case and not the pytest worker, and 
 log (printed by C++ to fd 2) is only cleanly captured per process. The request and the facts are
 typed (harness.pipeline.facts); see harness.pipeline.lower.
 """
+
 from __future__ import annotations
 
 import hashlib
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from harness.files import write_bytes_atomically
-from harness.pipeline.facts import (LoweringFacts, LoweringRequest, PartitionFacts, ProgramFacts, QuantizationFailed,
-                                    lowering_error, quantizes)
+from harness.pipeline.facts import (
+    LoweringFacts,
+    LoweringRequest,
+    PartitionFacts,
+    ProgramFacts,
+    QuantizationFailed,
+    lowering_error,
+    quantizes,
+)
 from harness.vocabulary import Mode
-
 
 
 def main(argv: list[str]) -> int:
@@ -45,11 +52,13 @@ def main(argv: list[str]) -> int:
         calibration = card.steps(request.steps)
         example = calibration[0]
         stage_done("import_and_build")
-        facts.export, facts.exported = prepared.export_facts(_path(request.exported_dir), card, model, example,
-                                                             stage_done)
+        facts.export, facts.exported = prepared.export_facts(
+            _path(request.exported_dir), card, model, example, stage_done
+        )
         if quantizes(request.dtype, request.mode):
-            shared = prepared.quantized(_path(request.prepared_dir), card, model, request.dtype, calibration,
-                                        stage_done)
+            shared = prepared.quantized(
+                _path(request.prepared_dir), card, model, request.dtype, calibration, stage_done
+            )
             facts.quantize, facts.quantized, model = shared.facts, shared.made, shared.module
         if request.mode is Mode.META_LLAMA:
             _lower_meta_llama(request, card, len(model.layers), facts)
@@ -135,7 +144,9 @@ def _lower_meta_llama(request: LoweringRequest, card, n_layers: int, facts: Lowe
     out_dir = Path(request.out_dir)
     try:
         without = meta_llama.export(n_layers, request.dtype, request.soc, out_dir / "without_convert_bmm", False)
-        facts.partitions_without_convert_bmm = PartitionFacts.of(stages.partition_facts(without.edge_manager, card.mutated_buffers))
+        facts.partitions_without_convert_bmm = PartitionFacts.of(
+            stages.partition_facts(without.edge_manager, card.mutated_buffers)
+        )
     except Exception as error:
         text = str(error).strip()
         facts.without_convert_bmm_error = f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"

@@ -4,6 +4,7 @@ The session asks whether the run needs a lowering server (is every collected cas
 case store where to lower a case and whether its kept lowering is sound; both ask here, so the two agree.
 The content key itself is harness/pipeline/cache.py's.
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -11,13 +11,14 @@ the same params built on the CPU, before the flow's source transformations run. 
 delegate, copied by the runtime) and switches ConvertBmmToMatmul on; the pass can be made a no-op here
 to record what it is worth. Imported only where executorch is (the lowering child, eager references).
 """
+
 from __future__ import annotations
 
 import contextlib
 import json
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import torch
 
@@ -41,9 +42,25 @@ def config(n_layers: int, dtype: str, soc: str, directory: Path):
 
     params = directory / "params.json"
     params.write_text(json.dumps({**PARAMS, "n_layers": n_layers}))
-    argv = ["--model", "llama3", "--params", str(params), "--use_kv_cache", "--qnn", "--disable_dynamic_shape",
-            "--soc_model", soc, "--max_seq_length", str(MAX_CONTEXT), "--max_context_length", str(MAX_CONTEXT),
-            "--output-dir", str(directory), "--output_name", str(directory / "model.pte")]
+    argv = [
+        "--model",
+        "llama3",
+        "--params",
+        str(params),
+        "--use_kv_cache",
+        "--qnn",
+        "--disable_dynamic_shape",
+        "--soc_model",
+        soc,
+        "--max_seq_length",
+        str(MAX_CONTEXT),
+        "--max_context_length",
+        str(MAX_CONTEXT),
+        "--output-dir",
+        str(directory),
+        "--output_name",
+        str(directory / "model.pte"),
+    ]
     if dtype in PT2E_QUANTIZE:
         argv += ["--pt2e_quantize", PT2E_QUANTIZE[dtype]]
     return LlmConfig.from_args(export_llama_lib.build_args_parser().parse_args(argv))
@@ -81,7 +98,10 @@ def _seeded_model_with_buffers() -> Iterator[None]:
             for module_name, module in manager.model.named_modules():
                 # reset_parameters() re-initialised the parameters of modules that have it (seeded above)
                 reset = callable(getattr(module, "reset_parameters", None))
-                tensors = [*module.named_buffers(recurse=False), *([] if reset else module.named_parameters(recurse=False))]
+                tensors = [
+                    *module.named_buffers(recurse=False),
+                    *([] if reset else module.named_parameters(recurse=False)),
+                ]
                 for name, tensor in tensors:
                     tensor.copy_(built_tensors[f"{module_name}.{name}" if module_name else name])
         return manager
@@ -132,8 +152,9 @@ def _quantizer_for(dtype: str) -> Iterator[None]:
 
     def quantizer_16a8w(llm_config):
         quantizer = QnnQuantizer()
-        quantizer.set_default_quant_config(QuantDtype.use_16a8w, is_conv_per_channel=True, is_linear_per_channel=True,
-                                           act_observer=MinMaxObserver)
+        quantizer.set_default_quant_config(
+            QuantDtype.use_16a8w, is_conv_per_channel=True, is_linear_per_channel=True, act_observer=MinMaxObserver
+        )
         quantizer.add_custom_quant_annotations((custom_annotate_llama_matmul_16a8w,))
         return None, [quantizer], QuantDtype.use_16a8w
 

@@ -4,6 +4,7 @@ ExecuTorch names a delegated buffer's graph tensors `input_{id}_mutbuf_{pos}_{na
 `output_mutbuf_{pos}_{name}`; the runtime must bind the input and output with the same pos to one
 address, which is what keeps the state inside the delegate from step to step.
 """
+
 from __future__ import annotations
 
 import json
@@ -56,6 +57,14 @@ def bindings(records: list[dict]) -> list[MutbufBinding]:
                 continue
             position = int(match.group(1))
             output = outputs.get(position)
-            found.append(MutbufBinding(execute, position, tensor["name"], output and output["name"],
-                                       _where(tensor), output and _where(output)))
+            found.append(
+                MutbufBinding(
+                    execute,
+                    position,
+                    tensor["name"],
+                    output and output["name"],
+                    _where(tensor),
+                    output and _where(output),
+                )
+            )
     return found

@@ -14,7 +14,7 @@ Why on disk rather than kept in a process that forks the lowerings: the quantize
 calibration ran tensor ops, and a fork server must not run any (its children would inherit a torch thread
 pool without its threads: harness/process/fork_server.py); on disk it is also shared across xdist workers
 and, by key, across runs. Every lowering starts from the saved program, the child that made it included, so
-a program never depends on which case prepared it (harness/tests/test_prepared.py: the .pte equals that of
+a program never depends on which case prepared it (harness/tests/pipeline/test_prepared.py: the .pte equals that of
 a case that quantizes on its own, context signature aside).
 
 Reading the saved program (torch.export.load) starts no thread and costs 0.03-1.7 s (a llama slice), once
@@ -22,6 +22,7 @@ per lowering: the lowering server reads it once instead (`preload`, before it fo
 and dtype), and its children take it from there, keyed by the program's sha256, which they check against
 the entry's facts as they would the bytes.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -32,11 +33,12 @@ import secrets
 import stat
 import sys
 import traceback
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Callable, Iterator, TypeVar
+from typing import TypeVar
 
 import torch
 from filelock import FileLock
@@ -45,8 +47,17 @@ from harness import user_state
 from harness.files import write_bytes_atomically
 from harness.pipeline import stages
 from harness.pipeline.card import ModelCard
-from harness.pipeline.facts import (ENVIRONMENTAL, ExportedFacts, ExportFacts, FactsError, PreparedFacts, ProgramFacts,
-                                    QuantizationFailed, QuantizeFacts, lowering_error)
+from harness.pipeline.facts import (
+    ENVIRONMENTAL,
+    ExportedFacts,
+    ExportFacts,
+    FactsError,
+    PreparedFacts,
+    ProgramFacts,
+    QuantizationFailed,
+    QuantizeFacts,
+    lowering_error,
+)
 
 T = TypeVar("T")
 PROGRAM = "program.pt2"
@@ -66,8 +77,9 @@ class Quantized:
     made: bool  # quantized here, not read from the card and dtype's entry
 
 
-def export_facts(directory: Path | None, card: ModelCard, model: torch.nn.Module, example: tuple,
-                 stage_done: Callable[[str], None]) -> tuple[ExportFacts, bool]:
+def export_facts(
+    directory: Path | None, card: ModelCard, model: torch.nn.Module, example: tuple, stage_done: Callable[[str], None]
+) -> tuple[ExportFacts, bool]:
     """The card's export facts from its entry, computed now (and written) if missing or damaged, and whether
     they were computed here; directory None: this case's own. Asked before quantizing, so a quantization
     that fails leaves the export check its facts."""
@@ -83,15 +95,23 @@ def export_facts(directory: Path | None, card: ModelCard, model: torch.nn.Module
                 stage_done("read_exported")
                 return found, False
             except FactsError as error:
-                print(f"qnnsuite: export facts {directory.name} are damaged ({error}); exporting again", file=sys.stderr)
+                print(
+                    f"qnnsuite: export facts {directory.name} are damaged ({error}); exporting again", file=sys.stderr
+                )
         facts = ExportFacts(**stages.export_facts(card, model, example))
         ExportedFacts(facts).write(path)
         stage_done("export")
         return facts, True
 
 
-def quantized(directory: Path | None, card: ModelCard, model: torch.nn.Module, dtype: str, calibration: list[tuple],
-              stage_done: Callable[[str], None]) -> Quantized:
+def quantized(
+    directory: Path | None,
+    card: ModelCard,
+    model: torch.nn.Module,
+    dtype: str,
+    calibration: list[tuple],
+    stage_done: Callable[[str], None],
+) -> Quantized:
     """The card's quantized program in dtype from its entry, made now if missing or damaged; directory None:
     this case's own, in memory (the quantized module lowered itself, as every case was before entries
     were shared). QuantizationFailed if it failed, now or when the entry was made (a failure of the
@@ -134,8 +154,9 @@ def _locked(directory: Path) -> Iterator[None]:
         yield
 
 
-def _quantize(directory: Path, card: ModelCard, model: torch.nn.Module, dtype: str,
-              calibration: list[tuple]) -> tuple[PreparedFacts, torch.nn.Module]:
+def _quantize(
+    directory: Path, card: ModelCard, model: torch.nn.Module, dtype: str, calibration: list[tuple]
+) -> tuple[PreparedFacts, torch.nn.Module]:
     converted, quantize_facts = stages.quantize(card, model, dtype, calibration)
     buffer = io.BytesIO()
     torch.export.save(torch.export.export(converted, calibration[0], strict=True), buffer)
@@ -222,10 +243,11 @@ def _key() -> bytes:
     with os.fdopen(descriptor, "rb") as file:
         info = os.fstat(descriptor)
         key = file.read(KEY_BYTES + 1)
-    if (not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077
-            or len(key) != KEY_BYTES):
-        raise user_state.UnsafeStateDir(f"cache key {path} is not a 0600 file of {KEY_BYTES} bytes of yours: "
-                                        f"remove it (a new one is made; cached quantized programs are made again)")
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077 or len(key) != KEY_BYTES:
+        raise user_state.UnsafeStateDir(
+            f"cache key {path} is not a 0600 file of {KEY_BYTES} bytes of yours: "
+            f"remove it (a new one is made; cached quantized programs are made again)"
+        )
     return key
 
 

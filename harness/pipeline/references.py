@@ -5,6 +5,7 @@ They are the same for every dtype, mode and SoC of a card, and without the cache
 card's model again in each worker (the Meta llama flow's imports alone take 5 s), a tenth of its work.
 An entry that does not parse or does not fit the steps is made again, with one line saying so.
 """
+
 from __future__ import annotations
 
 import io
@@ -58,9 +59,12 @@ def eager_results(case: Case, steps: list[tuple], cache_dir: Path | None) -> Eag
 
 
 def _encode(results: EagerResults) -> bytes:
-    arrays = {f"{kind}_{step}_{index}": array for kind, outputs in (("reference", results.reference),
-                                                                    ("dependence", results.dependence or []))
-              for step, row in enumerate(outputs) for index, array in enumerate(row)}
+    arrays = {
+        f"{kind}_{step}_{index}": array
+        for kind, outputs in (("reference", results.reference), ("dependence", results.dependence or []))
+        for step, row in enumerate(outputs)
+        for index, array in enumerate(row)
+    }
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
     return buffer.getvalue()
@@ -72,20 +76,29 @@ def _read(path: Path, steps: int) -> EagerResults | None:
         with np.load(path, allow_pickle=False) as entry:
             arrays = {name: entry[name] for name in entry.files}
         kinds = ("reference", "dependence") if "dependence_0_0" in arrays else ("reference",)
-        outputs = {kind: [[arrays[f"{kind}_{step}_{index}"] for index in range(_row_length(arrays, kind, step))]
-                          for step in range(steps)] for kind in kinds}
+        outputs = {
+            kind: [
+                [arrays[f"{kind}_{step}_{index}"] for index in range(_row_length(arrays, kind, step))]
+                for step in range(steps)
+            ]
+            for kind in kinds
+        }
         if len(arrays) != sum(len(row) for rows in outputs.values() for row in rows) or not all(outputs["reference"]):
             raise ValueError("its arrays do not fit the steps")
         for reference_row, dependence_row in zip(outputs["reference"], outputs.get("dependence", [])):
             if len(reference_row) != len(dependence_row) or any(
-                    got.dtype != np.bool_ or got.shape != want.shape for got, want in zip(dependence_row, reference_row)):
+                got.dtype != np.bool_ or got.shape != want.shape for got, want in zip(dependence_row, reference_row)
+            ):
                 raise ValueError("its dependence masks do not fit its outputs")
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as error:
-        print(f"qnnsuite: cached eager results {path.name} are damaged ({error}); computing them again", file=sys.stderr)
+        print(
+            f"qnnsuite: cached eager results {path.name} are damaged ({error}); computing them again", file=sys.stderr
+        )
         return None
     dependence = outputs.get("dependence")
-    return EagerResults(eager.read_only(outputs["reference"]),
-                        eager.read_only(dependence) if dependence is not None else None)
+    return EagerResults(
+        eager.read_only(outputs["reference"]), eager.read_only(dependence) if dependence is not None else None
+    )
 
 
 def _row_length(arrays: dict[str, np.ndarray], kind: str, step: int) -> int:

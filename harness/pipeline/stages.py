@@ -3,6 +3,7 @@
 Runs inside the lowering child (harness.pipeline.lower_job), which imports executorch; the host side
 never imports this module. Each stage returns facts (plain JSON data) that the checks read later.
 """
+
 from __future__ import annotations
 
 import copy
@@ -22,7 +23,9 @@ def export_facts(card: ModelCard, model: torch.nn.Module, example: tuple) -> dic
     return {"buffers_to_mutate": sorted(set(mutated.values())), "expected": sorted(card.mutated_buffers)}
 
 
-def quantize(card: ModelCard, model: torch.nn.Module, dtype: str, calibration: list[tuple]) -> tuple[torch.nn.Module, dict]:
+def quantize(
+    card: ModelCard, model: torch.nn.Module, dtype: str, calibration: list[tuple]
+) -> tuple[torch.nn.Module, dict]:
     """PTQ with QnnQuantizer; MinMaxObserver so state that grows step by step is not clipped.
 
     Calibration runs the model, which mutates its buffers; they are reset to their registered values
@@ -44,10 +47,15 @@ def quantize(card: ModelCard, model: torch.nn.Module, dtype: str, calibration: l
     converted = convert_pt2e(prepared)
     _restore_buffers(converted, initial)
     readers_after = buffer_readers(converted, card.mutated_buffers)
-    facts = {"annotated_buffer_inputs": annotated,
-             "qdq_around_buffers": qdq_around_buffers(converted, card.mutated_buffers),
-             "folded_buffer_reads": {name: {"before": readers_before[name], "after": readers_after.get(name, 0)}
-                                     for name in readers_before if readers_after.get(name, 0) < readers_before[name]}}
+    facts = {
+        "annotated_buffer_inputs": annotated,
+        "qdq_around_buffers": qdq_around_buffers(converted, card.mutated_buffers),
+        "folded_buffer_reads": {
+            name: {"before": readers_before[name], "after": readers_after.get(name, 0)}
+            for name in readers_before
+            if readers_after.get(name, 0) < readers_before[name]
+        },
+    }
     return converted, facts
 
 
@@ -59,8 +67,11 @@ def _restore_buffers(module: torch.nn.Module, initial: dict[str, torch.Tensor]) 
 
 
 def _buffer_nodes(graph_module: torch.fx.GraphModule, buffers: tuple[str, ...]) -> dict[torch.fx.Node, str]:
-    return {node: str(node.target) for node in graph_module.graph.nodes
-            if node.op == "get_attr" and str(node.target) in buffers}
+    return {
+        node: str(node.target)
+        for node in graph_module.graph.nodes
+        if node.op == "get_attr" and str(node.target) in buffers
+    }
 
 
 def annotated_buffer_inputs(prepared: torch.fx.GraphModule, buffers: tuple[str, ...]) -> list[dict[str, str]]:
@@ -88,8 +99,11 @@ def buffer_readers(graph_module: torch.fx.GraphModule, buffers: tuple[str, ...])
     than the exported graph, some reads were folded into constants: state frozen at calibration."""
     counts = {name: 0 for name in buffers}
     for node, name in _buffer_nodes(graph_module, buffers).items():
-        counts[name] += sum(1 for user in node.users if "activation_post_process" not in str(user.target)
-                            and "quantize" not in str(user.target))
+        counts[name] += sum(
+            1
+            for user in node.users
+            if "activation_post_process" not in str(user.target) and "quantize" not in str(user.target)
+        )
     return counts
 
 
@@ -127,9 +141,15 @@ def partition_facts(edge_manager, buffers: tuple[str, ...]) -> dict[str, Any]:
         if node.op == "call_function" and "executorch_call_delegate" in str(node.target):
             lowered = getattr(graph_module, str(node.args[0].target))
             delegates.append({"name": str(node.args[0].target), "backend": lowered.backend_id})
-    outside_ops = sorted({getattr(node.target, "__name__", str(node.target)) for node in graph_module.graph.nodes
-                          if node.op == "call_function" and "executorch_call_delegate" not in str(node.target)
-                          and "getitem" not in str(node.target)})
+    outside_ops = sorted(
+        {
+            getattr(node.target, "__name__", str(node.target))
+            for node in graph_module.graph.nodes
+            if node.op == "call_function"
+            and "executorch_call_delegate" not in str(node.target)
+            and "getitem" not in str(node.target)
+        }
+    )
     buffers_outside = sorted(set(program.graph_signature.buffers_to_mutate.values()) & set(buffers))
     return {"delegates": delegates, "ops_outside": outside_ops, "buffers_outside": buffers_outside}
 

@@ -5,6 +5,7 @@ it, run the same request the slow way, in a fresh Python (`run`).
 Imported by the emulated runner on every invocation, where start-up cost is what counts: only os, socket
 and json at import.
 """
+
 from __future__ import annotations
 
 import json
@@ -54,15 +55,15 @@ def current_umask() -> int:
     return umask
 
 
-def request(path: str, argv: list[str], cwd: str, env: dict[str, str], fds: dict[int, int],
-            timeout_s: float | None = None) -> int:
+def request(
+    path: str, argv: list[str], cwd: str, env: dict[str, str], fds: dict[int, int], timeout_s: float | None = None
+) -> int:
     """The child's exit status (128+N when signal N killed it).
 
     fds maps the child's 0/1/2 to descriptors of this process (a missing one stays closed in the child).
     NotStarted when the server did not start it; ServerGone when the server went away during the run;
     TimeoutError past timeout_s, after which the connection is closed, which makes the server kill the child."""
-    message = json.dumps({"argv": argv, "cwd": cwd, "umask": current_umask(), "env": env,
-                          "fds": sorted(fds)}).encode()
+    message = json.dumps({"argv": argv, "cwd": cwd, "umask": current_umask(), "env": env, "fds": sorted(fds)}).encode()
     with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as connection:
         try:
             address, directory = unix_address(path)
@@ -97,9 +98,18 @@ def request(path: str, argv: list[str], cwd: str, env: dict[str, str], fds: dict
 Request = tuple[list[str], str, dict[str, str]]  # argv, cwd, environment
 
 
-def run(socket_path: str | None, module: str, argv: list[str], cwd: str, env: dict[str, str], fds: dict[int, int],
-        timeout_s: float | None = None, python: str | None = None, replace: bool = False,
-        for_server: Callable[[list[str], str, dict[str, str]], Request] | None = None) -> int:
+def run(
+    socket_path: str | None,
+    module: str,
+    argv: list[str],
+    cwd: str,
+    env: dict[str, str],
+    fds: dict[int, int],
+    timeout_s: float | None = None,
+    python: str | None = None,
+    replace: bool = False,
+    for_server: Callable[[list[str], str, dict[str, str]], Request] | None = None,
+) -> int:
     """The request's exit status, through the server at socket_path when it takes the request, else as
     `python -m module ARGV`, a fresh process with the same cwd, environment and descriptors.
 
@@ -110,11 +120,16 @@ def run(socket_path: str | None, module: str, argv: list[str], cwd: str, env: di
     jailed device's paths as the host sees them); the fresh process gets it as given."""
     if socket_path:
         try:
-            return request(socket_path, *(for_server(argv, cwd, env) if for_server else (argv, cwd, env)), fds, timeout_s)
+            return request(
+                socket_path, *(for_server(argv, cwd, env) if for_server else (argv, cwd, env)), fds, timeout_s
+            )
         except NotStarted as not_started:
             if not_started.refusal and 2 in fds:
-                os.write(fds[2], f"fork client: the server turned the request down ({not_started.refusal}); "
-                                 f"running it in a fresh process\n".encode())
+                os.write(
+                    fds[2],
+                    f"fork client: the server turned the request down ({not_started.refusal}); "
+                    f"running it in a fresh process\n".encode(),
+                )
     command = [python or sys.executable, "-m", module, *argv]
     if replace:
         os.chdir(cwd)
@@ -122,8 +137,14 @@ def run(socket_path: str | None, module: str, argv: list[str], cwd: str, env: di
     import subprocess  # only the slow path pays for it
 
     try:
-        return subprocess.run(command, cwd=cwd, env=env, stdin=fds.get(0, subprocess.DEVNULL),
-                              stdout=fds.get(1, subprocess.DEVNULL), stderr=fds.get(2, subprocess.DEVNULL),
-                              timeout=timeout_s).returncode
+        return subprocess.run(
+            command,
+            cwd=cwd,
+            env=env,
+            stdin=fds.get(0, subprocess.DEVNULL),
+            stdout=fds.get(1, subprocess.DEVNULL),
+            stderr=fds.get(2, subprocess.DEVNULL),
+            timeout=timeout_s,
+        ).returncode
     except subprocess.TimeoutExpired as expired:
         raise TimeoutError(f"{module} killed after {timeout_s} s") from expired

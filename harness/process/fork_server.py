@@ -36,6 +36,7 @@ later request down, and its clients run them the slow way.
 The server writes its pid to SOCKET.pid and logs to SOCKET.log; on SIGTERM, or when the process that started
 it dies, it kills its children, reports them to their clients as killed (137) and removes its files.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,8 +53,8 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from harness.files import write_atomically
 from harness.paths import REPO_ROOT
@@ -117,7 +118,9 @@ def library_on_path(search_path: str, cwd: str) -> Path | None:
 
 def foreign_threads() -> set[int]:
     """Threads of this process that Python did not start (a library's pool, say), by native id."""
-    return {int(task) for task in os.listdir("/proc/self/task")} - {thread.native_id for thread in threading.enumerate()}
+    return {int(task) for task in os.listdir("/proc/self/task")} - {
+        thread.native_id for thread in threading.enumerate()
+    }
 
 
 def qnn_libraries_mapped() -> list[str]:
@@ -130,8 +133,9 @@ def exit_if_qnn_libraries_mapped(after: str) -> None:
     """Stop the server (before it serves) when `after`, what it just did, mapped a QNN library."""
     mapped = qnn_libraries_mapped()
     if mapped:
-        sys.exit(f"fork server: {after} mapped {', '.join(mapped)}; QNN libraries must load only in each "
-                 f"request's child")
+        sys.exit(
+            f"fork server: {after} mapped {', '.join(mapped)}; QNN libraries must load only in each request's child"
+        )
 
 
 class ForkServer:
@@ -237,8 +241,10 @@ class ForkServer:
         wanted = library_on_path(request["env"].get("LD_LIBRARY_PATH", ""), request["cwd"])
         loaded = library_on_path(self.library_path, request["cwd"])
         if wanted != loaded:
-            return (f"its LD_LIBRARY_PATH finds {QNN_LIBRARY} at {wanted}, the server's at {loaded}; "
-                    f"start the server with the clients' environment")
+            return (
+                f"its LD_LIBRARY_PATH finds {QNN_LIBRARY} at {wanted}, the server's at {loaded}; "
+                f"start the server with the clients' environment"
+            )
         return None
 
     def start_child(self, request: dict, fds: list[int]) -> tuple[int, int, int] | None:
@@ -284,8 +290,10 @@ class ForkServer:
             time.sleep(THREADS_SETTLE_S)
             started = foreign_threads() - before
         if started:
-            self.broken = (f"preparing a request in the fork server started {len(started)} thread(s), which its "
-                           f"forked children would lack; every request now runs in a fresh process")
+            self.broken = (
+                f"preparing a request in the fork server started {len(started)} thread(s), which its "
+                f"forked children would lack; every request now runs in a fresh process"
+            )
             print(f"fork server: {self.broken}", flush=True)
 
     def run_child(self, server_pid: int, request: dict, fds: list[int], declare: int) -> None:
@@ -313,8 +321,9 @@ class ForkServer:
             # New stream objects: the server's may hold buffered output or a lock taken by another thread.
             sys.stdin = open(0, closefd=False) if 0 in request["fds"] else None
             sys.stdout = open(1, "w", closefd=False) if 1 in request["fds"] else None
-            sys.stderr = (open(2, "w", buffering=1, closefd=False, errors="backslashreplace")
-                          if 2 in request["fds"] else None)
+            sys.stderr = (
+                open(2, "w", buffering=1, closefd=False, errors="backslashreplace") if 2 in request["fds"] else None
+            )
             code = exit_code(self.entry(request["argv"]))
         except SystemExit as exit_request:
             code = exit_code(exit_request.code)
@@ -420,9 +429,14 @@ def spawn_server(service: Service, socket_path: Path, env: dict[str, str]) -> su
     pid_file_of(socket_path).unlink(missing_ok=True)
     python = env.get("QNNSUITE_PYTHON") or sys.executable
     with open(log_file_of(socket_path), "wb") as log:
-        return subprocess.Popen([python, "-m", __name__, service.name, "--socket", str(socket_path)],
-                                cwd=REPO_ROOT, env={**env, PARENT_ENV: str(os.getpid())},
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            [python, "-m", __name__, service.name, "--socket", str(socket_path)],
+            cwd=REPO_ROOT,
+            env={**env, PARENT_ENV: str(os.getpid())},
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
 
 
 def wait_until_serving(process: subprocess.Popen[bytes], socket_path: Path, timeout_s: float = START_TIMEOUT_S) -> None:
@@ -439,8 +453,9 @@ def wait_until_serving(process: subprocess.Popen[bytes], socket_path: Path, time
         time.sleep(0.05)
 
 
-def start_server(service: Service, socket_path: Path, env: dict[str, str],
-                 timeout_s: float = START_TIMEOUT_S) -> subprocess.Popen[bytes]:
+def start_server(
+    service: Service, socket_path: Path, env: dict[str, str], timeout_s: float = START_TIMEOUT_S
+) -> subprocess.Popen[bytes]:
     """spawn_server, then wait_until_serving."""
     process = spawn_server(service, socket_path, env)
     wait_until_serving(process, socket_path, timeout_s)

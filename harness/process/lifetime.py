@@ -4,6 +4,7 @@ PR_SET_PDEATHSIG asks the kernel to signal a child when its parent thread exits;
 exec (Popen's preexec_fn), it also covers programs we do not write (the adb server). Children must be
 started from a thread that lives as long as the run: the run's main thread.
 """
+
 from __future__ import annotations
 
 import ctypes

@@ -16,6 +16,7 @@
 No QNN library is loaded by these imports (fork_server checks); each child dlopens its own. Only names here:
 importing this module costs nothing, as the runner's client needs.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -38,13 +39,29 @@ class Service:
 
 SERVICES: dict[str, Service] = {}
 
-LOWERING = Service("lowering_server", "harness.pipeline.lower_job", (
-    "numpy", "torch", "torchao.quantization.pt2e.quantize_pt2e", "executorch.exir",
-    "executorch.exir.passes.init_mutable_pass", "executorch.backends.qualcomm.quantizer.quantizer",
-    "executorch.backends.qualcomm.utils.utils", "executorch.backends.qualcomm._passes.qnn_pass_manager",
-    "executorch.extension.llm.export.partitioner_lib", "harness.pipeline.stages", "harness.pipeline.eager",
-), server_entry="harness.pipeline.lower_job:server_entry",  # torch.export warmed up before any fork
-   prepare="harness.pipeline.lower_job:prepare_in_server")  # a card's quantized program read once, not per case
-RUNNER = Service("runner_server", "harness.emulator.host_runner", ("numpy", "torch"),
-                 # imports ExecuTorch's runtime (host_runner.runtime); requests stay inside the device
-                 server_entry="harness.emulator.runner_confinement:server_entry")
+LOWERING = Service(
+    "lowering_server",
+    "harness.pipeline.lower_job",
+    (
+        "numpy",
+        "torch",
+        "torchao.quantization.pt2e.quantize_pt2e",
+        "executorch.exir",
+        "executorch.exir.passes.init_mutable_pass",
+        "executorch.backends.qualcomm.quantizer.quantizer",
+        "executorch.backends.qualcomm.utils.utils",
+        "executorch.backends.qualcomm._passes.qnn_pass_manager",
+        "executorch.extension.llm.export.partitioner_lib",
+        "harness.pipeline.stages",
+        "harness.pipeline.eager",
+    ),
+    server_entry="harness.pipeline.lower_job:server_entry",  # torch.export warmed up before any fork
+    prepare="harness.pipeline.lower_job:prepare_in_server",
+)  # a card's quantized program read once, not per case
+RUNNER = Service(
+    "runner_server",
+    "harness.emulator.host_runner",
+    ("numpy", "torch"),
+    # imports ExecuTorch's runtime (host_runner.runtime); requests stay inside the device
+    server_entry="harness.emulator.runner_confinement:server_entry",
+)

@@ -5,6 +5,7 @@ that libQnnHtp.so is the interposer and the real one sits beside it as libQnnHtp
 loads libQnnHtp.so both by absolute path ($QNN_SDK_ROOT/...) and by name (LD_LIBRARY_PATH); the
 overlay makes both reach the interposer, and the SDK itself is never modified.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -27,8 +28,17 @@ NDK_CLANG_PREFIX = "aarch64-linux-android"
 # Android 11 (API 30): what the oldest SoC of the table (SM8350) shipped with; the lowest level at or above
 # it that the NDK has is used, so the library loads on every phone the suite knows.
 MIN_ANDROID_API = 30
-COMMON_FLAGS = ("-O2", "-Wall", "-Werror", "-fPIC", "-shared", "-fvisibility=hidden", "-Wl,-soname,libQnnHtp.so",
-                "-Wl,-z,nodelete", "-Wl,-Bsymbolic")
+COMMON_FLAGS = (
+    "-O2",
+    "-Wall",
+    "-Werror",
+    "-fPIC",
+    "-shared",
+    "-fvisibility=hidden",
+    "-Wl,-soname,libQnnHtp.so",
+    "-Wl,-z,nodelete",
+    "-Wl,-Bsymbolic",
+)
 HOST_LIBRARIES = ("-ldl", "-lpthread")
 
 
@@ -36,8 +46,12 @@ class InterposerBuildError(RuntimeError):
     """The C compiler (the system's, or the NDK's) could not build the interposer."""
 
 
-def build(compiler: str | None = None, defines: tuple[str, ...] = (), libraries: tuple[str, ...] = HOST_LIBRARIES,
-          folder: str = "interposer") -> Path:
+def build(
+    compiler: str | None = None,
+    defines: tuple[str, ...] = (),
+    libraries: tuple[str, ...] = HOST_LIBRARIES,
+    folder: str = "interposer",
+) -> Path:
     """Compile once per source, compiler and defines; later calls return the cached library.
 
     compiler: default the system's cc; defines: -D options (e.g. the emulated phone's variable prefix)."""
@@ -56,7 +70,9 @@ def build(compiler: str | None = None, defines: tuple[str, ...] = (), libraries:
     try:
         result = subprocess.run(command, capture_output=True, text=True)
     except OSError as error:
-        raise InterposerBuildError(f"cannot run {compiler} ({error}): check that it is an executable C compiler") from error
+        raise InterposerBuildError(
+            f"cannot run {compiler} ({error}): check that it is an executable C compiler"
+        ) from error
     if result.returncode != 0:
         first_error = next((line for line in result.stderr.splitlines() if "error" in line), result.stderr.strip())
         raise InterposerBuildError(f"building the interposer with {compiler} failed: {first_error[:300]}")
@@ -76,13 +92,18 @@ def _compiler_identity(compiler: str) -> str:
 def android_clang(ndk: Path) -> Path:
     """The NDK's clang for aarch64-linux-android at the lowest API level >= MIN_ANDROID_API it has."""
     folder = ndk / NDK_CLANG_DIR
-    levels = sorted(int(match.group(1)) for path in (folder.iterdir() if folder.is_dir() else [])
-                    if (match := re.fullmatch(rf"{NDK_CLANG_PREFIX}(\d+)-clang", path.name)))
+    levels = sorted(
+        int(match.group(1))
+        for path in (folder.iterdir() if folder.is_dir() else [])
+        if (match := re.fullmatch(rf"{NDK_CLANG_PREFIX}(\d+)-clang", path.name))
+    )
     usable = [level for level in levels if level >= MIN_ANDROID_API]
     if not usable:
         found = f"it has API levels {', '.join(map(str, levels))}" if levels else "none is there"
-        raise InterposerBuildError(f"Android NDK {ndk} has no {NDK_CLANG_DIR}/{NDK_CLANG_PREFIX}<API>-clang for API "
-                                   f"{MIN_ANDROID_API} or newer ({found}): pass the root of an Android NDK r23 or newer")
+        raise InterposerBuildError(
+            f"Android NDK {ndk} has no {NDK_CLANG_DIR}/{NDK_CLANG_PREFIX}<API>-clang for API "
+            f"{MIN_ANDROID_API} or newer ({found}): pass the root of an Android NDK r23 or newer"
+        )
     return folder / f"{NDK_CLANG_PREFIX}{usable[0]}-clang"
 
 

@@ -5,6 +5,7 @@ what the QNN log says, decides if the bridge is needed. A child, because a faile
 leave the process unusable and because the result must not depend on what the parent has loaded.
 Prints one JSON line: {"ok": bool, "build_id": str, "error": str}.
 """
+
 from __future__ import annotations
 
 import json

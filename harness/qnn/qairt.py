@@ -4,6 +4,7 @@ The build id (e.g. `v2.51.0.260929181845`) is a string inside libQnnHtp.so; it i
 `PyQnnManagerAdaptor.GetQnnSdkBuildId` returns, but reading it needs no executorch and loads nothing,
 so it can be asked at collection time (version-scoped known failures) and before a venv exists (the matrix).
 """
+
 from __future__ import annotations
 
 import mmap
@@ -36,8 +37,10 @@ def _build_id(library: Path, size: int, mtime_ns: int) -> str:
         found = {match.decode() for match in BUILD_ID.findall(data)}
     if len(found) != 1:
         what = "no QAIRT build id" if not found else f"several build ids ({', '.join(sorted(found))})"
-        raise QairtVersionError(f"QNN library {library} has {what}: point QNN_SDK_ROOT at a QAIRT SDK or "
-                                f"onnxruntime-qnn tree whose lib/x86_64-linux-clang/libQnnHtp.so is a real QNN library")
+        raise QairtVersionError(
+            f"QNN library {library} has {what}: point QNN_SDK_ROOT at a QAIRT SDK or "
+            f"onnxruntime-qnn tree whose lib/x86_64-linux-clang/libQnnHtp.so is a real QNN library"
+        )
     return "v" + found.pop()
 
 

@@ -2,6 +2,7 @@
 
 Kept in one place so a reader can see every line the suite forgives and why.
 """
+
 from __future__ import annotations
 
 import re
@@ -13,9 +14,7 @@ API_VERSIONS = re.compile(r"Qnn API version (\d+\.\d+\.\d+) is used\. The versio
 # context, device or graph config at all (measured by filtering every config out in the
 # interposer), and graph creation still returns QNN_SUCCESS. So it is the library's own noise,
 # not an ABI gap in what ExecuTorch sends; see docs/ARCHITECTURE.md#host-qnn-toolchain-harnessqnn.
-KNOWN_LIBRARY_NOISE = (
-    re.compile(r"<E> unexpected GraphHtpSettings option 66$"),
-)
+KNOWN_LIBRARY_NOISE = (re.compile(r"<E> unexpected GraphHtpSettings option 66$"),)
 
 
 def error_lines(log: str) -> list[str]:

@@ -4,6 +4,7 @@ Order of preference: `--qnn-sdk PATH`, then `QNN_SDK_ROOT`, then the tree laid o
 onnxruntime-qnn wheel (the only registry package that ships x86_64 QNN libraries). ExecuTorch reads
 `$QNN_SDK_ROOT/lib/x86_64-linux-clang/libQnnHtp.so`, so that is the layout every source must have.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -47,16 +48,22 @@ def validate(root: Path, origin: str) -> QnnSdk:
     """Check the layout and say exactly what is missing."""
     root = overlay_source(root) or root
     if not root.exists():
-        raise SdkError(f"QNN SDK path {root} (from {origin}) does not exist: "
-                       f"point {origin} at a QNN SDK root, or unset it to use the libraries from the onnxruntime-qnn wheel")
+        raise SdkError(
+            f"QNN SDK path {root} (from {origin}) does not exist: "
+            f"point {origin} at a QNN SDK root, or unset it to use the libraries from the onnxruntime-qnn wheel"
+        )
     lib_dir = root / HOST_LIB_DIR
     if not lib_dir.is_dir():
-        raise SdkError(f"QNN SDK at {root} (from {origin}) has no {HOST_LIB_DIR}/: "
-                       f"expected the x86_64 host libraries there ({', '.join(REQUIRED_HOST_LIBS)})")
+        raise SdkError(
+            f"QNN SDK at {root} (from {origin}) has no {HOST_LIB_DIR}/: "
+            f"expected the x86_64 host libraries there ({', '.join(REQUIRED_HOST_LIBS)})"
+        )
     missing = [name for name in REQUIRED_HOST_LIBS if not (lib_dir / name).exists()]
     if missing:
-        raise SdkError(f"QNN SDK at {root} (from {origin}) lacks {', '.join(missing)} in {HOST_LIB_DIR}/: "
-                       f"use a complete QNN SDK, or unset {origin} to use the onnxruntime-qnn wheel's libraries")
+        raise SdkError(
+            f"QNN SDK at {root} (from {origin}) lacks {', '.join(missing)} in {HOST_LIB_DIR}/: "
+            f"use a complete QNN SDK, or unset {origin} to use the onnxruntime-qnn wheel's libraries"
+        )
     return QnnSdk(root=root.resolve(), origin=origin)
 
 
@@ -70,8 +77,10 @@ def overlay_source(root: Path) -> Path | None:
 def wheel_library_dir() -> Path:
     spec = importlib.util.find_spec(WHEEL_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise SdkError("no QNN SDK given and the onnxruntime-qnn wheel is not installed: "
-                       "run the README's set-up command, or pass --qnn-sdk PATH / set QNN_SDK_ROOT")
+        raise SdkError(
+            "no QNN SDK given and the onnxruntime-qnn wheel is not installed: "
+            "run the README's set-up command, or pass --qnn-sdk PATH / set QNN_SDK_ROOT"
+        )
     return Path(next(iter(spec.submodule_search_locations)))
 
 

@@ -2,6 +2,7 @@
 
 Taken from executorch (qc_schema) rather than copied, so a new SoC in trunk is known here at once.
 """
+
 from __future__ import annotations
 
 import re
@@ -46,8 +47,15 @@ def lookup(name: str) -> Soc:
 # codename. From shipping phones' build properties: SM8350 lahaina, SM8450 taro, SM8475 taro as well (its own
 # codename cape shows on some builds), SM8550 kalama, SM8650 pineapple, SM8750 sun, SM8850 canoe. taro alone
 # cannot tell SM8450 from SM8475, so it decides nothing by itself. Only SoCs the table above knows count.
-PLATFORM_CODENAMES = {"lahaina": ("SM8350",), "taro": ("SM8450", "SM8475"), "cape": ("SM8475",),
-                      "kalama": ("SM8550",), "pineapple": ("SM8650",), "sun": ("SM8750",), "canoe": ("SM8850",)}
+PLATFORM_CODENAMES = {
+    "lahaina": ("SM8350",),
+    "taro": ("SM8450", "SM8475"),
+    "cape": ("SM8475",),
+    "kalama": ("SM8550",),
+    "pineapple": ("SM8650",),
+    "sun": ("SM8750",),
+    "canoe": ("SM8850",),
+}
 _PART_NUMBER = re.compile(r"[A-Z]{2,4}\d{4}[A-Z]{0,2}")
 
 

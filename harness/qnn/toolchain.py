@@ -3,6 +3,7 @@
 `prepare()` is what the plugin, the doctor and the set-up call; `Toolchain.child_env()` is the
 environment every process that loads QNN gets (lowering jobs, the emulated host runner).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -54,9 +55,12 @@ class Toolchain:
         env = dict(os.environ if base is None else base)
         env["QNN_SDK_ROOT"] = str(self.overlay_root)
         env["LD_LIBRARY_PATH"] = os.pathsep.join(
-            [str(self.overlay_lib_dir)] + [p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p])
+            [str(self.overlay_lib_dir)] + [p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p]
+        )
         env["QNNSUITE_BRIDGE_DEVICE_CONFIG"] = "1" if self.probe.bridge_device_config else "0"
-        env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(REPO_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        )
         if trace is not None:
             env["QNNSUITE_TRACE"] = str(trace)
         else:
@@ -95,8 +99,17 @@ def _cached_probe(sdk: QnnSdk, overlay_root: Path, library: Path) -> Probe:
     real = sdk.htp_library.resolve()
     stat = real.stat()
     executorch_dir = metadata.distribution("executorch").locate_file("executorch")
-    key_source = "|".join([executorch_version(), str(executorch_dir), str(real), str(stat.st_size),
-                           str(stat.st_mtime_ns), library.parent.name, sys.executable])
+    key_source = "|".join(
+        [
+            executorch_version(),
+            str(executorch_dir),
+            str(real),
+            str(stat.st_size),
+            str(stat.st_mtime_ns),
+            library.parent.name,
+            sys.executable,
+        ]
+    )
     cache = state_dir() / "probe" / (hashlib.sha256(key_source.encode()).hexdigest()[:16] + ".json")
     if (cached := read_state(cache, "probe cache", lambda data: Probe(**data))) is not None:
         return cached
@@ -107,10 +120,15 @@ def _cached_probe(sdk: QnnSdk, overlay_root: Path, library: Path) -> Probe:
 
 
 def _run_probe(overlay_root: Path, bridge: bool) -> tuple[dict, str]:
-    draft = Toolchain(QnnSdk(overlay_root, "probe"), overlay_root, Path(),
-                      Probe("", bridge, None, None, "", None))
-    completed = subprocess.run([sys.executable, "-m", "harness.qnn.probe"], cwd=REPO_ROOT,
-                               env=draft.child_env(), capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
+    draft = Toolchain(QnnSdk(overlay_root, "probe"), overlay_root, Path(), Probe("", bridge, None, None, "", None))
+    completed = subprocess.run(
+        [sys.executable, "-m", "harness.qnn.probe"],
+        cwd=REPO_ROOT,
+        env=draft.child_env(),
+        capture_output=True,
+        text=True,
+        timeout=PROBE_TIMEOUT_S,
+    )
     log = completed.stdout + completed.stderr
     for line in completed.stdout.splitlines():
         if line.startswith("QNNSUITE_PROBE "):
@@ -133,12 +151,18 @@ def _probe(overlay_root: Path) -> Probe:
     if plain["ok"]:
         return Probe(plain["build_id"], False, library_api, built_for_api, without, None)
     if "custom config" not in plain_log and "14001" not in plain_log:
-        raise ToolchainError(f"QNN backend does not start ({without}); it is not the known device-config "
-                             f"layout gap, so the bridge cannot help: check the SDK with `python -m harness doctor`")
+        raise ToolchainError(
+            f"QNN backend does not start ({without}); it is not the known device-config "
+            f"layout gap, so the bridge cannot help: check the SDK with `python -m harness doctor`"
+        )
     bridged, bridged_log = _run_probe(overlay_root, bridge=True)
     with_bridge = _first_problem(bridged, bridged_log)
     if not bridged["ok"]:
-        raise ToolchainError(f"QNN backend does not start even with the device-config bridge ({with_bridge}): "
-                             f"try a QNN SDK matching the ExecuTorch build, via --qnn-sdk or QNN_SDK_ROOT")
-    library_api, built_for_api = qnnlog.api_versions(bridged_log) if library_api is None else (library_api, built_for_api)
+        raise ToolchainError(
+            f"QNN backend does not start even with the device-config bridge ({with_bridge}): "
+            f"try a QNN SDK matching the ExecuTorch build, via --qnn-sdk or QNN_SDK_ROOT"
+        )
+    library_api, built_for_api = (
+        qnnlog.api_versions(bridged_log) if library_api is None else (library_api, built_for_api)
+    )
     return Probe(bridged["build_id"], True, library_api, built_for_api, without, with_bridge)

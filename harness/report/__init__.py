@@ -1,4 +1,5 @@
 """Per-SoC reports of a run (JSON, JUnit, Markdown, HTML) and gating against a baseline."""
+
 from harness.report.gate import BaselineError, GateResult, gate
 from harness.report.writer import summary_line, write_run
 

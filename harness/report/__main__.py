@@ -10,6 +10,7 @@ merge: exits 2 when the parts cannot be merged (one line says why), 4 on a part 
 valid report.json, 1 when --baseline is given and the merged run fails its gate (gate.json beside each
 report.json names the checks), else 0.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,8 +19,8 @@ from pathlib import Path
 
 from harness.report import merge as merging
 from harness.report.gate import BaselineError, MalformedReport, changes, compare, load
-from harness.text import printable
 from harness.report.writer import summary_line
+from harness.text import printable
 
 MALFORMED = 4  # a report file that is not a valid report.json: pytest's usage-error code, as --baseline gets
 
@@ -31,9 +32,11 @@ def diff(before_path: Path, after_path: Path) -> int:
         print(f"diff: {error}", file=sys.stderr)
         return MALFORMED if isinstance(error, MalformedReport) else 2
     result = compare(before, after)
-    notes = {**{c.key: "known failure now passes" for c in result.fixed_known_failures},
-             **{c.key: "new failure" for c in result.new_failures},
-             **{c.key: "regression" for c in result.regressions}}
+    notes = {
+        **{c.key: "known failure now passes" for c in result.fixed_known_failures},
+        **{c.key: "new failure" for c in result.new_failures},
+        **{c.key: "regression" for c in result.regressions},
+    }
     for change in changes(before, after):
         print(change.line() + (f"  [{notes[change.key]}]" if change.key in notes else ""))
     return 1 if result.regressions or result.new_failures else 0
@@ -71,7 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     command.add_argument("folders", type=Path, nargs="+", metavar="DIR", help="a shard's run folder (reports/<run>)")
     command.add_argument("--out", type=Path, required=True, metavar="DIR", help="new folder for <SOC>/report.json etc.")
     command.add_argument("--baseline", type=Path, metavar="PATH", help="gate the merged run against this report or run")
-    command.add_argument("--allow-missing", action="store_true", help="gate: baseline checks absent here do not fail it")
+    command.add_argument(
+        "--allow-missing", action="store_true", help="gate: baseline checks absent here do not fail it"
+    )
     args = parser.parse_args(argv)
     if args.command == "merge":
         return merge(args.folders, args.out, args.baseline, args.allow_missing)

@@ -3,6 +3,7 @@
 Drawn by hand so the HTML stays self-contained: no chart library, no script, no network. The page inserts
 it as markup, so every value from the report that reaches it is escaped here (a step label, a tooltip).
 """
+
 from __future__ import annotations
 
 import math
@@ -45,25 +46,35 @@ def error_chart(steps: list[dict]) -> str:
         exponent = math.log10(error) if error > 0 else low_exp
         return TOP + plot_h * (high_exp - exponent) / (high_exp - low_exp)
 
-    parts = [f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
-             f'viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-label="max abs error per step">']
+    parts = [
+        f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
+        f'viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-label="max abs error per step">'
+    ]
     stride = max(1, math.ceil((high_exp - low_exp) / (MAX_GRID_LINES - 1)))
     for exponent in range(high_exp, low_exp - 1, -stride):
-        y = y_of(10.0 ** exponent)
-        parts.append(f'<line class="grid" x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y:.1f}" y2="{y:.1f}"/>'
-                     f'<text class="axis" x="{LEFT - 4}" y="{y + 3:.1f}" text-anchor="end">{_decade(exponent)}</text>')
+        y = y_of(10.0**exponent)
+        parts.append(
+            f'<line class="grid" x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y:.1f}" y2="{y:.1f}"/>'
+            f'<text class="axis" x="{LEFT - 4}" y="{y + 3:.1f}" text-anchor="end">{_decade(exponent)}</text>'
+        )
     points = [(x_of(i), y_of(e)) for i, e in enumerate(errors)]
     parts.append('<polyline class="line" points="' + " ".join(f"{x:.1f},{y:.1f}" for x, y in points) + '"/>')
     for step, error, (x, y) in zip(steps, errors, points):
         bad = _number(step.get("mismatches")) > 0 or not math.isfinite(error)
-        tip = (f"step {step.get('step')}: max abs error {error:.3g}, SQNR {_number(step.get('sqnr_db')):.1f} dB, "
-               f"{step.get('mismatches')} mismatch(es)")
-        parts.append(f'<circle class="{"bad" if bad else "ok"}" cx="{x:.1f}" cy="{y:.1f}" r="3">'
-                     f'<title>{escape(tip)}</title></circle>')
+        tip = (
+            f"step {step.get('step')}: max abs error {error:.3g}, SQNR {_number(step.get('sqnr_db')):.1f} dB, "
+            f"{step.get('mismatches')} mismatch(es)"
+        )
+        parts.append(
+            f'<circle class="{"bad" if bad else "ok"}" cx="{x:.1f}" cy="{y:.1f}" r="3">'
+            f"<title>{escape(tip)}</title></circle>"
+        )
     baseline = HEIGHT - 5
     first, last = (escape(str(step.get("step"))) for step in (steps[0], steps[-1]))
-    parts.append(f'<text class="axis" x="{LEFT}" y="{baseline}">step {first}</text>'
-                 f'<text class="axis" x="{WIDTH - RIGHT}" y="{baseline}" text-anchor="end">step {last}</text>'
-                 f'<text class="axis" x="{LEFT + plot_w / 2:.1f}" y="{baseline}" text-anchor="middle">max abs error</text>'
-                 '</svg>')
+    parts.append(
+        f'<text class="axis" x="{LEFT}" y="{baseline}">step {first}</text>'
+        f'<text class="axis" x="{WIDTH - RIGHT}" y="{baseline}" text-anchor="end">step {last}</text>'
+        f'<text class="axis" x="{LEFT + plot_w / 2:.1f}" y="{baseline}" text-anchor="middle">max abs error</text>'
+        "</svg>"
+    )
     return "".join(parts)

@@ -4,6 +4,7 @@ Every renderer (JUnit, Markdown, HTML) and the gate read this one document, so t
 The document also carries its check columns (name and short label, in the check registry's order), so
 the renderers need neither the registry nor torch.
 """
+
 from __future__ import annotations
 
 import math
@@ -61,8 +62,14 @@ def check_order(document: dict) -> tuple[str, ...]:
     return tuple(column["name"] for column in document.get("checks") or ())
 
 
-def build(records: list[CheckRecord], environment: dict, run_id: str, soc: str, columns: list[Column],
-          provenance: dict | None = None) -> dict:
+def build(
+    records: list[CheckRecord],
+    environment: dict,
+    run_id: str,
+    soc: str,
+    columns: list[Column],
+    provenance: dict | None = None,
+) -> dict:
     """The report document of one SoC; records of other SoCs are ignored. columns: every check's column,
     in report order (those with no record here are left out). provenance: what made the programs and what
     each device ran them with (harness/environment.py provenance_per_soc; None: not measured)."""
@@ -80,8 +87,15 @@ def build(records: list[CheckRecord], environment: dict, run_id: str, soc: str, 
     present = {record.check for record in mine}
     shown = [column for column in columns if column["name"] in present]
     shown += [{"name": name, "short": name} for name in sorted(present - set(order))]
-    document = {"schema_version": SCHEMA_VERSION, "run_id": run_id, "soc": soc, "environment": environment,
-                "checks": shown, "summary": tally(mine), "cases": ordered}
+    document = {
+        "schema_version": SCHEMA_VERSION,
+        "run_id": run_id,
+        "soc": soc,
+        "environment": environment,
+        "checks": shown,
+        "summary": tally(mine),
+        "cases": ordered,
+    }
     if provenance is not None:
         document["provenance"] = provenance
     return json_safe(document)
@@ -90,9 +104,17 @@ def build(records: list[CheckRecord], environment: dict, run_id: str, soc: str, 
 def records_of(document: dict) -> list[CheckRecord]:
     """The check records a document was built from (build's inverse, up to the case-wide timings each
     record carries): what a merge rebuilds documents from, so merged reports are built like run reports."""
-    return [CheckRecord.from_dict({**{name: case.get(name) for name in CASE_FIELDS}, **check, "check": name,
-                                   "timings_s": case.get("timings_s") or {}})
-            for case, name, check in checks_of(document)]
+    return [
+        CheckRecord.from_dict(
+            {
+                **{name: case.get(name) for name in CASE_FIELDS},
+                **check,
+                "check": name,
+                "timings_s": case.get("timings_s") or {},
+            }
+        )
+        for case, name, check in checks_of(document)
+    ]
 
 
 def checks_of(document: dict) -> list[tuple[dict, str, dict]]:
@@ -102,7 +124,9 @@ def checks_of(document: dict) -> list[tuple[dict, str, dict]]:
 
 def problems(document: dict) -> list[tuple[dict, str, dict]]:
     """Checks that need a person: failures, and known failures that now pass."""
-    return [(case, name, check) for case, name, check in checks_of(document) if check["verdict"] in ("failed", "xpassed")]
+    return [
+        (case, name, check) for case, name, check in checks_of(document) if check["verdict"] in ("failed", "xpassed")
+    ]
 
 
 def with_verdict(document: dict, verdict: str) -> list[tuple[dict, str, dict]]:
@@ -134,5 +158,8 @@ def stage_times(document: dict) -> list[StageTime]:
         for stage, seconds in case["timings_s"].items():
             if isinstance(seconds, (int, float)):
                 per_stage.setdefault(stage, []).append((float(seconds), case["case_id"]))
-    times = [StageTime(stage, sum(s for s, _ in values), max(values)[1], max(values)[0]) for stage, values in per_stage.items()]
+    times = [
+        StageTime(stage, sum(s for s, _ in values), max(values)[1], max(values)[0])
+        for stage, values in per_stage.items()
+    ]
     return sorted(times, key=lambda t: -t.total_s)

@@ -13,6 +13,7 @@ A new failure is also a check that fails now where the baseline had it skipped, 
 infrastructure error or a known failure (a different failure than the one expected).
 A run compared with itself is ok, unless a known failure passes in it (that alone fails the gate).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -75,38 +76,65 @@ class GateResult:
 
     @property
     def ok(self) -> bool:
-        return not (self.regressions or self.fixed_known_failures or self.new_failures or self.infrastructure
-                    or (self.missing and not self.allow_missing))
+        return not (
+            self.regressions
+            or self.fixed_known_failures
+            or self.new_failures
+            or self.infrastructure
+            or (self.missing and not self.allow_missing)
+        )
 
     def for_soc(self, soc: str) -> GateResult:
         def mine(changes: tuple[Change, ...]) -> tuple[Change, ...]:
             return tuple(c for c in changes if c.key[0] == soc)
-        return GateResult(mine(self.regressions), mine(self.fixed_known_failures), mine(self.new_failures),
-                          mine(self.missing), self.allow_missing, mine(self.infrastructure))
+
+        return GateResult(
+            mine(self.regressions),
+            mine(self.fixed_known_failures),
+            mine(self.new_failures),
+            mine(self.missing),
+            self.allow_missing,
+            mine(self.infrastructure),
+        )
 
     def entries(self) -> list[dict[str, str]]:
         """Every check the gate names: {"kind", "soc", "case_id", "check", "before", "after", "why"}."""
-        kinds = (("regression", self.regressions), ("new failure", self.new_failures),
-                 ("known failure now passes", self.fixed_known_failures),
-                 ("missing" + (" (allowed)" if self.allow_missing else ""), self.missing),
-                 ("infrastructure error", self.infrastructure))
+        kinds = (
+            ("regression", self.regressions),
+            ("new failure", self.new_failures),
+            ("known failure now passes", self.fixed_known_failures),
+            ("missing" + (" (allowed)" if self.allow_missing else ""), self.missing),
+            ("infrastructure error", self.infrastructure),
+        )
         entries = []
         for kind, changes in kinds:
             for change in changes:
                 soc, case_id, check = change.key
                 if kind == "known failure now passes":
-                    why = (change.after.known_failure if change.after and change.after.known_failure
-                           else change.before.known_failure if change.before else "")
+                    why = (
+                        change.after.known_failure
+                        if change.after and change.after.known_failure
+                        else change.before.known_failure
+                        if change.before
+                        else ""
+                    )
                 elif kind.startswith("missing") and change.after is not None:
                     why = f"measured in the baseline, not measured now: {change.after.message}"
                 elif kind.startswith("missing"):
                     why = "in the baseline, not in this run (renamed, not collected or a collection error?)"
                 else:
                     why = change.after.message if change.after else ""
-                entries.append({"kind": kind, "soc": soc, "case_id": case_id, "check": check,
-                                "before": change.before.verdict if change.before else ABSENT,
-                                "after": change.after.verdict if change.after else ABSENT,
-                                "why": why[:MESSAGE_CHARS]})
+                entries.append(
+                    {
+                        "kind": kind,
+                        "soc": soc,
+                        "case_id": case_id,
+                        "check": check,
+                        "before": change.before.verdict if change.before else ABSENT,
+                        "after": change.after.verdict if change.after else ABSENT,
+                        "why": why[:MESSAGE_CHARS],
+                    }
+                )
         return entries
 
     def lines(self) -> list[str]:
@@ -115,8 +143,10 @@ class GateResult:
         for entry in self.entries():
             change = f"{entry['soc']} {entry['case_id']} {entry['check']} {entry['before']} -> {entry['after']}"
             if entry["kind"] == "known failure now passes":
-                lines.append(f"known failure now passes (update the known-failures manifest): {change}"
-                             + (f" [{entry['why']}]" if entry["why"] else ""))
+                lines.append(
+                    f"known failure now passes (update the known-failures manifest): {change}"
+                    + (f" [{entry['why']}]" if entry["why"] else "")
+                )
             else:
                 lines.append(f"{entry['kind']}: {change}" + (f": {entry['why']}" if entry["why"] else ""))
         return lines
@@ -129,8 +159,10 @@ def of_records(records: list[CheckRecord]) -> dict[Key, Outcome]:
 
 def of_document(document: dict) -> dict[Key, Outcome]:
     """A written report's outcomes, in the same shape as of_records so either side can be a baseline."""
-    return {(document["soc"], case["case_id"], name): Outcome(check["verdict"], check["known_failure"], check["message"])
-            for case, name, check in checks_of(document)}
+    return {
+        (document["soc"], case["case_id"], name): Outcome(check["verdict"], check["known_failure"], check["message"])
+        for case, name, check in checks_of(document)
+    }
 
 
 def read_documents(path: Path) -> list[tuple[Path, dict]]:
@@ -168,18 +200,28 @@ def load(path: Path) -> dict[Key, Outcome]:
 def changes(before: dict[Key, Outcome], after: dict[Key, Outcome]) -> list[Change]:
     """Checks whose verdict differs, including checks present on one side only."""
     keys = sorted(before.keys() | after.keys())
-    return [Change(key, before.get(key), after.get(key)) for key in keys
-            if (before[key].verdict if key in before else ABSENT) != (after[key].verdict if key in after else ABSENT)]
+    return [
+        Change(key, before.get(key), after.get(key))
+        for key in keys
+        if (before[key].verdict if key in before else ABSENT) != (after[key].verdict if key in after else ABSENT)
+    ]
 
 
 def compare(before: dict[Key, Outcome], after: dict[Key, Outcome], allow_missing: bool = False) -> GateResult:
     common = [Change(key, before[key], after[key]) for key in sorted(before.keys() & after.keys())]
     added = [Change(key, None, after[key]) for key in sorted(after.keys() - before.keys())]
     regressions = tuple(c for c in common if c.before.verdict == "passed" and c.after.verdict in FAILING)
-    fixed = tuple(c for c in common + added if c.after.verdict == "xpassed"
-                  or (c.before is not None and c.before.expected_to_fail and c.after.verdict in PASSING))
-    new = tuple(c for c in added + common if c.after.verdict == "failed"
-                and (c.before is None or c.before.verdict not in ("passed", "failed")))
+    fixed = tuple(
+        c
+        for c in common + added
+        if c.after.verdict == "xpassed"
+        or (c.before is not None and c.before.expected_to_fail and c.after.verdict in PASSING)
+    )
+    new = tuple(
+        c
+        for c in added + common
+        if c.after.verdict == "failed" and (c.before is None or c.before.verdict not in ("passed", "failed"))
+    )
     unmeasured = tuple(c for c in common if c.after.verdict == "not_measured" and c.before.verdict in MEASURED)
     missing = tuple(Change(key, before[key], None) for key in sorted(before.keys() - after.keys())) + unmeasured
     infrastructure = tuple(c for c in common + added if c.after.verdict == "infra_error")

@@ -8,6 +8,7 @@ is refused, not waited on), must be a regular file of bounded size, is parsed wi
 schema (harness/report/report.schema.json, which also pins the SoC name that becomes a folder name) before
 any code looks at a key.
 """
+
 from __future__ import annotations
 
 import json
@@ -45,8 +46,10 @@ def _read_bounded(path: Path) -> bytes:
         if not stat.S_ISREG(info.st_mode):
             raise ReportDataError(f"{path} is not a regular file: pass the report.json a run wrote")
         if info.st_size > MAX_BYTES:
-            raise ReportDataError(f"{path} is {info.st_size} bytes, more than any report.json "
-                                  f"({MAX_BYTES} at most): pass the report.json a run wrote")
+            raise ReportDataError(
+                f"{path} is {info.st_size} bytes, more than any report.json "
+                f"({MAX_BYTES} at most): pass the report.json a run wrote"
+            )
         data = file.read(MAX_BYTES + 1)
     if len(data) > MAX_BYTES:
         raise ReportDataError(f"{path} grew past {MAX_BYTES} bytes while read: pass the report.json a run wrote")

@@ -4,6 +4,7 @@ One testcase per check (classname = check, name = case id). Failures and known f
 are <failure>; infrastructure errors (the device or the lab failed) are <error>; skips, checks a device could
 not measure and expected (known) failures are <skipped>, carrying their message.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,9 @@ def _seconds(value: object) -> str:
 
 
 def _testcase(suite: ET.Element, case: dict, name: str, check: dict) -> None:
-    element = ET.SubElement(suite, "testcase", classname=_text(name), name=_text(case["case_id"]),
-                            time=_seconds(check["duration_s"]))
+    element = ET.SubElement(
+        suite, "testcase", classname=_text(name), name=_text(case["case_id"]), time=_seconds(check["duration_s"])
+    )
     verdict, message, reason = check["verdict"], _text(check["message"]), _text(check["known_failure"])
     if verdict == "failed":
         failure = ET.SubElement(element, "failure", type="failed", message=message)
@@ -51,12 +53,22 @@ def render(document: dict) -> str:
     summary, environment = document["summary"], document["environment"]
     checks = checks_of(document)
     total_time = _seconds(sum(c["duration_s"] for _, _, c in checks if isinstance(c["duration_s"], (int, float))))
-    counts = {"tests": str(summary["total"]), "failures": str(summary["failed"] + summary["xpassed"]),
-              "errors": str(summary.get("infra_error", 0)),
-              "skipped": str(summary["skipped"] + summary["xfailed"] + summary.get("not_measured", 0)), "time": total_time}
+    counts = {
+        "tests": str(summary["total"]),
+        "failures": str(summary["failed"] + summary["xpassed"]),
+        "errors": str(summary.get("infra_error", 0)),
+        "skipped": str(summary["skipped"] + summary["xfailed"] + summary.get("not_measured", 0)),
+        "time": total_time,
+    }
     root = ET.Element("testsuites", name=_text(f"qnn-mutbuf {document['run_id']}"), **counts)
-    suite = ET.SubElement(root, "testsuite", name=_text(f"qnn-mutbuf.{document['soc']}"), **counts,
-                          timestamp=_text(environment.get("started", "")), hostname=_text(environment.get("host", "")))
+    suite = ET.SubElement(
+        root,
+        "testsuite",
+        name=_text(f"qnn-mutbuf.{document['soc']}"),
+        **counts,
+        timestamp=_text(environment.get("started", "")),
+        hostname=_text(environment.get("host", "")),
+    )
     properties = ET.SubElement(suite, "properties")
     for key, value in environment.items():
         ET.SubElement(properties, "property", name=_text(key), value=_text(value))

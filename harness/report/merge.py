@@ -12,6 +12,7 @@ The parts are data from other jobs or hosts: each report.json is validated befor
 intake.py; a bad one is MalformedReport, exit code 4), the merge writes only under --out (a part's SoC
 names a folder there, and nothing else), and only directories and regular files of a part are copied.
 """
+
 from __future__ import annotations
 
 import os
@@ -45,7 +46,9 @@ class Part:
     def shard(self) -> str:
         labels = {document["environment"].get("shard") or UNSHARDED for document in self.documents}
         if len(labels) > 1:
-            raise MergeError(f"{self.folder} mixes reports of shards {', '.join(sorted(labels))}: pass one run's folder")
+            raise MergeError(
+                f"{self.folder} mixes reports of shards {', '.join(sorted(labels))}: pass one run's folder"
+            )
         return labels.pop()
 
 
@@ -99,8 +102,10 @@ def check_versions(parts: list[Part]) -> None:
                 seen.setdefault(str(document["environment"].get(key)), part.folder)
         if len(seen) > 1:
             found = " and ".join(f"{key} {value} in {folder}" for value, folder in seen.items())
-            raise MergeError(f"cannot merge a mix of versions: {found}; merge only runs of one executorch, torch "
-                             f"and QNN build (rerun the odd part with the others' versions)")
+            raise MergeError(
+                f"cannot merge a mix of versions: {found}; merge only runs of one executorch, torch "
+                f"and QNN build (rerun the odd part with the others' versions)"
+            )
 
 
 def check_shards(parts: list[Part]) -> None:
@@ -113,15 +118,19 @@ def check_shards(parts: list[Part]) -> None:
         raise MergeError(f"{plain} is an unsharded run and the others are shards: merge the shards of one run only")
     counts = {label.split("/")[1] for label in sharded}
     if len(counts) > 1:
-        raise MergeError(f"shards of different counts ({', '.join(sharded)}): merge the shards of one "
-                         f"--shard INDEX/COUNT split")
+        raise MergeError(
+            f"shards of different counts ({', '.join(sharded)}): merge the shards of one --shard INDEX/COUNT split"
+        )
     count = int(counts.pop())
     indices = [int(label.split("/")[0]) for label in sharded]
     missing = sorted(set(range(1, count + 1)) - set(indices))
     if len(indices) != len(set(indices)) or missing:
         twice = sorted({i for i in indices if indices.count(i) > 1})
-        problem = (f"shard {', '.join(f'{i}/{count}' for i in twice)} given twice" if twice
-                   else f"shard {', '.join(f'{i}/{count}' for i in missing)} missing")
+        problem = (
+            f"shard {', '.join(f'{i}/{count}' for i in twice)} given twice"
+            if twice
+            else f"shard {', '.join(f'{i}/{count}' for i in missing)} missing"
+        )
         raise MergeError(f"the shards given are {', '.join(sharded)}: {problem}; pass every shard's run folder once")
 
 
@@ -139,7 +148,7 @@ def _columns(parts: list[Part], soc: str) -> list[Column]:
                 if column["name"] in names:
                     continue
                 before = columns[i - 1]["name"] if i and columns[i - 1]["name"] in names else None
-                after = next((names.index(c["name"]) for c in columns[i + 1:] if c["name"] in names), len(merged))
+                after = next((names.index(c["name"]) for c in columns[i + 1 :] if c["name"] in names), len(merged))
                 merged.insert(names.index(before) + 1 if before else after, column)
     return merged
 
@@ -157,8 +166,9 @@ def _environment(documents: list[tuple[Part, dict]], run_id: str) -> dict:
         if all(env.get(key) for env in environments):
             merged[key] = pick(str(env[key]) for env in environments)
     merged["run_id"] = run_id
-    merged["merged_from"] = ", ".join(f"{env.get('run_id')}" + (f" (shard {env['shard']})" if env.get("shard") else "")
-                                      for env in environments)
+    merged["merged_from"] = ", ".join(
+        f"{env.get('run_id')}" + (f" (shard {env['shard']})" if env.get("shard") else "") for env in environments
+    )
     return merged
 
 
@@ -171,8 +181,10 @@ def merged_records(parts: list[Part]) -> dict[str, list[tuple[Part, dict]]]:
             for case in document["cases"]:
                 key = (document["soc"], case["case_id"])
                 if key in owner:
-                    raise MergeError(f"case {case['case_id']} is in both {owner[key]} and {part.folder}: merge each "
-                                     f"shard once, and only runs of disjoint selections")
+                    raise MergeError(
+                        f"case {case['case_id']} is in both {owner[key]} and {part.folder}: merge each "
+                        f"shard once, and only runs of disjoint selections"
+                    )
                 owner[key] = part.folder
             by_soc.setdefault(document["soc"], []).append((part, document))
     return by_soc
@@ -192,7 +204,9 @@ def merge(folders: list[Path], out: Path, baseline: Path | None = None, allow_mi
     check_versions(parts)
     check_shards(parts)
     by_soc = merged_records(parts)
-    records: dict[str, list[CheckRecord]] = {soc: [r for _, d in docs for r in records_of(d)] for soc, docs in by_soc.items()}
+    records: dict[str, list[CheckRecord]] = {
+        soc: [r for _, d in docs for r in records_of(d)] for soc, docs in by_soc.items()
+    }
     every = [record for soc_records in records.values() for record in soc_records]
     try:
         verdict = compare(load(baseline), of_records(every), allow_missing) if baseline is not None else None

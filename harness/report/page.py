@@ -3,6 +3,7 @@
 Rows are model cards, column groups dtype x mode, one cell per check. The page is self-contained
 (inline CSS, script and SVG; nothing fetched), so it opens from a CI artifact or a mail attachment.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,16 +15,36 @@ from markupsafe import Markup
 
 from harness.report.chart import error_chart
 from harness.report.document import check_order, known_failures, problems, rank, stage_times, with_verdict
-from harness.text import printable
 from harness.repro.layout import LINK
+from harness.text import printable
 from harness.vocabulary import DTYPES, MODE_ORDER, VERDICTS
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
-LABELS = {"passed": "pass", "failed": "FAIL", "xpassed": "XPASS", "xfailed": "xfail", "skipped": "skip",
-          "not_measured": "n/m", "infra_error": "INFRA"}
+LABELS = {
+    "passed": "pass",
+    "failed": "FAIL",
+    "xpassed": "XPASS",
+    "xfailed": "xfail",
+    "skipped": "skip",
+    "not_measured": "n/m",
+    "infra_error": "INFRA",
+}
 MODE_LABELS = {"delegate_mutbuf": "delegated", "skip_mutbuf": "skip_mutbuf", "meta_llama": "meta llama"}
-ENVIRONMENT_FIRST = ("executorch", "torch", "torchao", "qnn_build_id", "bridge", "soc", "htp_arch", "device_model",
-                     "device_serial", "host", "python", "started", "finished")
+ENVIRONMENT_FIRST = (
+    "executorch",
+    "torch",
+    "torchao",
+    "qnn_build_id",
+    "bridge",
+    "soc",
+    "htp_arch",
+    "device_model",
+    "device_serial",
+    "host",
+    "python",
+    "started",
+    "finished",
+)
 ENV_PAIRS_PER_ROW = 4
 SLOWEST_STAGES = 8
 
@@ -81,10 +102,21 @@ def _cell(case: dict, check_name: str, check: dict, opens_left: bool) -> Cell:
     evidence = check["evidence"] or {}
     steps = evidence.get("steps") if isinstance(evidence.get("steps"), list) else None  # per-step numbers: a chart
     shown = evidence if check["verdict"] != "passed" else {}  # a pass's numbers are in its chart's tooltips
-    return Cell(case["card"], case["dtype"], case["mode"], check_name, check["verdict"], check["message"],
-                check["known_failure"], _pretty(shown) if shown else "",
-                Markup(error_chart(steps)) if steps else Markup(""), check["duration_s"], check["nodeid"] or "",
-                opens_left, repro if LINK.match(repro := str(check.get("repro") or "")) else "")
+    return Cell(
+        case["card"],
+        case["dtype"],
+        case["mode"],
+        check_name,
+        check["verdict"],
+        check["message"],
+        check["known_failure"],
+        _pretty(shown) if shown else "",
+        Markup(error_chart(steps)) if steps else Markup(""),
+        check["duration_s"],
+        check["nodeid"] or "",
+        opens_left,
+        repro if LINK.match(repro := str(check.get("repro") or "")) else "",
+    )
 
 
 def _matrix(document: dict) -> dict:
@@ -103,17 +135,25 @@ def _matrix(document: dict) -> dict:
             cells.append(_cell(case, check_name, check, index > len(columns) / 2) if check else None)
         verdicts = [c.verdict for c in cells if c]
         tags = next(c["tags"] for c in cases if c["card"] == card)
-        rows.append({"card": card, "tags": tags, "cells": cells,
-                     "failures": sum(v in ("failed", "xpassed") for v in verdicts),
-                     "infrastructure": verdicts.count("infra_error"),
-                     "xfails": verdicts.count("xfailed")})
+        rows.append(
+            {
+                "card": card,
+                "tags": tags,
+                "cells": cells,
+                "failures": sum(v in ("failed", "xpassed") for v in verdicts),
+                "infrastructure": verdicts.count("infra_error"),
+                "xfails": verdicts.count("xfailed"),
+            }
+        )
     return {"dtypes": dtypes, "modes": modes, "checks": checks, "rows": rows, "group_size": len(checks)}
 
 
 def _environment_rows(environment: dict) -> list[list[tuple[str, str]]]:
-    keys = [k for k in ENVIRONMENT_FIRST if k in environment] + sorted(k for k in environment if k not in ENVIRONMENT_FIRST)
+    keys = [k for k in ENVIRONMENT_FIRST if k in environment] + sorted(
+        k for k in environment if k not in ENVIRONMENT_FIRST
+    )
     pairs = [(key, "" if environment[key] is None else str(environment[key])) for key in keys]
-    return [pairs[i:i + ENV_PAIRS_PER_ROW] for i in range(0, len(pairs), ENV_PAIRS_PER_ROW)]
+    return [pairs[i : i + ENV_PAIRS_PER_ROW] for i in range(0, len(pairs), ENV_PAIRS_PER_ROW)]
 
 
 @dataclass(frozen=True)
@@ -140,10 +180,18 @@ def _provenance(document: dict) -> dict | None:
     provenance = document.get("provenance")
     if not isinstance(provenance, dict):
         return None
-    rows = [DeviceProvenanceRow(str(d.get("serial")), str(d.get("kind", "")), str(d.get("health", "")),
-                                _file_line(d.get("runner")), _file_line(d.get("backend")),
-                                str(d.get("qnn_build_id") or "none readable"))
-            for d in provenance.get("devices", []) if isinstance(d, dict)]
+    rows = [
+        DeviceProvenanceRow(
+            str(d.get("serial")),
+            str(d.get("kind", "")),
+            str(d.get("health", "")),
+            _file_line(d.get("runner")),
+            _file_line(d.get("backend")),
+            str(d.get("qnn_build_id") or "none readable"),
+        )
+        for d in provenance.get("devices", [])
+        if isinstance(d, dict)
+    ]
     return {"host": provenance.get("host", {}), "devices": rows, "warnings": provenance.get("warnings", [])}
 
 
@@ -157,15 +205,31 @@ def visible(value: object) -> object:
 
 def render(document: dict) -> str:
     """The whole page; StrictUndefined so a template typo fails the tests instead of rendering blank."""
-    environment = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True, finalize=visible,
-                                     undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    environment = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES),
+        autoescape=True,
+        finalize=visible,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
     times = stage_times(document)[:SLOWEST_STAGES]
     return environment.get_template("report.html.j2").render(
-        document=document, summary=document["summary"], verdicts=VERDICTS, labels=LABELS,
-        short_checks={column["name"]: column["short"] for column in document.get("checks") or ()}, mode_labels=MODE_LABELS, matrix=_matrix(document),
-        environment_rows=_environment_rows(document["environment"]), provenance=_provenance(document),
+        document=document,
+        summary=document["summary"],
+        verdicts=VERDICTS,
+        labels=LABELS,
+        short_checks={column["name"]: column["short"] for column in document.get("checks") or ()},
+        mode_labels=MODE_LABELS,
+        matrix=_matrix(document),
+        environment_rows=_environment_rows(document["environment"]),
+        provenance=_provenance(document),
         problems=[_cell(case, name, check, False) for case, name, check in problems(document)],
         infrastructure=[_cell(case, name, check, False) for case, name, check in with_verdict(document, "infra_error")],
-        known=[(reason, [_cell(case, name, check, False) for case, name, check in members])
-               for reason, members in known_failures(document).items()],
-        stage_times=times, slowest_total=max((t.total_s for t in times), default=0.0))
+        known=[
+            (reason, [_cell(case, name, check, False) for case, name, check in members])
+            for reason, members in known_failures(document).items()
+        ],
+        stage_times=times,
+        slowest_total=max((t.total_s for t in times), default=0.0),
+    )

@@ -1,4 +1,5 @@
 """Writes a run's reports, one folder per SoC, and the line per SoC the end of a pytest run prints."""
+
 from __future__ import annotations
 
 import json
@@ -29,9 +30,15 @@ def _point_latest(report_root: Path, run_id: str) -> None:
             pass
 
 
-def write_run(records: list[CheckRecord], environments: dict[str, dict], report_root: Path, run_id: str,
-              columns: list[Column], gate: GateResult | None = None,
-              provenance: dict[str, dict] | None = None) -> dict[str, Path]:
+def write_run(
+    records: list[CheckRecord],
+    environments: dict[str, dict],
+    report_root: Path,
+    run_id: str,
+    columns: list[Column],
+    gate: GateResult | None = None,
+    provenance: dict[str, dict] | None = None,
+) -> dict[str, Path]:
     """report.json, junit.xml, summary.md and report.html (and gate.json when gated) under
     report_root/run_id/SOC/ for each SoC in the records, each file written whole or not at all; returns
     {soc: folder}. Every SoC's report.json comes first (the record of the run, should the disk fill up
@@ -39,8 +46,10 @@ def write_run(records: list[CheckRecord], environments: dict[str, dict], report_
     raises (OSError) and leaves `latest` at the last complete run. A run without records writes nothing.
     provenance: per SoC."""
     folders = {soc: report_root / run_id / soc for soc in sorted({record.soc for record in records})}
-    documents = {soc: build(records, environments.get(soc, {"soc": soc}), run_id, soc, columns,
-                            (provenance or {}).get(soc)) for soc in folders}
+    documents = {
+        soc: build(records, environments.get(soc, {"soc": soc}), run_id, soc, columns, (provenance or {}).get(soc))
+        for soc in folders
+    }
     for soc, folder in folders.items():
         folder.mkdir(parents=True, exist_ok=True)
         _write_json(folder, documents[soc])
@@ -51,8 +60,16 @@ def write_run(records: list[CheckRecord], environments: dict[str, dict], report_
     return folders
 
 
-def write_soc(records: list[CheckRecord], environment: dict, folder: Path, run_id: str, soc: str,
-              columns: list[Column], gate: GateResult | None = None, provenance: dict | None = None) -> None:
+def write_soc(
+    records: list[CheckRecord],
+    environment: dict,
+    folder: Path,
+    run_id: str,
+    soc: str,
+    columns: list[Column],
+    gate: GateResult | None = None,
+    provenance: dict | None = None,
+) -> None:
     """One SoC's files in folder (a run's, or a merge's), each written whole or not at all."""
     document = build(records, environment, run_id, soc, columns, provenance)
     folder.mkdir(parents=True, exist_ok=True)
@@ -69,7 +86,9 @@ def _write_views(folder: Path, document: dict, soc: str, gate: GateResult | None
     mine = gate.for_soc(soc) if gate is not None else None
     write_atomically(folder / "junit.xml", junit.render(document))
     # A lone surrogate (from a name or a log) is written as its escape rather than failing the file.
-    write_atomically(folder / "summary.md", markdown.render(document, mine, layout.sizes(folder)), errors="backslashreplace")
+    write_atomically(
+        folder / "summary.md", markdown.render(document, mine, layout.sizes(folder)), errors="backslashreplace"
+    )
     write_atomically(folder / "report.html", page.render(document), errors="backslashreplace")
     if mine is not None:
         write_atomically(folder / "gate.json", json.dumps({"ok": mine.ok, "checks": mine.entries()}, indent=1) + "\n")
@@ -83,11 +102,19 @@ def summary_line(records: list[CheckRecord], soc: str, html: Path | None = None,
     (zero counts other than passed and failed are left out; the devices are those that ran a case)."""
     mine = [record for record in records if record.soc == soc]
     counts = tally(mine)
-    shown = ", ".join(f"{n} {SPOKEN.get(verdict, verdict)}" for verdict, n in counts.items()
-                      if verdict != "total" and (n or verdict in ("passed", "failed")))
+    shown = ", ".join(
+        f"{n} {SPOKEN.get(verdict, verdict)}"
+        for verdict, n in counts.items()
+        if verdict != "total" and (n or verdict in ("passed", "failed"))
+    )
     devices = sorted({record.device_serial for record in mine if record.device_serial})
-    return (f"{soc}" + (f" (shard {shard})" if shard else "") + f": {shown}"
-            + (f" on {', '.join(devices)}" if devices else "") + (f" -> {_relative(html)}" if html else ""))
+    return (
+        f"{soc}"
+        + (f" (shard {shard})" if shard else "")
+        + f": {shown}"
+        + (f" on {', '.join(devices)}" if devices else "")
+        + (f" -> {_relative(html)}" if html else "")
+    )
 
 
 def _relative(path: Path) -> str:

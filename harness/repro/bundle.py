@@ -12,6 +12,7 @@ repro.py needs them installed (see harness/repro/standalone.py). They carry the 
 repro.py runs: the pipeline and the check modules (standalone.SUITE_MODULES), and every module that
 declared a registered check (a user's @check too), listed with their hashes in suite/manifest.json.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -27,15 +28,15 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.device.execute import DEVICE_LOG, write_inputs
 from harness import check_registry
+from harness.device.execute import DEVICE_LOG, write_inputs
 from harness.files import say
 from harness.known_failures import KnownFailure
+from harness.outcome import CaseOutcome
 from harness.paths import REPO_ROOT
 from harness.qnn.toolchain import Toolchain
 from harness.record import CheckRecord
 from harness.repro import exports, issue, layout, standalone
-from harness.outcome import CaseOutcome
 from harness.versions import package_version
 
 PTE_LIMIT_BYTES = 2 * 1024 * 1024  # a larger .pte is left out: repro.py makes it again
@@ -69,9 +70,16 @@ class BundleWriter:
         bundled = record.verdict in BUNDLED_VERDICTS or self._write_passes
         folder = self._run_folder / record.soc / layout.link(record.case_id)
         finding, _, upstream = (known.reference if known else "").partition(";")
-        entry = {"verdict": record.verdict, "signature": signature, "message": record.message,
-                 "known_failure": record.known_failure, "finding": finding.strip(), "upstream": upstream.strip(),
-                 "evidence": record.evidence if bundled else {}, "nodeid": record.nodeid}
+        entry = {
+            "verdict": record.verdict,
+            "signature": signature,
+            "message": record.message,
+            "known_failure": record.known_failure,
+            "finding": finding.strip(),
+            "upstream": upstream.strip(),
+            "evidence": record.evidence if bundled else {},
+            "nodeid": record.nodeid,
+        }
         if not bundled and not (folder / layout.CASE_FILE).is_file():
             self._earlier.setdefault(record.case_id, {})[record.check] = entry
             return record
@@ -129,32 +137,61 @@ class BundleWriter:
                 if (outcome.run_dir / name).is_file():
                     shutil.copyfile(outcome.run_dir / name, folder / "device" / name)
         pte = _pte(artifact.pte, folder)
-        (folder / layout.CASE_FILE).write_text(json.dumps(self._case(outcome, card_file, pte), indent=1, default=str) + "\n")
+        (folder / layout.CASE_FILE).write_text(
+            json.dumps(self._case(outcome, card_file, pte), indent=1, default=str) + "\n"
+        )
 
     def _case(self, outcome: CaseOutcome, card_file: Path, pte: dict) -> dict:
         case, artifact, probe = outcome.case, outcome.artifact, self._toolchain.probe
         error = artifact.facts.error
         return {
-            "schema_version": SCHEMA_VERSION, "case_id": case.id, "dtype": case.dtype, "mode": case.mode.value,
-            "soc": case.soc, "steps": len(outcome.steps), "skip_mutable_buffer": case.skip_mutable_buffer,
-            "card": {"name": case.card.name, "module": case.card.module, "reference": case.card.reference,
-                     "file": f"card/{card_file.name}", "mutated_buffers": list(case.card.mutated_buffers),
-                     "expected_partitions": case.card.expected_partitions, "build_source": _source(case.card.build),
-                     "steps_source": _source(case.card.steps)},
-            "environment": {"executorch": package_version("executorch"), "torch": package_version("torch"),
-                            "torchao": package_version("torchao"), "python": sys.version.split()[0],
-                            "qnn_build_id": probe.build_id, "qnn_sdk": self._toolchain.sdk.origin,
-                            "device_config_bridge": probe.bridge_device_config, "device_serial": outcome.device_serial,
-                            "device_kind": outcome.device_kind, "run": self._run_folder.name,
-                            "exports": exports.lines(self._toolchain)},
-            "lowering": {"ok": artifact.ok, "error": artifact.failure if not artifact.ok else "",
-                         "traceback": error.traceback if error else "", "delegates": artifact.delegate_count,
-                         "cached": artifact.cached, "qnn_errors": artifact.qnn_errors[:10]},
-            "run_error": outcome.run_error or "", "numbers": _numbers(outcome), "pte": pte, "checks": {},
+            "schema_version": SCHEMA_VERSION,
+            "case_id": case.id,
+            "dtype": case.dtype,
+            "mode": case.mode.value,
+            "soc": case.soc,
+            "steps": len(outcome.steps),
+            "skip_mutable_buffer": case.skip_mutable_buffer,
+            "card": {
+                "name": case.card.name,
+                "module": case.card.module,
+                "reference": case.card.reference,
+                "file": f"card/{card_file.name}",
+                "mutated_buffers": list(case.card.mutated_buffers),
+                "expected_partitions": case.card.expected_partitions,
+                "build_source": _source(case.card.build),
+                "steps_source": _source(case.card.steps),
+            },
+            "environment": {
+                "executorch": package_version("executorch"),
+                "torch": package_version("torch"),
+                "torchao": package_version("torchao"),
+                "python": sys.version.split()[0],
+                "qnn_build_id": probe.build_id,
+                "qnn_sdk": self._toolchain.sdk.origin,
+                "device_config_bridge": probe.bridge_device_config,
+                "device_serial": outcome.device_serial,
+                "device_kind": outcome.device_kind,
+                "run": self._run_folder.name,
+                "exports": exports.lines(self._toolchain),
+            },
+            "lowering": {
+                "ok": artifact.ok,
+                "error": artifact.failure if not artifact.ok else "",
+                "traceback": error.traceback if error else "",
+                "delegates": artifact.delegate_count,
+                "cached": artifact.cached,
+                "qnn_errors": artifact.qnn_errors[:10],
+            },
+            "run_error": outcome.run_error or "",
+            "numbers": _numbers(outcome),
+            "pte": pte,
+            "checks": {},
             # The byte the device's fresh heap allocations held (None: unknown, e.g. a phone): repro.py starts its
             # simulator run the same way, so an uninitialised buffer reads the same bytes.
             "heap_pattern": outcome.run.heap_pattern if outcome.run is not None else None,
-            "method_index": artifact.facts.method_index}
+            "method_index": artifact.facts.method_index,
+        }
 
 
 def _write_suite(folder: Path, card_module: str, card_file: Path) -> None:
@@ -195,9 +232,12 @@ def _pte(pte: Path, folder: Path) -> dict:
         return {"file": "", "bytes": 0, "note": "lowering made no program"}
     size = pte.stat().st_size
     if size > PTE_LIMIT_BYTES:
-        return {"file": "", "bytes": size,
-                "note": f"{size} bytes is over the bundle limit of {PTE_LIMIT_BYTES}: `python repro.py` lowers it again "
-                        f"(into repro-out/lowering/model.pte)"}
+        return {
+            "file": "",
+            "bytes": size,
+            "note": f"{size} bytes is over the bundle limit of {PTE_LIMIT_BYTES}: `python repro.py` lowers it again "
+            f"(into repro-out/lowering/model.pte)",
+        }
     shutil.copyfile(pte, folder / "model.pte")
     return {"file": "model.pte", "bytes": size, "note": ""}
 

@@ -5,6 +5,7 @@ Without the bridge variable an executorch and QNN pair that needs the device-con
 with 14001 `unknown custom config`, which repro.py reports as a different failure (exit 3), not the recorded
 one. One body for `python -m harness doctor` and for the bundle's issue.md, which both print them.
 """
+
 from __future__ import annotations
 
 import shlex

@@ -7,6 +7,7 @@ finalize: no HTML, links, emphasis, headings or @mentions from a message (harnes
 markdown_text, the one escape every report format uses). code() and fenced()
 return Markup, which the finalize leaves as it is.
 """
+
 from __future__ import annotations
 
 import re
@@ -19,15 +20,17 @@ from markupsafe import Markup
 from harness import check_registry
 from harness.numerics import TOLERANCES
 from harness.paths import REPO_ROOT
-from harness.text import markdown_text
 from harness.repro import layout
+from harness.text import markdown_text
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 FINDINGS = REPO_ROOT / "docs" / "FINDINGS.md"
 TRACEBACK_LINES = 12
-MODE_WORDS = {"delegate_mutbuf": "buffers delegated (skip_mutable_buffer=False)",
-              "skip_mutbuf": "buffers kept outside the delegate (skip_mutable_buffer=True)",
-              "meta_llama": "executorch's Meta llama export path"}
+MODE_WORDS = {
+    "delegate_mutbuf": "buffers delegated (skip_mutable_buffer=False)",
+    "skip_mutbuf": "buffers kept outside the delegate (skip_mutable_buffer=True)",
+    "meta_llama": "executorch's Meta llama export path",
+}
 
 
 def _longest_backticks(text: str) -> int:
@@ -67,26 +70,36 @@ def _finding_title(reference: str) -> str:
 
 def _expectations() -> dict[str, str]:
     """What each check expects, in the words of its own docstring's first line."""
-    return {spec.name: " ".join((spec.function.__doc__ or "it passes").split("\n\n")[0].split()).rstrip(".")
-            for spec in check_registry.specs()}
+    return {
+        spec.name: " ".join((spec.function.__doc__ or "it passes").split("\n\n")[0].split()).rstrip(".")
+        for spec in check_registry.specs()
+    }
 
 
 def _pipeline(case: dict) -> str:
     buffers = ", ".join(name.replace(".", "_") for name in case["card"]["mutated_buffers"])
-    quantize = "" if case["dtype"] == "fp16" else \
-        f"quantizes with `QnnQuantizer` ({case['dtype']}, `MinMaxObserver`, calibrated on the steps' inputs), "
+    quantize = (
+        ""
+        if case["dtype"] == "fp16"
+        else f"quantizes with `QnnQuantizer` ({case['dtype']}, `MinMaxObserver`, calibrated on the steps' inputs), "
+    )
     if case["mode"] == "meta_llama":
         lower = "lowers as executorch's Meta llama export does (`to_edge`, the QNN capture passes, `QnnPartitioner`)"
     else:
-        lower = (f"lowers with `to_edge_transform_and_lower_to_qnn` for {case['soc']} "
-                 f"(`skip_mutable_buffer={case['skip_mutable_buffer']}`{', fp16' if case['dtype'] == 'fp16' else ''})")
-    return (f"exports with `torch.export`, {quantize}{lower}, serialises with "
-            f"`InitializedMutableBufferPass([{buffers}])`")
+        lower = (
+            f"lowers with `to_edge_transform_and_lower_to_qnn` for {case['soc']} "
+            f"(`skip_mutable_buffer={case['skip_mutable_buffer']}`{', fp16' if case['dtype'] == 'fp16' else ''})"
+        )
+    return (
+        f"exports with `torch.export`, {quantize}{lower}, serialises with `InitializedMutableBufferPass([{buffers}])`"
+    )
 
 
 def _device_words(env: dict) -> str:
     if env.get("device_kind") == "emulated" or not env.get("device_serial"):
-        return "the x86_64 HTP simulator (an emulated device of the suite, running the .pte with executorch's pybindings)"
+        return (
+            "the x86_64 HTP simulator (an emulated device of the suite, running the .pte with executorch's pybindings)"
+        )
     return f"phone {code(env['device_serial'])}"
 
 
@@ -96,7 +109,11 @@ def _title(case: dict, failing: list[tuple[str, dict]]) -> str:
     if not failing:
         return f"{where}: passes (reference bundle)"
     check = failing[0][1]
-    reason = check["known_failure"].split(": ", 1)[-1].split(" (docs/")[0].split("; ")[0] if check["known_failure"] else check["message"]
+    reason = (
+        check["known_failure"].split(": ", 1)[-1].split(" (docs/")[0].split("; ")[0]
+        if check["known_failure"]
+        else check["message"]
+    )
     reason = " ".join(reason.split())
     return f"{reason[:150]}{'...' if len(reason) > 150 else ''} ({where})"
 
@@ -105,32 +122,59 @@ def _groups(failing: list[tuple[str, dict]]) -> list[dict]:
     """Failing checks that say the same thing, together (a lowering failure fails every check alike)."""
     groups: dict[tuple[str, str, str], list[str]] = {}
     for name, check in failing:
-        groups.setdefault((check["verdict"], check["signature"], check["message"] or check["known_failure"]), []).append(name)
-    return [{"verdict": verdict, "signature": signature, "message": message, "names": names}
-            for (verdict, signature, message), names in groups.items()]
+        groups.setdefault(
+            (check["verdict"], check["signature"], check["message"] or check["known_failure"]), []
+        ).append(name)
+    return [
+        {"verdict": verdict, "signature": signature, "message": message, "names": names}
+        for (verdict, signature, message), names in groups.items()
+    ]
 
 
 @cache
 def _template() -> jinja2.Template:
     """Compiled once per process: each bundled check renders its case's issue.md again."""
-    environment = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=False,
-                                     finalize=_finalize, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    environment = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES),
+        autoescape=False,
+        finalize=_finalize,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
     return environment.get_template("issue.md.j2")
 
 
 def render(case: dict) -> str:
     """The report for one bundle (case.json as a dict)."""
-    failing = [(name, check) for name, check in case["checks"].items() if check["verdict"] in ("failed", "xfailed", "xpassed")]
+    failing = [
+        (name, check) for name, check in case["checks"].items() if check["verdict"] in ("failed", "xfailed", "xpassed")
+    ]
     causes = sorted({(check["finding"], check["upstream"]) for _, check in failing if check["upstream"]})
     tolerance = TOLERANCES.get(case["dtype"], {})
     folder = layout.folder_name(case["case_id"])
     traceback = case["lowering"].get("traceback", "").strip().splitlines()
     return _template().render(
-        case=case, env=case["environment"], title=_title(case, failing), groups=_groups(failing), causes=causes,
-        mode_words=MODE_WORDS.get(case["mode"], case["mode"]), device_words=_device_words(case["environment"]),
-        buffers=Markup(", ".join(code(name) for name in case["card"]["mutated_buffers"])), pipeline=Markup(_pipeline(case)),
-        expectations=_expectations(), archive=folder + layout.ARCHIVE_SUFFIX,
-        tolerance=(f"|device - eager| <= {tolerance['atol']} + {tolerance['range_fraction']} x (eager's value range) "
-                   f"+ {tolerance['rtol']} x |eager|") if tolerance else "see the suite",
-        traceback_tail="\n".join(traceback[-TRACEBACK_LINES:]), has_trace=bool(case.get("numbers")) and case["environment"].get("device_kind") == "emulated",
-        code=code, fenced=fenced, finding_title=_finding_title)
+        case=case,
+        env=case["environment"],
+        title=_title(case, failing),
+        groups=_groups(failing),
+        causes=causes,
+        mode_words=MODE_WORDS.get(case["mode"], case["mode"]),
+        device_words=_device_words(case["environment"]),
+        buffers=Markup(", ".join(code(name) for name in case["card"]["mutated_buffers"])),
+        pipeline=Markup(_pipeline(case)),
+        expectations=_expectations(),
+        archive=folder + layout.ARCHIVE_SUFFIX,
+        tolerance=(
+            f"|device - eager| <= {tolerance['atol']} + {tolerance['range_fraction']} x (eager's value range) "
+            f"+ {tolerance['rtol']} x |eager|"
+        )
+        if tolerance
+        else "see the suite",
+        traceback_tail="\n".join(traceback[-TRACEBACK_LINES:]),
+        has_trace=bool(case.get("numbers")) and case["environment"].get("device_kind") == "emulated",
+        code=code,
+        fenced=fenced,
+        finding_title=_finding_title,
+    )

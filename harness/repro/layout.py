@@ -4,6 +4,7 @@ reports/<run>/<SOC>/repro/<folder>/ holds one case's bundle and reports/<run>/<S
 the same files as one attachment. The folder is the case id when it is a plain name; any other case id
 (a user's card may be named anything) gets a name of its own that cannot leave the repro folder.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -50,6 +51,12 @@ def sizes(soc_folder: Path) -> list[BundleSize]:
     for bundle in sorted(path for path in root.iterdir() if path.is_dir() and (path / CASE_FILE).is_file()):
         files = [path for path in bundle.rglob("*") if path.is_file() and not path.is_symlink()]
         archive = root / (bundle.name + ARCHIVE_SUFFIX)
-        found.append(BundleSize(bundle.name, len(files), sum(path.stat().st_size for path in files),
-                                archive.stat().st_size if archive.is_file() else 0))
+        found.append(
+            BundleSize(
+                bundle.name,
+                len(files),
+                sum(path.stat().st_size for path in files),
+                archive.stat().st_size if archive.is_file() else 0,
+            )
+        )
     return found

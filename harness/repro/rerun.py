@@ -9,6 +9,7 @@ case id must be the one they and a known card make, and card modules come from -
 (a bundle's case.json names a module, but importing what a run folder names would run its code). Anything
 else is one line, exit 2.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,7 +35,9 @@ class RerunError(ValueError):
 def find_case(run: Path, case_id: str) -> tuple[dict, Path]:
     """(the case's entry in its report.json, that SoC's report folder)."""
     if not layout.PLAIN_NAME.match(case_id):
-        raise RerunError(f"{case_id!r} is not a case id (CARD-DTYPE-MODE-SOC, as report.json and the bundles name them)")
+        raise RerunError(
+            f"{case_id!r} is not a case id (CARD-DTYPE-MODE-SOC, as report.json and the bundles name them)"
+        )
     reports = [run / "report.json"] if (run / "report.json").is_file() else sorted(run.glob("*/report.json"))
     if not reports:
         raise RerunError(f"--run {run}: no report.json there or in its SoC folders; pass a run folder (reports/<run>)")
@@ -47,7 +50,9 @@ def find_case(run: Path, case_id: str) -> tuple[dict, Path]:
         for case in cases if isinstance(cases, list) else []:
             if isinstance(case, dict) and case.get("case_id") == case_id:
                 return case, path.parent
-    raise RerunError(f"no case {case_id} in {', '.join(str(p) for p in reports)}: copy the id from report.json or summary.md")
+    raise RerunError(
+        f"no case {case_id} in {', '.join(str(p) for p in reports)}: copy the id from report.json or summary.md"
+    )
 
 
 def checked_case(case: dict, card_names: set[str]) -> dict[str, str]:
@@ -59,17 +64,25 @@ def checked_case(case: dict, card_names: set[str]) -> dict[str, str]:
     if not all(isinstance(value, str) for value in fields.values()):
         raise RerunError(f"report.json's case {case.get('case_id')!r} lacks card, dtype, mode or soc: a damaged report")
     if fields["dtype"] not in DTYPES:
-        raise RerunError(f"report.json gives dtype {fields['dtype']!r}, not one of {', '.join(DTYPES)}: a damaged or crafted report")
+        raise RerunError(
+            f"report.json gives dtype {fields['dtype']!r}, not one of {', '.join(DTYPES)}: a damaged or crafted report"
+        )
     if fields["mode"] not in {mode.value for mode in Mode}:
         raise RerunError(f"report.json gives mode {fields['mode']!r}, not one of {', '.join(m.value for m in Mode)}")
     if not SOC_NAME.match(fields["soc"]) or fields["soc"] not in soc_table.table():
-        raise RerunError(f"report.json gives SoC {fields['soc']!r}, which the executorch under test does not know "
-                         f"(e.g. SM8650): a damaged or crafted report")
+        raise RerunError(
+            f"report.json gives SoC {fields['soc']!r}, which the executorch under test does not know "
+            f"(e.g. SM8650): a damaged or crafted report"
+        )
     if fields["card"] not in card_names:
-        raise RerunError(f"card {fields['card']!r} is not among the cards of the modules given: pass its module with "
-                         f"--models MODULE (a run folder never names the code to import)")
+        raise RerunError(
+            f"card {fields['card']!r} is not among the cards of the modules given: pass its module with "
+            f"--models MODULE (a run folder never names the code to import)"
+        )
     if case.get("case_id") != "-".join(fields[name] for name in ("card", "dtype", "mode", "soc")):
-        raise RerunError(f"report.json's case {case.get('case_id')!r} is not its card, dtype, mode and SoC joined: a damaged report")
+        raise RerunError(
+            f"report.json's case {case.get('case_id')!r} is not its card, dtype, mode and SoC joined: a damaged report"
+        )
     return fields
 
 
@@ -91,16 +104,37 @@ def command(case: dict[str, str], case_id: str, modules: list[str], devices: lis
     """The pytest command line that runs every check of just this case (every value checked beforehand)."""
     models = [arg for module in modules if module not in DEFAULT_CARD_MODULES for arg in ("--models", module)]
     targets = [arg for serial in devices for arg in ("--device", serial)] or ["--emulate", case["soc"]]
-    return [sys.executable, "-m", "pytest", "suites", "-k", case_id, "--soc", case["soc"], "--dtype", case["dtype"],
-            *targets, *models, "--repro-all", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "pytest",
+        "suites",
+        "-k",
+        case_id,
+        "--soc",
+        case["soc"],
+        "--dtype",
+        case["dtype"],
+        *targets,
+        *models,
+        "--repro-all",
+        *extra,
+    ]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("case_id", help="the case to run again, e.g. kv_arange_init-fp16-delegate_mutbuf-SM8650")
-    parser.add_argument("--run", type=Path, default=DEFAULT_RUN, help="the run folder to find it in (default reports/latest)")
+    parser.add_argument(
+        "--run", type=Path, default=DEFAULT_RUN, help="the run folder to find it in (default reports/latest)"
+    )
     parser.add_argument("--device", action="append", default=[], metavar="SERIAL", help="a real device (repeatable)")
-    parser.add_argument("--models", action="append", default=[], metavar="MODULE",
-                        help="a card module the case's card is in, when not a default one (repeatable)")
+    parser.add_argument(
+        "--models",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="a card module the case's card is in, when not a default one (repeatable)",
+    )
     parser.epilog = "Arguments after -- go to pytest (e.g. -- --report-dir DIR)."
 
 

@@ -21,6 +21,7 @@ Exit status, one verdict line before it:
 This file is the suite's harness/repro/standalone.py, copied unchanged into every bundle; it imports nothing
 of the suite but what the bundle carries.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,12 +39,25 @@ from pathlib import Path
 
 BUNDLE = Path(__file__).resolve().parent
 # The suite modules every bundle carries (suite/<name>.py): the lowering pipeline, the simulator's runner,
-# and the checks with what they import (harness/tests/test_repro.py keeps this set closed under imports).
+# and the checks with what they import (harness/tests/repro/test_repro.py keeps this set closed under imports).
 # A check declared in another module (a user's @check) is carried beside them: suite/manifest.json lists all.
-SUITE_MODULES = ("harness.vocabulary", "harness.files", "harness.pipeline.facts", "harness.pipeline.eager",
-                 "harness.numerics", "harness.pipeline.stages", "harness.pipeline.prepared", "harness.pipeline.mutbuf",
-                 "harness.pipeline.meta_llama", "harness.pipeline.lower_job", "harness.pipeline.cases",
-                 "harness.check_registry", "harness.outcome", "harness.checks", "harness.emulator.host_runner")
+SUITE_MODULES = (
+    "harness.vocabulary",
+    "harness.files",
+    "harness.pipeline.facts",
+    "harness.pipeline.eager",
+    "harness.numerics",
+    "harness.pipeline.stages",
+    "harness.pipeline.prepared",
+    "harness.pipeline.mutbuf",
+    "harness.pipeline.meta_llama",
+    "harness.pipeline.lower_job",
+    "harness.pipeline.cases",
+    "harness.check_registry",
+    "harness.outcome",
+    "harness.checks",
+    "harness.emulator.host_runner",
+)
 SHIM = "harness.pipeline.card"  # what card modules import ModelCard and register from
 MANIFEST = "suite/manifest.json"
 MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -67,7 +81,9 @@ def manifest_modules(manifest: dict) -> dict[str, Path]:
     for name, entry in manifest.get("modules", {}).items():
         path = (BUNDLE / str(entry.get("file", ""))).resolve()
         if not MODULE_NAME.match(name) or not path.is_relative_to(BUNDLE) or not path.is_file():
-            raise ReproError(f"{MANIFEST}: module {name!r} -> {entry.get('file')!r} is not a module file in this bundle")
+            raise ReproError(
+                f"{MANIFEST}: module {name!r} -> {entry.get('file')!r} is not a module file in this bundle"
+            )
         modules[name] = path
     return modules
 
@@ -108,7 +124,9 @@ class BundleFinder(importlib.abc.MetaPathFinder):
 
     def __init__(self, modules: dict[str, Path]) -> None:
         self.modules = modules
-        self.packages = {name.rsplit(".", depth)[0] for name in [*modules, SHIM] for depth in range(1, name.count(".") + 1)}
+        self.packages = {
+            name.rsplit(".", depth)[0] for name in [*modules, SHIM] for depth in range(1, name.count(".") + 1)
+        }
 
     def find_spec(self, name, path=None, target=None):
         if name == SHIM:
@@ -141,16 +159,22 @@ def qnn_environment(qnn_sdk: str | None) -> dict[str, str]:
     if qnn_sdk:
         lib_dir = Path(qnn_sdk).resolve().joinpath(*HOST_LIB_SUBDIR)
         if not (lib_dir / HOST_LIBRARY).is_file():
-            raise ReproError(f"--qnn-sdk {qnn_sdk}: no {'/'.join(HOST_LIB_SUBDIR)}/{HOST_LIBRARY} there; "
-                             f"pass the root of a QNN SDK (QAIRT) with its x86_64 host libraries")
+            raise ReproError(
+                f"--qnn-sdk {qnn_sdk}: no {'/'.join(HOST_LIB_SUBDIR)}/{HOST_LIBRARY} there; "
+                f"pass the root of a QNN SDK (QAIRT) with its x86_64 host libraries"
+            )
         env["QNN_SDK_ROOT"] = str(Path(qnn_sdk).resolve())
-        env["LD_LIBRARY_PATH"] = os.pathsep.join([str(lib_dir), *filter(None, env.get("LD_LIBRARY_PATH", "").split(os.pathsep))])
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            [str(lib_dir), *filter(None, env.get("LD_LIBRARY_PATH", "").split(os.pathsep))]
+        )
     places = [Path(p) for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p]
     if env.get("QNN_SDK_ROOT"):
         places.append(Path(env["QNN_SDK_ROOT"]).joinpath(*HOST_LIB_SUBDIR))
     if not any((place / HOST_LIBRARY).is_file() for place in places):
-        raise ReproError(f"no host QNN library ({HOST_LIBRARY}) in LD_LIBRARY_PATH or QNN_SDK_ROOT: pass "
-                         f"--qnn-sdk DIR (a QNN SDK root), or set both as issue.md's 'Steps' says")
+        raise ReproError(
+            f"no host QNN library ({HOST_LIBRARY}) in LD_LIBRARY_PATH or QNN_SDK_ROOT: pass "
+            f"--qnn-sdk DIR (a QNN SDK root), or set both as issue.md's 'Steps' says"
+        )
     env.pop("PYTHONPATH", None)  # the children load the suite from this bundle, never from elsewhere
     return env
 
@@ -162,18 +186,30 @@ def lower(case: dict, out: Path, env: dict[str, str]) -> tuple[Path | None, obje
     lowering = out / "lowering"
     lowering.mkdir(parents=True, exist_ok=True)
     request = lowering / "request.json"
-    facts_module.LoweringRequest(case["card"]["reference"], case["dtype"], vocabulary.Mode(case["mode"]), case["soc"],
-                                 case["steps"], str(lowering)).write(request)
+    facts_module.LoweringRequest(
+        case["card"]["reference"],
+        case["dtype"],
+        vocabulary.Mode(case["mode"]),
+        case["soc"],
+        case["steps"],
+        str(lowering),
+    ).write(request)
     for stale in ("model.pte", "facts.json"):
         (lowering / stale).unlink(missing_ok=True)
     with open(lowering / "lower.log", "wb") as log:
-        completed = subprocess.run([sys.executable, str(BUNDLE / "repro.py"), "--lowering-child", str(request)],
-                                   env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        completed = subprocess.run(
+            [sys.executable, str(BUNDLE / "repro.py"), "--lowering-child", str(request)],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     try:
         facts = facts_module.LoweringFacts.read(lowering / "facts.json")
     except facts_module.FactsError:
-        facts = facts_module.LoweringFacts.crashed(f"lowering process exited {completed.returncode} without facts; "
-                                                   f"see {lowering / 'lower.log'}")
+        facts = facts_module.LoweringFacts.crashed(
+            f"lowering process exited {completed.returncode} without facts; see {lowering / 'lower.log'}"
+        )
     pte = lowering / "model.pte"
     return (pte if facts.error is None and pte.is_file() else None), facts
 
@@ -209,14 +245,29 @@ def heap_environment(env: dict[str, str], pattern: int | None) -> dict[str, str]
     return {**env, "MALLOC_PERTURB_": str(pattern ^ 0xFF), "GLIBC_TUNABLES": "glibc.malloc.tcache_count=0"}
 
 
-def run_on_simulator(pte: Path, inputs: Path, outputs: Path, env: dict[str, str], heap_pattern: int | None = None,
-                     method_index: int = 0) -> tuple[int, str]:
+def run_on_simulator(
+    pte: Path, inputs: Path, outputs: Path, env: dict[str, str], heap_pattern: int | None = None, method_index: int = 0
+) -> tuple[int, str]:
     """The suite's emulated qnn_executor_runner: every step on one loaded method, on the HTP simulator."""
-    completed = subprocess.run([sys.executable, str(BUNDLE / "suite" / "harness.emulator.host_runner.py"),
-                                "--model_path", str(pte), "--input_list_path", "input_list.txt",
-                                "--output_folder_path", str(outputs), "--method_index", str(method_index)],
-                               cwd=inputs, env=heap_environment(env, heap_pattern),
-                               stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    completed = subprocess.run(
+        [
+            sys.executable,
+            str(BUNDLE / "suite" / "harness.emulator.host_runner.py"),
+            "--model_path",
+            str(pte),
+            "--input_list_path",
+            "input_list.txt",
+            "--output_folder_path",
+            str(outputs),
+            "--method_index",
+            str(method_index),
+        ],
+        cwd=inputs,
+        env=heap_environment(env, heap_pattern),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+    )
     return completed.returncode, completed.stdout + completed.stderr
 
 
@@ -229,15 +280,21 @@ def run_on_phone(args: argparse.Namespace, case_id: str, pte: Path, inputs: Path
     def adb_run(*command: str) -> subprocess.CompletedProcess:
         return subprocess.run([*adb, *command], stdin=subprocess.DEVNULL, capture_output=True, text=True)
 
-    steps = [adb_run("shell", f"rm -rf {shlex.quote(remote)} && mkdir -p {shlex.quote(remote + '/outputs')}"),
-             adb_run("push", str(pte), f"{remote}/model.pte"),
-             adb_run("push", *(str(path) for path in sorted(inputs.iterdir())), f"{remote}/")]
+    steps = [
+        adb_run("shell", f"rm -rf {shlex.quote(remote)} && mkdir -p {shlex.quote(remote + '/outputs')}"),
+        adb_run("push", str(pte), f"{remote}/model.pte"),
+        adb_run("push", *(str(path) for path in sorted(inputs.iterdir())), f"{remote}/"),
+    ]
     failed = next((step for step in steps if step.returncode != 0), None)
     if failed is not None:
-        raise ReproError(f"adb {' '.join(failed.args[3:5])} on {args.serial} failed: {(failed.stderr or failed.stdout).strip()[:200]}")
-    command = (f"cd {shlex.quote(remote)} && LD_LIBRARY_PATH={device_dir}:$LD_LIBRARY_PATH ADSP_LIBRARY_PATH={device_dir} "
-               f"{device_dir}/qnn_executor_runner --model_path model.pte --input_list_path input_list.txt "
-               f"--output_folder_path outputs; echo \"exit=$?\"")
+        raise ReproError(
+            f"adb {' '.join(failed.args[3:5])} on {args.serial} failed: {(failed.stderr or failed.stdout).strip()[:200]}"
+        )
+    command = (
+        f"cd {shlex.quote(remote)} && LD_LIBRARY_PATH={device_dir}:$LD_LIBRARY_PATH ADSP_LIBRARY_PATH={device_dir} "
+        f"{device_dir}/qnn_executor_runner --model_path model.pte --input_list_path input_list.txt "
+        f'--output_folder_path outputs; echo "exit=$?"'
+    )
     ran = adb_run("shell", command)
     log = ran.stdout + ran.stderr
     status = int(log.rsplit("exit=", 1)[1].split()[0]) if "exit=" in log else ran.returncode
@@ -246,8 +303,6 @@ def run_on_phone(args: argparse.Namespace, case_id: str, pte: Path, inputs: Path
     if pulled.returncode != 0 and status == 0:
         raise ReproError(f"adb pull from {args.serial} failed: {(pulled.stderr or pulled.stdout).strip()[:200]}")
     return status, log
-
-
 
 
 def read_outputs(outputs: Path, reference: list[list]) -> tuple[list[list], str]:
@@ -338,14 +393,20 @@ def verdict_of(recorded: dict, judged: dict[str, Judgement]) -> tuple[str, str]:
     for name, now in sorted(failing.items(), key=lambda item: item[0] not in expected):
         was = recorded.get(name, {})
         if was.get("verdict") not in RECORDED_FAILURES or now.signature != was.get("signature", ""):
-            what = f"recorded {was['signature']}: {was.get('message', '')}" if was.get("signature") else \
-                f"recorded {was.get('verdict', 'nothing')}" + (f": {was['message']}" if was.get("message") else "")
+            what = (
+                f"recorded {was['signature']}: {was.get('message', '')}"
+                if was.get("signature")
+                else f"recorded {was.get('verdict', 'nothing')}" + (f": {was['message']}" if was.get("message") else "")
+            )
             return "DIFFERENT FAILURE", f"{name} {now.signature or now.verdict}: {now.line}; {what}"
     passing = [name for name in expected if name not in failing]
     if passing:
         was = expected[passing[0]]
-        return "DIFFERENT FAILURE", f"{passing[0]} {judged[passing[0]].verdict if passing[0] in judged else 'not judged'}" \
-                                    f" now; recorded {was.get('signature') or was.get('verdict')}: {was.get('message', '')}"
+        return (
+            "DIFFERENT FAILURE",
+            f"{passing[0]} {judged[passing[0]].verdict if passing[0] in judged else 'not judged'}"
+            f" now; recorded {was.get('signature') or was.get('verdict')}: {was.get('message', '')}",
+        )
     return "REPRODUCED", f"({', '.join(failing)} fail as recorded)"
 
 
@@ -356,24 +417,51 @@ def report(case: dict, judged: dict[str, Judgement], steps: list[dict], facts, o
         print(f"lowering: lowering failed: {facts.error.type}: {facts.error.message}")
         print(f"  (its log, with the QNN messages: {out / 'lowering' / 'lower.log'})")
     elif facts is not None and facts.partitions is not None:
-        print(f"lowering: ok, {len(facts.partitions.delegates)} delegate(s), buffers outside the delegates: "
-              f"{', '.join(facts.partitions.buffers_outside) or 'none'}")
+        print(
+            f"lowering: ok, {len(facts.partitions.delegates)} delegate(s), buffers outside the delegates: "
+            f"{', '.join(facts.partitions.buffers_outside) or 'none'}"
+        )
     for name, now in judged.items():
         was = recorded.get(name, {})
-        note = "as recorded" if (now.verdict, now.signature) == (was.get("verdict"), was.get("signature", "")) or (
-            now.fails and was.get("verdict") in RECORDED_FAILURES and now.signature == was.get("signature")) else \
-            f"recorded: {was.get('verdict', 'not recorded')}" + (f" [{was['signature']}]" if was.get("signature") else "")
-        line = "(the lowering above)" if now.signature == "lowering_failed" and facts is not None and facts.error else now.line
-        print(f"{name}: {now.verdict.upper()}{f' [{now.signature}]' if now.signature else ''} {line}".rstrip() + f"  ({note})")
+        note = (
+            "as recorded"
+            if (now.verdict, now.signature) == (was.get("verdict"), was.get("signature", ""))
+            or (now.fails and was.get("verdict") in RECORDED_FAILURES and now.signature == was.get("signature"))
+            else f"recorded: {was.get('verdict', 'not recorded')}"
+            + (f" [{was['signature']}]" if was.get("signature") else "")
+        )
+        line = (
+            "(the lowering above)"
+            if now.signature == "lowering_failed" and facts is not None and facts.error
+            else now.line
+        )
+        print(
+            f"{name}: {now.verdict.upper()}{f' [{now.signature}]' if now.signature else ''} {line}".rstrip()
+            + f"  ({note})"
+        )
     for step in steps:
-        print(f"  step {step['step']}: max abs error {step['max_abs_error']!r}, SQNR {step['sqnr_db']:.2f} dB, "
-              f"{step['mismatches']} element(s) out of tolerance")
+        print(
+            f"  step {step['step']}: max abs error {step['max_abs_error']!r}, SQNR {step['sqnr_db']:.2f} dB, "
+            f"{step['mismatches']} element(s) out of tolerance"
+        )
     word, rest = verdict_of(recorded, judged)
     print(f"verdict: {word}: {rest}" if word == "DIFFERENT FAILURE" else f"verdict: {word} {rest}")
-    (out / "result.json").write_text(json.dumps(
-        {"case_id": case["case_id"], "verdict": word, "reproduced": word == "REPRODUCED", "steps": steps,
-         "checks": {name: {"verdict": j.verdict, "signature": j.signature, "message": j.line} for name, j in judged.items()}},
-        indent=1, default=str))
+    (out / "result.json").write_text(
+        json.dumps(
+            {
+                "case_id": case["case_id"],
+                "verdict": word,
+                "reproduced": word == "REPRODUCED",
+                "steps": steps,
+                "checks": {
+                    name: {"verdict": j.verdict, "signature": j.signature, "message": j.line}
+                    for name, j in judged.items()
+                },
+            },
+            indent=1,
+            default=str,
+        )
+    )
     return EXIT[word]
 
 
@@ -389,13 +477,17 @@ def reproduce(args: argparse.Namespace) -> int:
     names = [name for name in case["checks"] if name in manifest.get("checks", {})]
     missing = [name for name in case["checks"] if name not in names]
     if missing:
-        raise ReproError(f"the run judged {', '.join(missing)}, but {MANIFEST} names no module declaring it: "
-                         f"make the bundle again with the suite that declares it")
+        raise ReproError(
+            f"the run judged {', '.join(missing)}, but {MANIFEST} names no module declaring it: "
+            f"make the bundle again with the suite that declares it"
+        )
     specs = [registry.get(name) for name in names]
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     where = f"phone {args.serial}" if args.serial else "the HTP simulator"
-    print(f"{case['case_id']}: {case['card']['name']}, {case['dtype']}, {case['mode']}, {case['steps']} step(s), on {where}")
+    print(
+        f"{case['case_id']}: {case['card']['name']}, {case['dtype']}, {case['mode']}, {case['steps']} step(s), on {where}"
+    )
     the_case = vocabulary.Case(card, case["dtype"], vocabulary.Mode(case["mode"]), case["soc"])
     if args.pte:
         pte, facts = Path(args.pte).resolve(), facts_module.LoweringFacts.read(BUNDLE / "lowering" / "facts.json")
@@ -442,15 +534,28 @@ def run_device(args: argparse.Namespace, case: dict, outcome, out: Path, env: di
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="repro.py", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--qnn-sdk", metavar="DIR", help="QNN SDK root with lib/x86_64-linux-clang (else QNN_SDK_ROOT / LD_LIBRARY_PATH)")
+    parser = argparse.ArgumentParser(
+        prog="repro.py", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--qnn-sdk",
+        metavar="DIR",
+        help="QNN SDK root with lib/x86_64-linux-clang (else QNN_SDK_ROOT / LD_LIBRARY_PATH)",
+    )
     parser.add_argument("--serial", metavar="S", help="run on this adb device instead of the HTP simulator")
-    parser.add_argument("--device-dir", default="/data/local/tmp/qnn", metavar="DIR",
-                        help="with --serial: the device folder holding qnn_executor_runner and the QNN libraries of its HTP arch")
+    parser.add_argument(
+        "--device-dir",
+        default="/data/local/tmp/qnn",
+        metavar="DIR",
+        help="with --serial: the device folder holding qnn_executor_runner and the QNN libraries of its HTP arch",
+    )
     parser.add_argument("--adb", default="adb", metavar="PATH", help="with --serial: the adb to use")
-    parser.add_argument("--pte", metavar="FILE", help="run this program (e.g. the bundle's model.pte) instead of lowering again")
-    parser.add_argument("--out", default="repro-out", metavar="DIR", help="where this run's files go (default ./repro-out)")
+    parser.add_argument(
+        "--pte", metavar="FILE", help="run this program (e.g. the bundle's model.pte) instead of lowering again"
+    )
+    parser.add_argument(
+        "--out", default="repro-out", metavar="DIR", help="where this run's files go (default ./repro-out)"
+    )
     parser.add_argument("--lowering-child", metavar="REQUEST", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     try:
@@ -461,12 +566,17 @@ def main(argv: list[str]) -> int:
         print(f"repro.py: {error}", file=sys.stderr)
     except ModuleNotFoundError as error:
         if (error.name or "").partition(".")[0] in {name.partition(".")[0] for name in SUITE_MODULES}:
-            print(f"repro.py: could not run: the bundle carries no module {error.name!r} (a carried module imports "
-                  f"it): make the bundle again with the suite", file=sys.stderr)
+            print(
+                f"repro.py: could not run: the bundle carries no module {error.name!r} (a carried module imports "
+                f"it): make the bundle again with the suite",
+                file=sys.stderr,
+            )
             return 2
-        print(f"repro.py: could not run: this Python ({sys.executable}) has no module {error.name!r}: run it with a "
-              f"Python that has executorch, torch, torchao and numpy (case.json's environment lists the run's versions)",
-              file=sys.stderr)
+        print(
+            f"repro.py: could not run: this Python ({sys.executable}) has no module {error.name!r}: run it with a "
+            f"Python that has executorch, torch, torchao and numpy (case.json's environment lists the run's versions)",
+            file=sys.stderr,
+        )
     except Exception as error:  # anything else of this script's own: one line, never a traceback
         print(f"repro.py: could not run: {type(error).__name__}: {' '.join(str(error).split())[:300]}", file=sys.stderr)
     return 2

@@ -7,6 +7,7 @@ identity and flags, and the identity of every header and library it is built aga
 executorch (a wheel of another release, an editable build) gets its own binary and an unchanged one is
 never rebuilt. A failed build is one line that names the fix.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -63,15 +64,21 @@ def find_executorch() -> ExecutorchInstall:
         found[name] = Path(next(iter(spec.submodule_search_locations)))
     install = ExecutorchInstall(found["executorch"], found["torch"] / "include")
     if not (install.include / PROBE_HEADER).is_file():
-        raise RunnerBuildError(f"the executorch under test ({install.package}) has no C++ headers "
-                               f"({install.include / PROBE_HEADER} is missing): install a wheel that ships include/ "
-                               f"(1.5 and newer do) or build executorch from source with its CMake install step")
+        raise RunnerBuildError(
+            f"the executorch under test ({install.package}) has no C++ headers "
+            f"({install.include / PROBE_HEADER} is missing): install a wheel that ships include/ "
+            f"(1.5 and newer do) or build executorch from source with its CMake install step"
+        )
     missing = [name for name in LIBRARIES if not (install.lib / f"lib{name}.so").is_file()]
     if missing:
-        raise RunnerBuildError(f"the executorch under test has no {', '.join(f'lib{m}.so' for m in missing)} in "
-                               f"{install.lib}: use a build with the QNN backend and kernels (EXECUTORCH_BUILD_QNN=ON)")
+        raise RunnerBuildError(
+            f"the executorch under test has no {', '.join(f'lib{m}.so' for m in missing)} in "
+            f"{install.lib}: use a build with the QNN backend and kernels (EXECUTORCH_BUILD_QNN=ON)"
+        )
     if not install.torch_include.is_dir():
-        raise RunnerBuildError(f"torch has no C++ headers at {install.torch_include}: reinstall torch from the registry")
+        raise RunnerBuildError(
+            f"torch has no C++ headers at {install.torch_include}: reinstall torch from the registry"
+        )
     return install
 
 
@@ -85,9 +92,19 @@ def find_compiler() -> str:
 def compile_command(compiler: str, install: ExecutorchInstall, output: Path) -> list[str]:
     """The one command that builds the runner; also what a repro bundle would record."""
     includes = [install.include, install.include / C10_INCLUDE, install.torch_include]
-    return [compiler, *CXX_FLAGS, *(f"-isystem{path}" for path in includes), "-o", str(output), str(SOURCE),
-            f"-L{install.lib}", "-Wl,--no-as-needed", *(f"-l{name}" for name in LIBRARIES), "-Wl,--as-needed",
-            f"-Wl,-rpath,{install.lib}"]
+    return [
+        compiler,
+        *CXX_FLAGS,
+        *(f"-isystem{path}" for path in includes),
+        "-o",
+        str(output),
+        str(SOURCE),
+        f"-L{install.lib}",
+        "-Wl,--no-as-needed",
+        *(f"-l{name}" for name in LIBRARIES),
+        "-Wl,--as-needed",
+        f"-Wl,-rpath,{install.lib}",
+    ]
 
 
 def _tree_identity(folder: Path, pattern: str) -> str:
@@ -104,17 +121,24 @@ def _compiler_identity(compiler: str) -> str:
     try:
         result = subprocess.run([compiler, "--version"], check=False, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as error:
-        raise RunnerBuildError(f"cannot run the C++ compiler {compiler} ({error}): check that it is an executable "
-                               f"C++ compiler, or install g++ (`apt-get install g++`)") from error
+        raise RunnerBuildError(
+            f"cannot run the C++ compiler {compiler} ({error}): check that it is an executable "
+            f"C++ compiler, or install g++ (`apt-get install g++`)"
+        ) from error
     resolved = Path(shutil.which(compiler) or compiler).resolve()
     info = resolved.stat() if resolved.exists() else None
     return f"{resolved}:{info.st_size if info else ''}:{info.st_mtime_ns if info else ''}\n{result.stdout}"
 
 
 def cache_key(compiler: str, install: ExecutorchInstall) -> str:
-    parts = [SOURCE.read_text(), _compiler_identity(compiler), " ".join(compile_command(compiler, install, Path("out"))),
-             _tree_identity(install.include, "*.h"), _tree_identity(install.lib, "*.so"),
-             _tree_identity(install.torch_include / "c10" / "util", "*.h")]
+    parts = [
+        SOURCE.read_text(),
+        _compiler_identity(compiler),
+        " ".join(compile_command(compiler, install, Path("out"))),
+        _tree_identity(install.include, "*.h"),
+        _tree_identity(install.lib, "*.so"),
+        _tree_identity(install.torch_include / "c10" / "util", "*.h"),
+    ]
     return hashlib.sha256("\n\0".join(parts).encode()).hexdigest()[:16]
 
 
@@ -132,13 +156,17 @@ def build(compiler: str | None = None) -> Path:
     try:
         result = subprocess.run(command, check=False, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as error:
-        raise RunnerBuildError(f"cannot run {compiler} ({error}): check that it is an executable C++ compiler, "
-                               f"or install g++ (`apt-get install g++`)") from error
+        raise RunnerBuildError(
+            f"cannot run {compiler} ({error}): check that it is an executable C++ compiler, "
+            f"or install g++ (`apt-get install g++`)"
+        ) from error
     if result.returncode != 0:
         partial.unlink(missing_ok=True)
         first_error = next((line for line in result.stderr.splitlines() if "error" in line), result.stderr.strip())
-        raise RunnerBuildError(f"building the suite's runner with {compiler} against {install.package} failed: "
-                               f"{first_error[:300]} (the executorch under test may not match suite_runner.cpp's API)")
+        raise RunnerBuildError(
+            f"building the suite's runner with {compiler} against {install.package} failed: "
+            f"{first_error[:300]} (the executorch under test may not match suite_runner.cpp's API)"
+        )
     partial.chmod(0o700)
     partial.rename(output)
     return output

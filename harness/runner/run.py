@@ -6,6 +6,7 @@ writes that format and names the codes for messages. The environment is the tool
 LD_LIBRARY_PATH and the device-config bridge of harness/qnn/toolchain.py), so the runner loads the same QNN
 libraries, behind the same interposer, as every other process of the suite that runs QNN.
 """
+
 from __future__ import annotations
 
 import re
@@ -18,8 +19,18 @@ from harness.qnn.toolchain import Toolchain
 PLAN_HEADER = "qnnsuite-plan 1"
 # suite_runner.cpp's exit codes (its header and its `constexpr int` line); test_compiled_runner checks that
 # the two agree.
-EXIT_CODES = {2: "usage", 3: "bad plan", 4: "bad program", 5: "unknown method", 6: "bad input file",
-              7: "input mismatch", 8: "load failed", 9: "execute failed", 10: "output failed", 11: "bad option"}
+EXIT_CODES = {
+    2: "usage",
+    3: "bad plan",
+    4: "bad program",
+    5: "unknown method",
+    6: "bad input file",
+    7: "input mismatch",
+    8: "load failed",
+    9: "execute failed",
+    10: "output failed",
+    11: "bad option",
+}
 ERROR_PREFIX = "suite_runner: error: "
 RUN_TIMEOUT_S = 300
 METHOD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -82,17 +93,42 @@ def runner_env(toolchain: Toolchain, trace: Path | None = None, base: dict[str, 
 
 def parse(exit_code: int, stdout: str, stderr: str) -> RunnerRun:
     peak = PEAK_LINE.search(stdout)
-    return RunnerRun(exit_code, stdout, stderr,
-                     [StepTime(int(step), method, int(micros)) for step, method, micros in STEP_LINE.findall(stdout)],
-                     {method: int(micros) for method, micros in LOAD_LINE.findall(stdout)},
-                     int(peak.group(1)) if peak else None)
+    return RunnerRun(
+        exit_code,
+        stdout,
+        stderr,
+        [StepTime(int(step), method, int(micros)) for step, method, micros in STEP_LINE.findall(stdout)],
+        {method: int(micros) for method, micros in LOAD_LINE.findall(stdout)},
+        int(peak.group(1)) if peak else None,
+    )
 
 
-def run_plan(binary: Path, program: Path, plan: Path, output_dir: Path, env: dict[str, str],
-             options: tuple[str, ...] = (), timeout_s: float = RUN_TIMEOUT_S) -> RunnerRun:
+def run_plan(
+    binary: Path,
+    program: Path,
+    plan: Path,
+    output_dir: Path,
+    env: dict[str, str],
+    options: tuple[str, ...] = (),
+    timeout_s: float = RUN_TIMEOUT_S,
+) -> RunnerRun:
     """Run the plan in one runner process; outputs land in output_dir as output_<step>_<index>.raw."""
     output_dir.mkdir(parents=True, exist_ok=True)
-    completed = subprocess.run([str(binary), "--model_path", str(program), "--plan_path", str(plan),
-                                "--output_folder_path", str(output_dir), *options],
-                               env=env, check=False, capture_output=True, text=True, timeout=timeout_s)
+    completed = subprocess.run(
+        [
+            str(binary),
+            "--model_path",
+            str(program),
+            "--plan_path",
+            str(plan),
+            "--output_folder_path",
+            str(output_dir),
+            *options,
+        ],
+        env=env,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
     return parse(completed.returncode, completed.stdout, completed.stderr)

@@ -1,4 +1,5 @@
 """Cards that are wrong on purpose, so the checks can be shown to fail (harness tests only)."""
+
 from __future__ import annotations
 
 import errno
@@ -61,7 +62,8 @@ class FillsTheDisk(torch.nn.Module):
 
 SPLIT = register(ModelCard("split_by_unsupported_op", SplitByUnsupportedOp, _steps, ("state",), module=__name__))
 MISDECLARED = register(ModelCard("misdeclared_buffer", UndeclaredBuffer, _steps, ("declared",), module=__name__))
-UNCALIBRATABLE = register(ModelCard("fails_in_calibration", UndeclaredBuffer, _steps_changing_shape, ("actual",),
-                                    module=__name__))
+UNCALIBRATABLE = register(
+    ModelCard("fails_in_calibration", UndeclaredBuffer, _steps_changing_shape, ("actual",), module=__name__)
+)
 CRASHING = register(ModelCard("crashes_the_process", CrashesTheProcess, _steps, ("state",), module=__name__))
 DISK_FULL = register(ModelCard("fills_the_disk", FillsTheDisk, _steps, ("state",), module=__name__))

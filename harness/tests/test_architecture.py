@@ -1,6 +1,7 @@
 """The house rules that a reader relies on: no import cycle among the suite's modules, no import up the
 layers (docs/ARCHITECTURE.md, "Layers"), the plugin stays wiring, and the repository documents itself
 (nothing tracked points outside it)."""
+
 from __future__ import annotations
 
 import ast
@@ -15,15 +16,34 @@ PACKAGES = ("harness", "fixtures", "suites")
 PLUGIN_MAX_LINES = 150
 # The packages harness/<pkg>/, lowest first: a module of one imports only its own package's modules, the
 # packages before it and the shared modules below. A new package gets its place here.
-LAYERS = ("harness.qnn", "harness.runner", "harness.process", "harness.device", "harness.pipeline", "harness.emulator",
-          "harness.repro", "harness.report", "harness.matrix")
+LAYERS = (
+    "harness.qnn",
+    "harness.runner",
+    "harness.process",
+    "harness.device",
+    "harness.pipeline",
+    "harness.emulator",
+    "harness.repro",
+    "harness.report",
+    "harness.matrix",
+)
 # Top-level modules the packages may import: the nouns, records and readings the whole house shares. A shared
 # module imports only shared modules and packages, and through it no package reaches its own or a higher one.
 # Every other top-level module (plugin, session, fixtures, case_store, health, verdicts, checks, reporter, ...)
 # wires packages together; no package and no shared module imports one of them.
-SHARED = ("harness.paths", "harness.files", "harness.vocabulary", "harness.versions", "harness.user_state",
-          "harness.check_registry", "harness.record", "harness.known_failures", "harness.numerics", "harness.outcome",
-          "harness.text")
+SHARED = (
+    "harness.paths",
+    "harness.files",
+    "harness.vocabulary",
+    "harness.versions",
+    "harness.user_state",
+    "harness.check_registry",
+    "harness.record",
+    "harness.known_failures",
+    "harness.numerics",
+    "harness.outcome",
+    "harness.text",
+)
 
 
 def _module(path: Path) -> str:
@@ -58,7 +78,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
         state[node] = 1
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                return stack[stack.index(nxt):] + [nxt]
+                return stack[stack.index(nxt) :] + [nxt]
             if nxt not in state and (found := visit(nxt, stack + [nxt])):
                 return found
         state[node] = 2
@@ -90,7 +110,7 @@ def _arrows_up(graph: dict[str, set[str]]) -> list[str]:
         layer, shared = _layer(module), module in SHARED
         if layer is None and not shared:
             continue  # the top floor imports what it wires
-        below = LAYERS[:LAYERS.index(layer)] if layer else LAYERS
+        below = LAYERS[: LAYERS.index(layer)] if layer else LAYERS
         for imported in sorted(graph[module]):
             target = _layer(imported)
             if imported in SHARED and layer is not None:
@@ -106,31 +126,47 @@ def _arrows_up(graph: dict[str, set[str]]) -> list[str]:
 
 def test_no_import_runs_up_the_layers():
     graph = _import_graph()
-    packages = {f"harness.{p.name}" for p in (REPO_ROOT / "harness").iterdir()
-                if (p / "__init__.py").is_file() and p.name != "tests"}
+    packages = {
+        f"harness.{p.name}"
+        for p in (REPO_ROOT / "harness").iterdir()
+        if (p / "__init__.py").is_file() and p.name != "tests"
+    }
     assert packages == set(LAYERS), f"place every package in LAYERS: {sorted(packages ^ set(LAYERS))}"
     assert set(SHARED) <= set(graph), f"SHARED names modules that do not exist: {sorted(set(SHARED) - set(graph))}"
     assert _arrows_up(graph) == [], "imports up the layers:\n" + "\n".join(_arrows_up(graph))
 
 
 def test_the_layer_rule_catches_an_arrow_up_and_passes_the_house_as_it_should_be():
-    house = {"harness.qnn.sdk": {"harness.paths"}, "harness.device.pool": {"harness.qnn.sdk", "harness.user_state"},
-             "harness.pipeline.lower": {"harness.vocabulary", "harness.numerics"}, "harness.numerics": set(),
-             "harness.outcome": {"harness.device.pool", "harness.pipeline.lower"}, "harness.repro.bundle": {"harness.outcome"},
-             "harness.session": {"harness.health"}, "harness.health": {"harness.case_store", "harness.device.pool"},
-             "harness.case_store": {"harness.outcome"}, "harness.paths": set(), "harness.vocabulary": set(),
-             "harness.user_state": set()}
+    house = {
+        "harness.qnn.sdk": {"harness.paths"},
+        "harness.device.pool": {"harness.qnn.sdk", "harness.user_state"},
+        "harness.pipeline.lower": {"harness.vocabulary", "harness.numerics"},
+        "harness.numerics": set(),
+        "harness.outcome": {"harness.device.pool", "harness.pipeline.lower"},
+        "harness.repro.bundle": {"harness.outcome"},
+        "harness.session": {"harness.health"},
+        "harness.health": {"harness.case_store", "harness.device.pool"},
+        "harness.case_store": {"harness.outcome"},
+        "harness.paths": set(),
+        "harness.vocabulary": set(),
+        "harness.user_state": set(),
+    }
     assert _arrows_up(house) == []
     assert _arrows_up({**house, "harness.device.health": {"harness.case_store"}}) == [
-        "harness.device.health -> harness.case_store (a top-level module that is not shared)"]
+        "harness.device.health -> harness.case_store (a top-level module that is not shared)"
+    ]
     assert _arrows_up({**house, "harness.qnn.sdk": {"harness.device.pool"}}) == [
-        "harness.qnn.sdk -> harness.device.pool (harness.device is not below harness.qnn)"]
+        "harness.qnn.sdk -> harness.device.pool (harness.device is not below harness.qnn)"
+    ]
     assert _arrows_up({**house, "harness.numerics": {"harness.pipeline.lower"}}) == [
-        "harness.pipeline.lower -> harness.numerics (which reaches harness.pipeline, not below harness.pipeline)"]
+        "harness.pipeline.lower -> harness.numerics (which reaches harness.pipeline, not below harness.pipeline)"
+    ]
     assert _arrows_up({**house, "harness.device.pool": {"harness.outcome"}}) == [
-        "harness.device.pool -> harness.outcome (which reaches harness.device, harness.pipeline, not below harness.device)"]
+        "harness.device.pool -> harness.outcome (which reaches harness.device, harness.pipeline, not below harness.device)"
+    ]
     assert _arrows_up({**house, "harness.outcome": {"harness.case_store"}}) == [
-        "harness.outcome -> harness.case_store (a top-level module that is not shared)"]
+        "harness.outcome -> harness.case_store (a top-level module that is not shared)"
+    ]
 
 
 def test_no_import_cycle():
@@ -150,7 +186,11 @@ def test_report_package_does_not_import_torch():
     while frontier:
         reached |= frontier
         frontier = {dep for m in frontier for dep in graph[m]} - reached
-    heavy = [m for m in reached if m in ("harness.pipeline.card", "harness.numerics", "harness.checks", "harness.case_store", "harness.outcome")]
+    heavy = [
+        m
+        for m in reached
+        if m in ("harness.pipeline.card", "harness.numerics", "harness.checks", "harness.case_store", "harness.outcome")
+    ]
     assert heavy == [], f"harness.report reaches {heavy}"
 
 
@@ -164,6 +204,9 @@ def test_no_tracked_file_points_outside_the_repository():
         pytest.skip("not a git checkout: no tracked files to read")
     tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO_ROOT, capture_output=True, check=True).stdout
     outside = "../" + "shared"  # spelled in two pieces so this file does not match itself
-    offenders = [name for name in tracked.decode().split("\0") if name and (REPO_ROOT / name).is_file()
-                 and outside in (REPO_ROOT / name).read_text(errors="replace")]
+    offenders = [
+        name
+        for name in tracked.decode().split("\0")
+        if name and (REPO_ROOT / name).is_file() and outside in (REPO_ROOT / name).read_text(errors="replace")
+    ]
     assert offenders == [], f"these files point at {outside}, which users of the suite do not have: {offenders}"

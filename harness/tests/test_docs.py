@@ -4,6 +4,7 @@ option, and pytest run outside the venv gets one line from the root conftest ins
 
 Each check is tried on a broken input it must catch and a sound one it must pass, so none can pass vacuously.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -61,8 +62,9 @@ def broken_links(document: Path, text: str) -> list[str]:
 
 def test_readme_is_a_front_door():
     lines = README.read_text().splitlines()
-    assert len(lines) <= README_MAX_LINES, (f"README.md has {len(lines)} lines (at most {README_MAX_LINES}): "
-                                            f"move detail to docs/")
+    assert len(lines) <= README_MAX_LINES, (
+        f"README.md has {len(lines)} lines (at most {README_MAX_LINES}): move detail to docs/"
+    )
 
 
 @pytest.mark.parametrize("document", documents(), ids=lambda p: str(p.relative_to(REPO_ROOT)))
@@ -74,7 +76,8 @@ def test_the_link_check_catches_a_missing_file_and_a_missing_anchor_and_passes_g
     doc = REPO_ROOT / "docs" / "ARCHITECTURE.md"
     assert broken_links(doc, "[x](NO-SUCH-FILE.md) and [y](FINDINGS.md#no-such-anchor)") == [
         f"NO-SUCH-FILE.md: no file {REPO_ROOT / 'docs' / 'NO-SUCH-FILE.md'}",
-        "FINDINGS.md#no-such-anchor: no anchor #no-such-anchor in FINDINGS.md"]
+        "FINDINGS.md#no-such-anchor: no anchor #no-such-anchor in FINDINGS.md",
+    ]
     good = "[a](FINDINGS.md#F1) [b](../reports/README.md) [c](#where-to-add) [d](https://example.org/x)"
     assert broken_links(doc, good) == []
 
@@ -117,6 +120,7 @@ def test_readme_option_table_lists_every_option():
 
 # --- the root conftest outside the venv -------------------------------------------------------------------
 
+
 def _root_conftest():
     spec = importlib.util.spec_from_file_location("qnnsuite_root_conftest", REPO_ROOT / "conftest.py")
     module = importlib.util.module_from_spec(spec)
@@ -130,13 +134,18 @@ def test_conftest_names_only_what_is_missing():
     assert conftest.missing_modules(("json", "qnnsuite_no_such_module")) == ["qnnsuite_no_such_module"]
     assert conftest.outside_the_venv_line(["torch"], "/usr/bin/python3") == (
         "qnnsuite: torch is not importable from /usr/bin/python3: run harness/run.sh suite (it sets up .venv) "
-        "or activate .venv")
+        "or activate .venv"
+    )
 
 
 def _python_without_torch() -> str | None:
     """An interpreter on this machine that has pytest but not torch: what a user outside the venv runs."""
-    candidates = [getattr(sys, "_base_executable", None), shutil.which("python3"), "/usr/bin/python3",
-                  shutil.which("python3.11")]
+    candidates = [
+        getattr(sys, "_base_executable", None),
+        shutil.which("python3"),
+        "/usr/bin/python3",
+        shutil.which("python3.11"),
+    ]
     probe = "import importlib.util as u, sys; sys.exit(0 if u.find_spec('pytest') and not u.find_spec('torch') else 1)"
     for candidate in dict.fromkeys(c for c in candidates if c):
         try:
@@ -147,15 +156,17 @@ def _python_without_torch() -> str | None:
     return None
 
 
-@pytest.mark.parametrize("args", [[], [str(Path(__file__).resolve().relative_to(REPO_ROOT)), "-q"]],
-                         ids=["suite", "harness-tests"])
+@pytest.mark.parametrize(
+    "args", [[], [str(Path(__file__).resolve().relative_to(REPO_ROOT)), "-q"]], ids=["suite", "harness-tests"]
+)
 def test_pytest_outside_the_venv_is_one_line_and_a_usage_error(args, tmp_path):
     python = _python_without_torch()
     if python is None:
         pytest.skip("no Python with pytest and without torch on this machine (system python3 lacks pytest)")
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8"}
-    result = subprocess.run([python, "-m", "pytest", *args], cwd=REPO_ROOT, env=env, capture_output=True,
-                            text=True, timeout=120)
+    result = subprocess.run(
+        [python, "-m", "pytest", *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
     lines = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
     assert result.returncode == 4, result.stdout + result.stderr
     assert len(lines) == 1 and "Traceback" not in lines[0], lines

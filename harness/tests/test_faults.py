@@ -4,6 +4,7 @@ helper module that changes. Each test breaks one thing and asserts the one line,
 what is written and that nothing is left running; and a healthy input the defence must leave alone.
 docs/FAULTS.md is the table of every fault the harness tests.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -16,9 +17,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Iterator
 
 import pytest
 
@@ -32,8 +33,8 @@ from harness.emulator.launcher import EmulatorFleet
 from harness.files import say
 from harness.paths import REPO_ROOT
 
-
 # --- device output and adb calls are bounded ------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory, toolchain):
@@ -65,8 +66,12 @@ def _pte(tmp_path: Path) -> Path:
 def test_a_runner_flooding_stderr_keeps_the_last_bytes_and_counts_the_rest(device, tmp_path, monkeypatch):
     monkeypatch.setattr(shell_v2, "OUTPUT_KEEP_BYTES", 1 << 20)
     flood = len("runner: noise\n") * (4 << 20)  # whole lines, 56 MiB
-    workspace = _fake_runner(device, tmp_path, "flood", f"yes runner: noise | head -c {flood} >&2\n"
-                             "echo 'runner: flooded, giving up' >&2\nexit 3")
+    workspace = _fake_runner(
+        device,
+        tmp_path,
+        "flood",
+        f"yes runner: noise | head -c {flood} >&2\necho 'runner: flooded, giving up' >&2\nexit 3",
+    )
     with pytest.raises(RunnerFailed) as failure:
         run_case(device, workspace, "case", _pte(tmp_path), [()], tmp_path / "local", output_count=1, timeout_s=60)
     assert "exited 3 (last words: runner: flooded, giving up)" in str(failure.value)
@@ -79,8 +84,9 @@ def test_a_runner_flooding_stderr_keeps_the_last_bytes_and_counts_the_rest(devic
 
 
 def test_output_within_the_bound_is_kept_whole(device):
-    result = device.run(["sh", "-c", "head -c 100000 /dev/zero | tr '\\0' y; echo; echo end >&2"],
-                        cwd="/data/local/tmp", timeout_s=30)
+    result = device.run(
+        ["sh", "-c", "head -c 100000 /dev/zero | tr '\\0' y; echo; echo end >&2"], cwd="/data/local/tmp", timeout_s=30
+    )
     assert result.exit_code == 0 and "dropped" not in result.output
     assert result.output.count("y") == 100000 and result.stderr == "end\n"
 
@@ -89,8 +95,17 @@ def test_an_output_file_larger_than_its_program_s_fails_the_case_unpulled(device
     workspace = _fake_runner(device, tmp_path, "oversized", "truncate -s 2147483648 outputs/output_0_0.raw; exit 0")
     started = time.monotonic()
     with pytest.raises(RunnerFailed) as failure:
-        run_case(device, workspace, "case", _pte(tmp_path), [()], tmp_path / "local", output_count=1, timeout_s=60,
-                 output_bytes=[[64]])
+        run_case(
+            device,
+            workspace,
+            "case",
+            _pte(tmp_path),
+            [()],
+            tmp_path / "local",
+            output_count=1,
+            timeout_s=60,
+            output_bytes=[[64]],
+        )
     assert time.monotonic() - started < 30
     assert "wrote too much: output_0_0.raw is 2147483648 bytes, expected 64 (not pulled)" in str(failure.value)
     assert not (tmp_path / "local" / "outputs" / "output_0_0.raw").exists()
@@ -98,10 +113,23 @@ def test_an_output_file_larger_than_its_program_s_fails_the_case_unpulled(device
 
 
 def test_an_output_file_of_its_program_s_size_is_pulled(device, tmp_path):
-    workspace = _fake_runner(device, tmp_path, "exact", "head -c 64 /dev/zero > outputs/output_0_0.raw; "
-                             "head -c 9 /dev/zero > outputs/stray.bin; exit 0")
-    run = run_case(device, workspace, "case", _pte(tmp_path), [()], tmp_path / "local", output_count=1, timeout_s=60,
-                   output_bytes=[[64]])
+    workspace = _fake_runner(
+        device,
+        tmp_path,
+        "exact",
+        "head -c 64 /dev/zero > outputs/output_0_0.raw; head -c 9 /dev/zero > outputs/stray.bin; exit 0",
+    )
+    run = run_case(
+        device,
+        workspace,
+        "case",
+        _pte(tmp_path),
+        [()],
+        tmp_path / "local",
+        output_count=1,
+        timeout_s=60,
+        output_bytes=[[64]],
+    )
     assert [array.nbytes for array in run.outputs[0]] == [64]
     assert not (tmp_path / "local" / "outputs" / "stray.bin").exists(), "only the expected files are pulled"
     device.remove_workspaces()
@@ -134,6 +162,7 @@ class WedgedServer:
 def test_a_wedged_server_costs_a_first_shell_seconds_not_ten_minutes(monkeypatch):
     """adbutils asks the device's features before a first shell v2, with a 600 s default timeout."""
     from harness.device import adb as adb_module
+
     monkeypatch.setattr(adb_module, "CONNECT_TIMEOUT_S", 1.0)
     server = WedgedServer()
     client = AdbClient(host="127.0.0.1", port=server.port)
@@ -160,10 +189,12 @@ def test_the_bounded_read_keeps_output_whole_when_it_fits():
 
 # --- torn state files are treated as missing, with one line ----------------------------------------------
 
+
 def _probe_cache(tmp_path: Path, monkeypatch) -> tuple[object, list, callable]:
     from types import SimpleNamespace
 
     from harness.qnn import toolchain as toolchain_module
+
     probes = []
     fresh = toolchain_module.Probe("build-1", False, None, None, "ok", None)
     monkeypatch.setattr(toolchain_module, "state_dir", lambda: tmp_path / "state")
@@ -181,7 +212,9 @@ def test_a_torn_probe_cache_is_probed_again_with_one_line(tmp_path, monkeypatch,
     entry.write_text(entry.read_text()[:20])  # torn, as a run killed mid-write by an older suite left it
     assert cached_probe() == fresh and len(probes) == 2, "probed again, not a JSONDecodeError for every later run"
     (said,) = capsys.readouterr().err.splitlines()
-    assert said.startswith(f"qnnsuite: probe cache {entry} is unreadable (JSONDecodeError: ") and said.endswith("treated as missing")
+    assert said.startswith(f"qnnsuite: probe cache {entry} is unreadable (JSONDecodeError: ") and said.endswith(
+        "treated as missing"
+    )
     assert cached_probe() == fresh and len(probes) == 2, "the entry was rewritten whole"
     assert [p.name for p in entry.parent.iterdir()] == [entry.name], "no temporary file left beside it"
 
@@ -206,11 +239,15 @@ def test_a_non_cacheable_facts_json_left_by_a_killed_run_is_not_served(tmp_path,
 
     from harness.pipeline.facts import LoweringFacts
     from harness.pipeline.lowering_cache import served as served_from_cache
+
     directory = _lowering_entry(tmp_path, LoweringFacts.crashed("lowering process was killed by SIGKILL"))
     assert served_from_cache(SimpleNamespace(id="counter_add-fp16"), directory) is None
     (said,) = capsys.readouterr().err.splitlines()
-    assert "cached lowering of counter_add-fp16 is damaged (" in said and "records a failure of the machine " \
-        "(LoweringCrashed), never served from the cache); lowering it again" in said
+    assert (
+        "cached lowering of counter_add-fp16 is damaged (" in said
+        and "records a failure of the machine (LoweringCrashed), never served from the cache); lowering it again"
+        in said
+    )
 
 
 def test_a_case_s_own_lowering_failure_is_served_from_the_cache(tmp_path, capsys):
@@ -218,6 +255,7 @@ def test_a_case_s_own_lowering_failure_is_served_from_the_cache(tmp_path, capsys
 
     from harness.pipeline.facts import LoweringError, LoweringFacts
     from harness.pipeline.lowering_cache import served as served_from_cache
+
     directory = _lowering_entry(tmp_path, LoweringFacts(error=LoweringError("RuntimeError", "unsupported op")))
     served = served_from_cache(SimpleNamespace(id="counter_add-fp16"), directory)
     assert served is not None and served.facts.error.message == "unsupported op" and capsys.readouterr().err == ""
@@ -228,6 +266,7 @@ def test_a_torn_facts_json_is_lowered_again(tmp_path, capsys):
 
     from harness.pipeline.facts import LoweringError, LoweringFacts
     from harness.pipeline.lowering_cache import served as served_from_cache
+
     directory = _lowering_entry(tmp_path, LoweringFacts(error=LoweringError("RuntimeError", "unsupported op")))
     (directory / "facts.json").write_text('{"timings_s": {}, "err')
     assert served_from_cache(SimpleNamespace(id="c"), directory) is None
@@ -236,6 +275,7 @@ def test_a_torn_facts_json_is_lowered_again(tmp_path, capsys):
 
 # --- the lowering key covers a card's helper modules ------------------------------------------------------
 
+
 def _user_tree(tmp_path: Path, monkeypatch, request, package: str) -> Path:
     """A user's tree: a cards module importing a helper of its package (relatively, inside a function too)
     and a sibling top-level module; an installed package it imports stays out of the key."""
@@ -243,8 +283,9 @@ def _user_tree(tmp_path: Path, monkeypatch, request, package: str) -> Path:
     (tree / package).mkdir(parents=True)
     (tree / package / "__init__.py").write_text("")
     (tree / package / "cards.py").write_text(
-        "import json\nfrom . import helpers\nimport {0}_shared\n\ndef build():\n"
-        "    from .lazy import WIDTH\n    return helpers.SCALE * WIDTH\n".format(package))
+        f"import json\nfrom . import helpers\nimport {package}_shared\n\ndef build():\n"
+        "    from .lazy import WIDTH\n    return helpers.SCALE * WIDTH\n"
+    )
     (tree / package / "helpers.py").write_text("SCALE = 2\n")
     (tree / package / "lazy.py").write_text("WIDTH = 4\n")
     (tree / package / "unrelated.py").write_text("NOT_IMPORTED = 1\n")
@@ -256,15 +297,23 @@ def _user_tree(tmp_path: Path, monkeypatch, request, package: str) -> Path:
     return tree
 
 
-@pytest.mark.parametrize("edited, changes", [
-    ("{p}/helpers.py", True), ("{p}/lazy.py", True), ("{p}_shared.py", True), ("{p}/cards.py", True),
-    ("{p}/unrelated.py", False),
-])
-def test_the_lowering_key_covers_the_modules_a_card_imports_from_the_user_s_tree(tmp_path, monkeypatch, request, edited,
-                                                                                  changes):
+@pytest.mark.parametrize(
+    "edited, changes",
+    [
+        ("{p}/helpers.py", True),
+        ("{p}/lazy.py", True),
+        ("{p}_shared.py", True),
+        ("{p}/cards.py", True),
+        ("{p}/unrelated.py", False),
+    ],
+)
+def test_the_lowering_key_covers_the_modules_a_card_imports_from_the_user_s_tree(
+    tmp_path, monkeypatch, request, edited, changes
+):
     from types import SimpleNamespace
 
     from harness.pipeline import cache
+
     package = f"labcards_{abs(hash((edited, str(tmp_path)))) % 10**8}"
     tree = _user_tree(tmp_path, monkeypatch, request, package)
     case = SimpleNamespace(card=SimpleNamespace(name="helper_card", module=f"{package}.cards"))
@@ -288,7 +337,9 @@ def _tmpfs(where: Path, size: int, read_only: bool = False) -> Iterator[Path]:
     """A tmpfs of `size` bytes (a whole number of pages) at where; skips where this account cannot mount."""
     where.mkdir(parents=True, exist_ok=True)
     options = f"size={size}" + (",ro" if read_only else "")
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True, text=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True, text=True
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.strip()}")
     try:
@@ -302,7 +353,8 @@ def _reporter(report_dir: Path, work_dir: Path):
 
     from harness.context import RunContext
     from harness.reporter import ConformanceReporter
-    from harness.tests.test_report import make_records, typed
+    from harness.tests.report.test_report import make_records, typed
+
     options = SimpleNamespace(qnn_sdk=None, report_dir=report_dir, baseline=None, allow_missing=False, shard=None)
     work_dir.mkdir(parents=True, exist_ok=True)
     reporter = ConformanceReporter(options, RunContext("run1", (), {}, (), work_dir), None)
@@ -312,6 +364,7 @@ def _reporter(report_dir: Path, work_dir: Path):
 
 def _report_json_bytes(tmp_path: Path, monkeypatch) -> int:
     from harness import reporter as reporter_module
+
     monkeypatch.setattr(reporter_module, "prepare", lambda sdk: None)
     probe = _reporter(tmp_path / "measure", tmp_path / "measure-work")
     probe.pytest_sessionfinish(SimpleNamespace(exitstatus=0))
@@ -333,6 +386,7 @@ def test_a_disk_full_at_report_time_keeps_report_json_and_the_records_and_exits_
     """Room for report.json and no more: it is written first, the rest fails in one line, the records go to
     the work folder (another filesystem), `latest` stays at the last complete run, exit 6."""
     from harness import reporter as reporter_module
+
     pages = -(-_report_json_bytes(tmp_path, monkeypatch) // PAGE)
     with _tmpfs(tmp_path / "full", pages * PAGE) as mount:
         (mount / "run0").mkdir()
@@ -344,7 +398,10 @@ def test_a_disk_full_at_report_time_keeps_report_json_and_the_records_and_exits_
         reporter.pytest_terminal_summary(terminal)
         assert session.exitstatus == reporter_module.REPORTS_NOT_WRITTEN == 6 and reporter.failed
         (line,) = terminal.lines[1:]
-        assert line.startswith("reports not written: No space left on device (") and "report.json written for SM8650" in line
+        assert (
+            line.startswith("reports not written: No space left on device (")
+            and "report.json written for SM8650" in line
+        )
         assert f"the records are in {tmp_path / 'work' / 'records.json'}" in line and "(exit 6)" in line
         kept = json.loads((tmp_path / "work" / "records.json").read_text())
         assert [r["verdict"] for r in kept] == [r.verdict for r in reporter.records]
@@ -356,6 +413,7 @@ def test_a_disk_full_at_report_time_keeps_report_json_and_the_records_and_exits_
 
 def test_with_every_folder_full_the_records_are_printed_compactly(tmp_path, monkeypatch):
     from harness import reporter as reporter_module
+
     monkeypatch.setattr(reporter_module, "prepare", lambda sdk: None)
     with _tmpfs(tmp_path / "full", PAGE) as mount:
         (mount / "filler").write_bytes(b"x" * PAGE)
@@ -366,7 +424,10 @@ def test_with_every_folder_full_the_records_are_printed_compactly(tmp_path, monk
         terminal = _Terminal()
         reporter.pytest_terminal_summary(terminal)
     assert session.exitstatus == 6
-    assert "report.json written for no SoC" in terminal.lines[1] and "they follow, one JSON line per check" in terminal.lines[1]
+    assert (
+        "report.json written for no SoC" in terminal.lines[1]
+        and "they follow, one JSON line per check" in terminal.lines[1]
+    )
     printed = [json.loads(line) for line in terminal.lines[2:]]
     assert [r["nodeid"] for r in printed] == [r.nodeid for r in reporter.records]
 
@@ -379,7 +440,12 @@ def test_a_disk_with_room_gets_every_report_and_moves_latest(tmp_path, monkeypat
         reporter.pytest_sessionfinish(session)
         assert session.exitstatus == 0 and not reporter.failed
         assert os.readlink(mount / "latest") == "run1"
-        assert {p.name for p in (mount / "run1" / "SM8650").iterdir()} >= {"report.json", "junit.xml", "summary.md", "report.html"}
+        assert {p.name for p in (mount / "run1" / "SM8650").iterdir()} >= {
+            "report.json",
+            "junit.xml",
+            "summary.md",
+            "report.html",
+        }
 
 
 def test_a_broken_stderr_cannot_turn_a_diagnostic_line_into_an_error(monkeypatch):
@@ -398,23 +464,67 @@ def test_a_read_only_report_dir_is_a_usage_error_before_anything_starts(tmp_path
     with _tmpfs(tmp_path / "ro", PAGE, read_only=True) as mount:
         started = time.monotonic()
         completed = subprocess.run(
-            [sys.executable, "-m", "pytest", "suites", "-p", "no:cacheprovider", "-q", "--emulate", "SM8650",
-             "--report-dir", str(mount / "reports")], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "suites",
+                "-p",
+                "no:cacheprovider",
+                "-q",
+                "--emulate",
+                "SM8650",
+                "--report-dir",
+                str(mount / "reports"),
+            ],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     output = completed.stdout + completed.stderr
     assert completed.returncode == 4, output[-2000:]
     assert "INTERNALERROR" not in output and "Traceback" not in output
     (line,) = [line for line in output.splitlines() if line.strip()]
-    assert line == f"ERROR: --report-dir {mount / 'reports'}: {mount} is on a read-only filesystem: pass a folder " \
-                   f"this user can write to"
+    assert (
+        line == f"ERROR: --report-dir {mount / 'reports'}: {mount} is on a read-only filesystem: pass a folder "
+        f"this user can write to"
+    )
     assert time.monotonic() - started < 60, "before any device or lowering starts"
 
 
 def _suite(report_dir: Path, cache_dir: Path, **popen: object) -> subprocess.Popen:
-    command = [sys.executable, "-m", "pytest", "suites", "-p", "no:cacheprovider", "-q", "-W", "ignore", "-rfE",
-               "--emulate", "SM8650", "--dtype", "fp16", "-k", "counter_add", "--cache-dir", str(cache_dir),
-               "--report-dir", str(report_dir)]
-    return subprocess.Popen(command, cwd=REPO_ROOT, env={**os.environ, "COLUMNS": "400"}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, **popen)
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "suites",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "-W",
+        "ignore",
+        "-rfE",
+        "--emulate",
+        "SM8650",
+        "--dtype",
+        "fp16",
+        "-k",
+        "counter_add",
+        "--cache-dir",
+        str(cache_dir),
+        "--report-dir",
+        str(report_dir),
+    ]
+    return subprocess.Popen(
+        command,
+        cwd=REPO_ROOT,
+        env={**os.environ, "COLUMNS": "400"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        **popen,
+    )
 
 
 def _fill(folder: Path) -> None:
@@ -431,6 +541,7 @@ def test_a_suite_run_whose_report_disk_fills_up_exits_6_with_its_verdicts_kept(t
     """A real run on an emulated device; its report folder's disk fills while the cases run. The healthy
     run before it (same cache, a roomy folder) exits 0 and moves `latest`."""
     from harness.context import RunContext
+
     cache_dir = tmp_path / "cache"
     healthy = _suite(tmp_path / "roomy", cache_dir)
     output = healthy.communicate(timeout=900)[0]
@@ -453,19 +564,29 @@ def test_a_suite_run_whose_report_disk_fills_up_exits_6_with_its_verdicts_kept(t
             run.wait()
         try:
             assert run.returncode == 6, output[-3000:]
-            assert "Traceback" not in output and "INTERNALERROR" not in output and " ERROR " not in output, output[-3000:]
+            assert "Traceback" not in output and "INTERNALERROR" not in output and " ERROR " not in output, output[
+                -3000:
+            ]
             (line,) = [line for line in output.splitlines() if line.startswith("reports not written: ")]
-            assert "No space left on device" in line and f"the records are in {context.work_dir / 'records.json'}" in line
+            assert (
+                "No space left on device" in line and f"the records are in {context.work_dir / 'records.json'}" in line
+            )
             kept = json.loads((context.work_dir / "records.json").read_text())
             healthy_report = json.loads((tmp_path / "roomy" / "latest" / "SM8650" / "report.json").read_text())
-            expected = {(case["case_id"], name): check["verdict"] for case in healthy_report["cases"]
-                        for name, check in case["checks"].items()}
-            assert kept and {(r["case_id"], r["check"]): r["verdict"] for r in kept} == expected, \
+            expected = {
+                (case["case_id"], name): check["verdict"]
+                for case in healthy_report["cases"]
+                for name, check in case["checks"].items()
+            }
+            assert kept and {(r["case_id"], r["check"]): r["verdict"] for r in kept} == expected, (
                 "the cases' verdicts are kept, as the healthy run found them"
+            )
             assert os.readlink(mount / "latest") == "run0"
             alive = [pid for pid in context.started_pids if run_records.start_time(pid) is not None]
             assert alive == [], f"processes left running: {alive}"
-            stray = subprocess.run(["pgrep", "-f", str(context.work_dir)], capture_output=True, text=True).stdout.split()
+            stray = subprocess.run(
+                ["pgrep", "-f", str(context.work_dir)], capture_output=True, text=True
+            ).stdout.split()
             assert stray == [], stray
         finally:
             shutil.rmtree(context.work_dir, ignore_errors=True)
@@ -476,13 +597,23 @@ def test_a_failing_check_whose_bundle_could_not_be_written_is_a_line_in_the_summ
     from dataclasses import replace
 
     from harness import reporter as reporter_module
+
     monkeypatch.setattr(reporter_module, "prepare", lambda sdk: None)
     reporter = _reporter(tmp_path / "reports", tmp_path / "work")
-    failed = replace(reporter.records[0], verdict="failed", message="state differs at step 2",
-                     repro=f"repro/{reporter.records[0].case_id}" if bundled else "")
+    failed = replace(
+        reporter.records[0],
+        verdict="failed",
+        message="state differs at step 2",
+        repro=f"repro/{reporter.records[0].case_id}" if bundled else "",
+    )
     reporter.records[0] = failed
     reporter.pytest_sessionfinish(SimpleNamespace(exitstatus=0))
     lines = [line for line in reporter._lines if "no reproduction bundle" in line]
-    assert lines == ([] if bundled else
-                     [f"1 check(s) have no reproduction bundle (it could not be written; stderr says why), "
-                      f"e.g. {failed.case_id} {failed.check}"])
+    assert lines == (
+        []
+        if bundled
+        else [
+            f"1 check(s) have no reproduction bundle (it could not be written; stderr says why), "
+            f"e.g. {failed.case_id} {failed.check}"
+        ]
+    )

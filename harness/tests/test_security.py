@@ -3,11 +3,15 @@
 Each test's docstring names the attack. Devices are real emulated ones behind a real adb server, so the
 authentication, the jail and the quoting are exercised as a run uses them.
 """
+
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import io
 import json
 import os
+import re
 import resource
 import shutil
 import signal
@@ -19,12 +23,16 @@ import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import adbutils
 import pytest
 
+from harness import known_failures
+from harness import options as run_options
+from harness import shard as sharding
 from harness.device import device as device_module
 from harness.device.adb import AdbClient
 from harness.device.device import Device, DeviceError, safe_pull_name
@@ -35,10 +43,17 @@ from harness.emulator import jail, runner_client, runner_confinement, shell_path
 from harness.emulator.adb_auth import PublicKey, load_keys
 from harness.emulator.adbd import HEADER, JAIL_ENV
 from harness.emulator.launcher import ADB_SERVER_ENV, PROJECT_ROOT, EmulatorFleet, free_port, host_request
+from harness.paths import REPO_ROOT
 from harness.pipeline import card as card_registry
+from harness.pipeline import prepared
+from harness.pipeline.facts import PreparedFacts, ProgramFacts, QuantizeFacts
 from harness.report import write_run
-from harness.tests.test_report import COLUMNS, make_records, typed
-from harness.user_state import UnsafeStateDir, open_append, state_dir
+from harness.report.chart import error_chart
+from harness.report.gate import BaselineError, MalformedReport
+from harness.report.gate import load as load_reports
+from harness.tests.report.test_report import COLUMNS, make_records, typed
+from harness.text import ZERO_WIDTH_SPACE, markdown_text
+from harness.user_state import UnsafeStateDir, base_dir, open_append, state_dir
 
 ADB = os.environ.get("ADBUTILS_ADB_PATH") or adbutils.adb_path()
 MODES = ("jailed", "path-checked")
@@ -117,8 +132,13 @@ def foreign_server_attempt(serial: str, tmp_path: Path) -> tuple[str | None, int
     home, port = tmp_path / "foreign-home", free_port()
     home.mkdir()
     env = {key: value for key, value in os.environ.items() if key != "ADB_VENDOR_KEYS"}
-    server = subprocess.Popen([ADB, "-P", str(port), "server", "nodaemon"], env={**env, **ADB_SERVER_ENV, "HOME": str(home)},
-                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [ADB, "-P", str(port), "server", "nodaemon"],
+        env={**env, **ADB_SERVER_ENV, "HOME": str(home)},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 10
         while True:
@@ -132,8 +152,12 @@ def foreign_server_attempt(serial: str, tmp_path: Path) -> tuple[str | None, int
             host_request(port, f"host:connect:{serial}", timeout=10)
         time.sleep(1)
         states = dict(line.split("\t") for line in host_request(port, "host:devices").splitlines() if "\t" in line)
-        shell = subprocess.run([ADB, "-P", str(port), "-s", serial, "shell", "touch /data/local/tmp/foreign"],
-                               capture_output=True, text=True, timeout=30)
+        shell = subprocess.run(
+            [ADB, "-P", str(port), "-s", serial, "shell", "touch /data/local/tmp/foreign"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert (home / ".android" / "adbkey.pub").exists()  # it did have a key to offer: not the trusted one
         return states.get(serial), shell.returncode
     finally:
@@ -157,8 +181,20 @@ def test_adb_key_file_and_signature_checks_reject_what_is_not_the_servers(fleet:
     assert isinstance(key, PublicKey) and key.size == 256
     token = os.urandom(20)
     if shutil.which("openssl"):  # the server's private key signs as adb does: PKCS#1 v1.5 over the raw token
-        signed = subprocess.run(["openssl", "pkeyutl", "-sign", "-inkey", str(fleet.server_public_key.with_suffix("")),
-                                 "-pkeyopt", "digest:sha1"], input=token, capture_output=True, check=True).stdout
+        signed = subprocess.run(
+            [
+                "openssl",
+                "pkeyutl",
+                "-sign",
+                "-inkey",
+                str(fleet.server_public_key.with_suffix("")),
+                "-pkeyopt",
+                "digest:sha1",
+            ],
+            input=token,
+            capture_output=True,
+            check=True,
+        ).stdout
         assert key.verifies(token, signed)
         assert not key.verifies(bytes([token[0] ^ 1]) + token[1:], signed)
     assert not key.verifies(os.urandom(20), os.urandom(256))
@@ -189,8 +225,11 @@ def test_shell_command_cannot_write_a_host_path(fleet: EmulatorFleet, tmp_path: 
         assert device.shell(f"touch {host_file}").exit_code != 0 and not host_file.exists()
     finally:
         host_file.unlink(missing_ok=True)
-    for command in (f"rm -f {target}", f"cd / && rm -f {str(target).lstrip('/')}",
-                    f"cd /data/../{str(target.parent).lstrip('/')} && rm -f {target.name}"):
+    for command in (
+        f"rm -f {target}",
+        f"cd / && rm -f {str(target).lstrip('/')}",
+        f"cd /data/../{str(target.parent).lstrip('/')} && rm -f {target.name}",
+    ):
         device.shell(command)  # refused, or run where the host's file is not (`rm -f` is content either way)
         assert target.read_text() == "host data", command
     assert device.shell("echo ok > /data/local/tmp/inside && cat /data/local/tmp/inside").output == "ok\n"
@@ -229,8 +268,9 @@ def test_tmpdir_with_space_quote_semicolon_and_command_substitution(mode: str, t
     try:
         device = harness_device(fleet)
         assert device.shell("mkdir -p /data/local/tmp/qnnsuite/run1/gw0 && echo made").output == "made\n"
-        spec = DeviceSpec(device.serial, "SM8650", 75, "x86_64", "Emulated SM8650", kind="emulated",
-                          server=fleet.server.address)
+        spec = DeviceSpec(
+            device.serial, "SM8650", 75, "x86_64", "Emulated SM8650", kind="emulated", server=fleet.server.address
+        )
         assert remove_run_folders([spec], "run1") == []
         assert not (fleet.devices[0].root / "data/local/tmp/qnnsuite/run1").exists()  # it did remove
         assert device.shell("rm -rf /data/local/tmp/qnnsuite").exit_code == 0
@@ -265,13 +305,19 @@ def test_case_folder_with_spaces_stays_one_device_path(fleet: EmulatorFleet, tmp
     """Attack: a device path with spaces and a second path inside it (`x /data/local/tmp/victim y`) reaches the
     push, the cd and the rm -rf that clear a case's outputs."""
     device = harness_device(fleet)
-    assert device.shell("mkdir -p /data/local/tmp/victim/outputs && touch /data/local/tmp/victim/keep "
-                        "/data/local/tmp/victim/outputs/keep").exit_code == 0
+    assert (
+        device.shell(
+            "mkdir -p /data/local/tmp/victim/outputs && touch /data/local/tmp/victim/keep "
+            "/data/local/tmp/victim/outputs/keep"
+        ).exit_code
+        == 0
+    )
     folder = "/data/local/tmp/qnnsuite/x /data/local/tmp/victim y"
     (tmp_path / "input.raw").write_bytes(b"1234")
     device.push_files([(tmp_path / "input.raw", f"{folder}/input.raw")])
-    result = device.run(["sh", "-c", 'printf "%s|" "$@"', "sh", "a b", "$(id)", "c;d"], cwd=folder, timeout_s=30,
-                        first=BEFORE_RUNNER)
+    result = device.run(
+        ["sh", "-c", 'printf "%s|" "$@"', "sh", "a b", "$(id)", "c;d"], cwd=folder, timeout_s=30, first=BEFORE_RUNNER
+    )
     assert result.output == "a b|$(id)|c;d|"
     root = fleet.devices[0].root
     assert (root / "data/local/tmp/victim/keep").exists() and (root / "data/local/tmp/victim/outputs/keep").exists()
@@ -306,8 +352,9 @@ def test_symlinked_lock_folder_is_refused(tmp_path: Path, monkeypatch: pytest.Mo
     assert device_module.lock_dir() == tmp_path / f"qnnsuite-{os.getuid()}" / "locks"
 
 
-def test_list_name_with_dotdot_never_leaves_the_pull_folder(fleet: EmulatorFleet, tmp_path: Path,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_list_name_with_dotdot_never_leaves_the_pull_folder(
+    fleet: EmulatorFleet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Attack: a device answers LIST with `../escape` (or `/abs`, `a/b`) and the pull writes outside its folder."""
     device = harness_device(fleet)
     assert device.shell("mkdir -p /data/local/tmp/pulls && echo x > /data/local/tmp/pulls/ok.raw").exit_code == 0
@@ -317,8 +364,9 @@ def test_list_name_with_dotdot_never_leaves_the_pull_folder(fleet: EmulatorFleet
     with pytest.raises(DeviceError, match="listed a file named '../escape'"):
         device.pull_files("/data/local/tmp/pulls", pulled)
     assert not (tmp_path / "pull" / "escape").exists()
-    assert [safe_pull_name(name) for name in ("ok.raw", "..", ".", "a/b", "/abs", "x\0y", "a\\b", "output_0_0.raw")] == [
-        True, False, False, False, False, False, False, True]
+    assert [
+        safe_pull_name(name) for name in ("ok.raw", "..", ".", "a/b", "/abs", "x\0y", "a\\b", "output_0_0.raw")
+    ] == [True, False, False, False, False, False, False, True]
 
 
 def test_100_idle_connections_under_a_low_open_file_limit(fleet: EmulatorFleet) -> None:
@@ -368,8 +416,11 @@ def test_nul_and_malformed_input_end_only_their_own_stream(fleet: EmulatorFleet)
         request(b"STAT", b"/" * 5000)
         kind, length = struct.unpack("<4sI", connection.read_exact(8))
         assert kind == b"FAIL" and b"longer than" in connection.read_exact(length)
-    for garbage in (packet(b"CNXN", 0x01000001, 4096, b"host::\0", magic=0),
-                    HEADER.pack(0x434E584E, 0x01000001, 4096, 1 << 30, 0, 0x434E584E ^ 0xFFFFFFFF), os.urandom(200)):
+    for garbage in (
+        packet(b"CNXN", 0x01000001, 4096, b"host::\0", magic=0),
+        HEADER.pack(0x434E584E, 0x01000001, 4096, 1 << 30, 0, 0x434E584E ^ 0xFFFFFFFF),
+        os.urandom(200),
+    ):
         with socket.create_connection(("127.0.0.1", device_port(fleet))) as sock:
             sock.sendall(garbage)
             with contextlib.suppress(ConnectionResetError):
@@ -397,10 +448,19 @@ def test_jailed_runner_client_sends_the_sandbox_paths_of_device_paths() -> None:
     """What the confinement above relies on: a jailed device's /data/... reaches the host-side server as the
     sandbox's host path, other paths unchanged (so the server judges them as they are)."""
     env = {"ANDROID_ROOT_SANDBOX": "/srv/root", "LD_LIBRARY_PATH": "/data/p:/opt/qnn/lib", "HOME": "/data"}
-    argv, _, sent = runner_client.for_host(["--model_path=/data/m.pte", "--output_folder_path", "/data/o",
-                                            "rel.txt", "/etc/passwd", "/srv/root/data/x"], "/data/local/tmp", env)
-    assert argv == ["--model_path=/srv/root/data/m.pte", "--output_folder_path", "/srv/root/data/o", "rel.txt",
-                    "/etc/passwd", "/srv/root/data/x"]
+    argv, _, sent = runner_client.for_host(
+        ["--model_path=/data/m.pte", "--output_folder_path", "/data/o", "rel.txt", "/etc/passwd", "/srv/root/data/x"],
+        "/data/local/tmp",
+        env,
+    )
+    assert argv == [
+        "--model_path=/srv/root/data/m.pte",
+        "--output_folder_path",
+        "/srv/root/data/o",
+        "rel.txt",
+        "/etc/passwd",
+        "/srv/root/data/x",
+    ]
     assert sent["LD_LIBRARY_PATH"] == "/srv/root/data/p:/opt/qnn/lib" and sent["HOME"] == "/data"
     assert runner_client.for_host(["/data/m"], "/data", {})[0] == ["/data/m"]  # not on an emulated device: as given
 
@@ -416,14 +476,19 @@ def test_control_characters_and_lone_surrogates_keep_reports_well_formed(tmp_pat
         record["card"] = HOSTILE_NAME
         record["case_id"] = f"{HOSTILE_NAME}-{record['dtype']}-{record['mode']}-SM8650"
     records[0].update(verdict="failed", message=HOSTILE_MESSAGE, evidence={"qnn_log": "QnnDsp \x1b[1m\udcff <err>"})
-    folder = write_run(typed(records), {"SM8650": {"soc": "SM8650", "host": "h\x01"}}, tmp_path, "run-1", COLUMNS)["SM8650"]
+    folder = write_run(typed(records), {"SM8650": {"soc": "SM8650", "host": "h\x01"}}, tmp_path, "run-1", COLUMNS)[
+        "SM8650"
+    ]
     suite = ET.parse(folder / "junit.xml").getroot()
     failure = suite.find(".//failure")
     assert failure is not None and failure.get("message") == (
-        "runner said \\x07\\x1b[0m <b>bold</b> & \\ud800 lone, \\x0b tab\\x0c")
+        "runner said \\x07\\x1b[0m <b>bold</b> & \\ud800 lone, \\x0b tab\\x0c"
+    )
     assert "\\u001b[1m\\udcff <err>" in (failure.text or "")  # the evidence, as JSON escapes it
     names = {case.get("name") for case in suite.iter("testcase")}
-    assert f"evil\\x1b[31m<script>alert(1)</script>\\x00\\udc80-{records[0]['dtype']}-{records[0]['mode']}-SM8650" in names
+    assert (
+        f"evil\\x1b[31m<script>alert(1)</script>\\x00\\udc80-{records[0]['dtype']}-{records[0]['mode']}-SM8650" in names
+    )
     html = (folder / "report.html").read_text(encoding="utf-8")
     assert "<script>alert(1)" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     assert "<b>bold</b>" not in html and "&lt;b&gt;bold&lt;/b&gt;" in html
@@ -436,21 +501,6 @@ def test_control_characters_and_lone_surrogates_keep_reports_well_formed(tmp_pat
 # --- file attacks (issue 29) ---
 # Files the suite did not write this run (a cache, report.json files, card modules, manifests) are handed to
 # it crafted, as an attacker (or a broken CI job) would: each is refused, or made inert, in one line.
-import hashlib  # noqa: E402
-import io  # noqa: E402
-import re  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
-import zipfile  # noqa: E402
-
-from harness import known_failures, options as run_options, shard as sharding  # noqa: E402
-from harness.paths import REPO_ROOT  # noqa: E402
-from harness.pipeline import prepared  # noqa: E402
-from harness.pipeline.facts import PreparedFacts, ProgramFacts, QuantizeFacts  # noqa: E402
-from harness.report.gate import BaselineError, MalformedReport, load as load_reports  # noqa: E402
-from harness.report.chart import error_chart  # noqa: E402
-from harness.text import ZERO_WIDTH_SPACE, markdown_text  # noqa: E402
-from harness.user_state import base_dir  # noqa: E402
 
 NOBODY = 65534
 
@@ -497,7 +547,8 @@ def _prepared_entry(folder: Path, program: bytes, sealed: bool) -> Path:
     folder.mkdir(parents=True)
     (folder / prepared.PROGRAM).write_bytes(program)
     PreparedFacts(QuantizeFacts([], [], {}), ProgramFacts(hashlib.sha256(program).hexdigest(), len(program))).write(
-        folder / prepared.FACTS)
+        folder / prepared.FACTS
+    )
     if sealed:
         (folder / prepared.SEAL).write_text(prepared._seal(program))
     return folder
@@ -513,15 +564,19 @@ def test_planted_prepared_program_is_never_unpickled(tmp_path: Path, capfd: pyte
     assert prepared._read_entry(entry) is None, "an unsealed entry is missing: it is made again"
     assert not marker.exists(), "the planted pickle ran"
     lines = [line for line in capfd.readouterr().err.splitlines() if line.strip()]
-    assert lines == [f"qnnsuite: prepared program {entry.name} is damaged ({prepared.PROGRAM} is not sealed by this "
-                     f"user's key (made elsewhere, or planted): not read); preparing it again"]
+    assert lines == [
+        f"qnnsuite: prepared program {entry.name} is damaged ({prepared.PROGRAM} is not sealed by this "
+        f"user's key (made elsewhere, or planted): not read); preparing it again"
+    ]
     forged = tmp_path / "forged"  # a seal made with another key does not pass either
     _prepared_entry(forged, _program(marker), sealed=False)
-    (forged / prepared.SEAL).write_text(hashlib.sha256(b"another key" + (forged / prepared.PROGRAM).read_bytes()).hexdigest())
+    (forged / prepared.SEAL).write_text(
+        hashlib.sha256(b"another key" + (forged / prepared.PROGRAM).read_bytes()).hexdigest()
+    )
     assert prepared._read_entry(forged) is None and not marker.exists()
     import torch  # the payload is live: loaded the way the cache used to, it runs
 
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # noqa: B017 - whatever the payload's pickle raises once it has run
         torch.export.load(io.BytesIO((entry / prepared.PROGRAM).read_bytes()))
     assert marker.exists()
 
@@ -552,8 +607,10 @@ def test_group_writable_cache_dir_is_refused(tmp_path: Path) -> None:
         cache.chmod(mode)
         with pytest.raises(pytest.UsageError) as refused:
             run_options.trusted_cache_dir(cache)
-        assert _usage_line(refused) == (f"--cache-dir {cache} has mode {mode:o}, writable by others: run "
-                                        f"`chmod go-w '{cache}'`, or pass another folder with --cache-dir")
+        assert _usage_line(refused) == (
+            f"--cache-dir {cache} has mode {mode:o}, writable by others: run "
+            f"`chmod go-w '{cache}'`, or pass another folder with --cache-dir"
+        )
     cache.chmod(0o755)
     assert run_options.trusted_cache_dir(cache) == cache.resolve()
     fresh = tmp_path / "new" / "cache"
@@ -572,27 +629,36 @@ def test_cache_dir_owned_by_another_uid_is_refused_by_a_run(tmp_path: Path) -> N
     assert _usage_line(refused).startswith(f"--cache-dir {cache} belongs to uid {NOBODY}, not to you")
     completed = _pytest_run("suites", "--collect-only", "-q", "--cache-dir", str(cache))
     assert completed.returncode == pytest.ExitCode.USAGE_ERROR, completed.stdout[-2000:] + completed.stderr[-2000:]
-    assert _stderr_lines(completed) == [f"ERROR: --cache-dir {cache} belongs to uid {NOBODY}, not to you (uid 0): "
-                                        f"someone else could plant entries there; pass a folder of your own with --cache-dir"]
+    assert _stderr_lines(completed) == [
+        f"ERROR: --cache-dir {cache} belongs to uid {NOBODY}, not to you (uid 0): "
+        f"someone else could plant entries there; pass a folder of your own with --cache-dir"
+    ]
 
 
 def _pytest_run(*args: str, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-    """A suite run with a state folder of its own, as harness/tests/test_plugin.py runs them."""
+    """A suite run with a state folder of its own, as harness/tests/core/test_plugin.py runs them."""
     with tempfile.TemporaryDirectory() as runtime:
-        return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=REPO_ROOT,
-                              env={**os.environ, "COLUMNS": "300", "XDG_RUNTIME_DIR": runtime, **(env or {})},
-                              capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
+            cwd=REPO_ROOT,
+            env={**os.environ, "COLUMNS": "300", "XDG_RUNTIME_DIR": runtime, **(env or {})},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
 
 def _report_tool(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness.report", *args], cwd=REPO_ROOT, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "harness.report", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300
+    )
 
 
 def _stderr_lines(completed: subprocess.CompletedProcess) -> list[str]:
     lines = [line for line in completed.stderr.splitlines() if line.strip()]
     assert "Traceback" not in completed.stderr and "INTERNALERROR" not in completed.stdout + completed.stderr, (
-        completed.stdout[-2000:] + completed.stderr[-3000:])
+        completed.stdout[-2000:] + completed.stderr[-3000:]
+    )
     return lines
 
 
@@ -643,8 +709,11 @@ def test_script_step_label_is_inert_in_merged_html_and_chart(tmp_path: Path) -> 
     completed = _report_tool("merge", str(part), "--out", str(tmp_path / "merged"))
     assert completed.returncode == 4 and not (tmp_path / "merged").exists()
     [line] = _stderr_lines(completed)
-    assert re.fullmatch(r"merge: .*report\.json is not a valid report\.json: at cases/\d+/checks/state/evidence/"
-                        r"steps/\d+/step: .*is not of type 'integer'", line), line
+    assert re.fullmatch(
+        r"merge: .*report\.json is not a valid report\.json: at cases/\d+/checks/state/evidence/"
+        r"steps/\d+/step: .*is not of type 'integer'",
+        line,
+    ), line
     numbered = error_chart([{"step": 3, "max_abs_error": 0.5, "sqnr_db": 20, "mismatches": 0}])
     assert ">step 3</text>" in numbered, "a real step label is still drawn"
 
@@ -668,9 +737,12 @@ def test_symlinks_in_a_parts_repro_folder_are_not_copied(tmp_path: Path) -> None
     assert (copied / "repro.py").read_text() == "print('repro')\n"
     assert sorted(p.name for p in copied.iterdir()) == ["repro.py"]
     assert not any(p.is_symlink() for p in out.rglob("*")) and "PRIVATE KEY" not in "".join(
-        p.read_text(errors="replace") for p in out.rglob("*") if p.is_file())
+        p.read_text(errors="replace") for p in out.rglob("*") if p.is_file()
+    )
     assert sorted(_stderr_lines(completed)) == sorted(
-        f"merge: skipped {bundle / name}: not a regular file (a symlink or a special file)" for name in ("fifo", "home", "key"))
+        f"merge: skipped {bundle / name}: not a regular file (a symlink or a special file)"
+        for name in ("fifo", "home", "key")
+    )
 
 
 def _deep(depth: int) -> str:
@@ -683,10 +755,12 @@ MALFORMED = {
     "deep nesting": None,  # 100000 levels: json's recursion
     "invalid JSON": None,
 }
-EXPECTED = {"missing keys": "is not a valid report.json: at the top level: 'cases' is a required property",
-            "wrong types": "is not a valid report.json: at cases/0/checks: ['state'] is not of type 'object'",
-            "deep nesting": "nests deeper than any report.json (32 levels at most)",
-            "invalid JSON": "is not JSON (Expecting ':' delimiter at line 1 column 29)"}
+EXPECTED = {
+    "missing keys": "is not a valid report.json: at the top level: 'cases' is a required property",
+    "wrong types": "is not a valid report.json: at cases/0/checks: ['state'] is not of type 'object'",
+    "deep nesting": "nests deeper than any report.json (32 levels at most)",
+    "invalid JSON": "is not JSON (Expecting ':' delimiter at line 1 column 29)",
+}
 
 
 def _malformed(part: Path, kind: str) -> Path:
@@ -707,7 +781,9 @@ def test_malformed_report_is_one_line_and_exit_4(tmp_path: Path, command: str, k
     `python -m harness.report merge` / `diff`."""
     good, bad = _part(tmp_path / "parts", "run-good"), _part(tmp_path / "parts", "run-bad")
     path = _malformed(bad, kind)
-    args = ("merge", str(bad), "--out", str(tmp_path / "merged")) if command == "merge" else ("diff", str(good), str(bad))
+    args = (
+        ("merge", str(bad), "--out", str(tmp_path / "merged")) if command == "merge" else ("diff", str(good), str(bad))
+    )
     completed = _report_tool(*args)
     assert completed.returncode == 4 and completed.stdout == ""
     assert _stderr_lines(completed) == [f"{command}: {path} {EXPECTED[kind]}"]
@@ -715,7 +791,9 @@ def test_malformed_report_is_one_line_and_exit_4(tmp_path: Path, command: str, k
         assert _report_tool("diff", str(good), str(good)).returncode == 0, "a valid report is still read"
 
 
-def test_huge_or_special_report_file_is_refused_before_it_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_huge_or_special_report_file_is_refused_before_it_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Attack: report.json as a FIFO (a read that never ends) or a file bigger than any report."""
     from harness.report import intake
 
@@ -750,8 +828,10 @@ def test_malformed_baseline_or_shard_timings_is_a_usage_line_before_the_run(tmp_
 
 def test_markdown_injection_in_a_failure_message_renders_inert_in_summary_md(tmp_path: Path) -> None:
     """Attack: a failure message with `<img>`, a link, `@team`, `|`, backticks and a newline, in summary.md."""
-    hostile = ("pwn <img src=https://evil.example/x.png> [click](https://evil.example) @qnn/team fixes #12 "
-               "a|b `code` *bold*\n# heading\n- item")
+    hostile = (
+        "pwn <img src=https://evil.example/x.png> [click](https://evil.example) @qnn/team fixes #12 "
+        "a|b `code` *bold*\n# heading\n- item"
+    )
     records = make_records(cards={"counter_add": ("counter",)}, socs=("SM8650",))
     failed = next(r for r in records if r["check"] == "state")
     failed.update(verdict="failed", message=hostile)
@@ -768,17 +848,22 @@ def test_markdown_injection_in_a_failure_message_renders_inert_in_summary_md(tmp
     assert "\n# heading" not in summary and "\n- item" not in summary
     assert markdown_text("state differs: 3 element(s) in step 1") == "state differs: 3 element\\(s\\) in step 1"
     assert markdown_text("kv_index_copy_dim1-16a4w-skip_mutbuf-SM8650") == "kv_index_copy_dim1-16a4w-skip_mutbuf-SM8650"
-    assert [markdown_text(t) for t in ("- item", "1. item", "1.5.1")] == ["\\- item", "1\\. item", "1.5.1"], \
+    assert [markdown_text(t) for t in ("- item", "1. item", "1.5.1")] == ["\\- item", "1\\. item", "1.5.1"], (
         "what would start a list when the text starts a line is escaped; a version is not"
+    )
 
 
 CARD_MODULES = {
-    "raises": ('raise RuntimeError("card registry unavailable")\n',
-               "model cards 'hostile_cards' ({file}) failed to import: RuntimeError: card registry unavailable"),
+    "raises": (
+        'raise RuntimeError("card registry unavailable")\n',
+        "model cards 'hostile_cards' ({file}) failed to import: RuntimeError: card registry unavailable",
+    ),
     "syntax error": ("def broken(:\n    pass\n", "model cards 'hostile_cards' ({file}, line 1) are not valid Python: "),
-    "sys.exit": ("import sys\nsys.exit(3)\n",
-                 "model cards 'hostile_cards' ({file}) failed to import: it called sys.exit(3): a card module must "
-                 "only register cards"),
+    "sys.exit": (
+        "import sys\nsys.exit(3)\n",
+        "model cards 'hostile_cards' ({file}) failed to import: it called sys.exit(3): a card module must "
+        "only register cards",
+    ),
 }
 
 
@@ -788,8 +873,14 @@ def test_card_module_that_fails_to_import_is_one_usage_line(tmp_path: Path, kind
     source, expected = CARD_MODULES[kind]
     module = tmp_path / "hostile_cards.py"
     module.write_text(source)
-    completed = _pytest_run("suites", "--collect-only", "-q", "--models", "hostile_cards",
-                            env={"PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
+    completed = _pytest_run(
+        "suites",
+        "--collect-only",
+        "-q",
+        "--models",
+        "hostile_cards",
+        env={"PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"},
+    )
     assert completed.returncode == pytest.ExitCode.USAGE_ERROR, completed.stdout[-2000:] + completed.stderr[-2000:]
     [line] = _stderr_lines(completed)
     assert line.startswith("ERROR: --models: " + expected.format(file=module)), line
@@ -797,8 +888,10 @@ def test_card_module_that_fails_to_import_is_one_usage_line(tmp_path: Path, kind
 
 def _manifest(tmp_path: Path, message: str) -> Path:
     path = tmp_path / "manifest.toml"
-    path.write_text(f'[[known_failure]]\npattern = "test_state[counter_add-*]"\nsignature = "state_mismatch"\n'
-                    f'reason = "r"\nmessage = {json.dumps(message)}\n')
+    path.write_text(
+        f'[[known_failure]]\npattern = "test_state[counter_add-*]"\nsignature = "state_mismatch"\n'
+        f'reason = "r"\nmessage = {json.dumps(message)}\n'
+    )
     return path
 
 
@@ -809,9 +902,13 @@ def test_manifest_with_an_invalid_regex_is_one_usage_line(tmp_path: Path) -> Non
     manifest = _manifest(tmp_path, "state (differs")
     with pytest.raises(ValueError) as refused:
         known_failures.load(manifest)
-    assert str(refused.value) == (f"{manifest}: entry 'test_state[counter_add-*]' has message 'state (differs', not a "
-                                  f"regular expression (missing ), unterminated subpattern at position 6): fix or escape it")
-    completed = _pytest_run("harness/tests/test_architecture.py", "--collect-only", "-q", "--known-failures", str(manifest))
+    assert str(refused.value) == (
+        f"{manifest}: entry 'test_state[counter_add-*]' has message 'state (differs', not a "
+        f"regular expression (missing ), unterminated subpattern at position 6): fix or escape it"
+    )
+    completed = _pytest_run(
+        "harness/tests/test_architecture.py", "--collect-only", "-q", "--known-failures", str(manifest)
+    )
     assert completed.returncode == pytest.ExitCode.USAGE_ERROR, completed.stdout[-2000:] + completed.stderr[-2000:]
     assert _stderr_lines(completed) == [f"ERROR: {manifest}: {refused.value}"]
 
@@ -821,10 +918,12 @@ def test_manifest_pattern_that_backtracks_for_hours_is_refused_and_no_check_hang
     import harness.checks  # noqa: F401
     from harness.check_registry import CheckFailure
 
-    for pattern, problem in (("(a+)+$", "a quantifier inside a quantified group"),
-                             ("(a*)*b", "a quantifier inside a quantified group"),
-                             ("(ab|ab)*c", "an alternation inside a quantified group"),
-                             (".*a.*a.*b", "3 unbounded quantifiers")):
+    for pattern, problem in (
+        ("(a+)+$", "a quantifier inside a quantified group"),
+        ("(a*)*b", "a quantifier inside a quantified group"),
+        ("(ab|ab)*c", "an alternation inside a quantified group"),
+        (".*a.*a.*b", "3 unbounded quantifiers"),
+    ):
         known_failures.load.cache_clear()
         with pytest.raises(ValueError, match=re.escape(f"has message {pattern!r} with {problem}")):
             known_failures.load(_manifest(tmp_path, pattern))
@@ -834,7 +933,9 @@ def test_manifest_pattern_that_backtracks_for_hours_is_refused_and_no_check_hang
     started = time.monotonic()
     assert not entry.explains(CheckFailure(message, signature="state_mismatch"))
     assert time.monotonic() - started < 10
-    assert entry.explains(CheckFailure("state a then b", signature="state_mismatch")), "the entry still explains its failure"
+    assert entry.explains(CheckFailure("state a then b", signature="state_mismatch")), (
+        "the entry still explains its failure"
+    )
     known_failures.load.cache_clear()
 
 
@@ -875,7 +976,9 @@ def listening_tcp_ports(pids: list[int]) -> list[int]:
     return sorted(ports)
 
 
-def test_another_account_reaches_no_device_on_any_port_or_socket_of_the_run(fleet: EmulatorFleet, tmp_path: Path) -> None:
+def test_another_account_reaches_no_device_on_any_port_or_socket_of_the_run(
+    fleet: EmulatorFleet, tmp_path: Path
+) -> None:
     """Attack: another local account runs `adb -P PORT devices` / `shell id` against every TCP port the
     fleet's processes listen on, and `adb -L localfilesystem:SOCKET` against the run's server."""
     home = tmp_path / "other-home"
@@ -890,7 +993,9 @@ def test_another_account_reaches_no_device_on_any_port_or_socket_of_the_run(flee
     assert harness_device(fleet).shell("id").output.startswith("uid=")  # the run's own client still gets in
 
 
-def test_a_fleet_in_a_deep_folder_listens_in_the_users_state_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_fleet_in_a_deep_folder_listens_in_the_users_state_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A work folder too deep for a unix socket's address still gets a private socket: in the user's 0700
     state folder, removed when the fleet stops."""
     runtime = Path(tempfile.mkdtemp(prefix="rt-", dir="/tmp"))  # short, as /run/user/UID is
@@ -924,16 +1029,32 @@ def test_a_unix_server_device_label_cannot_be_confused_and_bad_ones_are_one_line
     server = AdbServer.parse("localfilesystem:/run/user/0/qnnsuite/adb.sock", "--adb-server")
     assert split_label(f"{server.address}/127.0.0.1:4567") == (server.address, "127.0.0.1:4567")
     assert discovery._locate({server.address: {"127.0.0.1:4567": "device"}}, f"{server.address}/127.0.0.1:4567") == (
-        server.address, "127.0.0.1:4567")
-    for bad in ("localfilesystem:adb.sock", "localfilesystem:/a/../etc/x", "localfilesystem:/a\nb", "localfilesystem:/" + "a" * 120):
-        with pytest.raises(ValueError, match=r"^--adb-server localfilesystem:.*: write a unix socket server as ") as error:
+        server.address,
+        "127.0.0.1:4567",
+    )
+    for bad in (
+        "localfilesystem:adb.sock",
+        "localfilesystem:/a/../etc/x",
+        "localfilesystem:/a\nb",
+        "localfilesystem:/" + "a" * 120,
+    ):
+        with pytest.raises(
+            ValueError, match=r"^--adb-server localfilesystem:.*: write a unix socket server as "
+        ) as error:
             AdbServer.parse(bad, "--adb-server")
         assert "\n" not in str(error.value)
     assert AdbServer.parse("127.0.0.1:5037", "--adb-server") == AdbServer("127.0.0.1", 5037)  # TCP still works
 
 
-def _run_confined(root: Path, case: Path, argv: list[str], request_env: dict[str, str], server_env: dict[str, str],
-                  before: str = "", during: str = "") -> dict:
+def _run_confined(
+    root: Path,
+    case: Path,
+    argv: list[str],
+    request_env: dict[str, str],
+    server_env: dict[str, str],
+    before: str = "",
+    during: str = "",
+) -> dict:
     """A runner server child's entry, in a process of its own (it replaces os.environ): host_runner.main is
     replaced by a stand-in that reports the environment and argv it got and writes output_0_0.raw the way
     the runner does. `before` runs after the path check and before the files are opened; `during` in the run."""
@@ -945,10 +1066,10 @@ from harness.emulator import host_runner, runner_confinement
 checked = runner_confinement.paths_outside
 def paths_outside(argv, root):
     result = checked(argv, root)
-    {before or 'pass'}
+    {before or "pass"}
     return result
 def main(argv):
-    {during or 'pass'}
+    {during or "pass"}
     arguments = host_runner.parse_args(argv)
     host_runner.write_new(Path(arguments.output_folder_path) / "output_0_0.raw", numpy.arange(4, dtype=numpy.float32))
     print(json.dumps({{"env": dict(os.environ), "argv": argv}}))
@@ -959,11 +1080,20 @@ os.environ.clear()
 os.environ.update({request_env!r})
 sys.exit(runner_confinement.confined(Path({str(root)!r}), {server_env!r})({argv!r}))
 """
-    completed = subprocess.run([sys.executable, "-c", script], cwd=case, capture_output=True, text=True, timeout=120,
-                               env={"PYTHONPATH": str(PROJECT_ROOT), "PATH": "/usr/bin:/bin"})
+    completed = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=case,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": str(PROJECT_ROOT), "PATH": "/usr/bin:/bin"},
+    )
     lines = completed.stdout.splitlines()
-    return {"code": completed.returncode, "stderr": completed.stderr,
-            **(json.loads(lines[-1]) if completed.returncode == 0 and lines else {})}
+    return {
+        "code": completed.returncode,
+        "stderr": completed.stderr,
+        **(json.loads(lines[-1]) if completed.returncode == 0 and lines else {}),
+    }
 
 
 @pytest.fixture
@@ -985,8 +1115,13 @@ def test_a_runner_request_cannot_name_the_library_its_child_loads(sandbox) -> No
     root, case, argv = sandbox
     planted = str(case / "evil.so")
     server_env = {"QNN_SDK_ROOT": "/opt/qnn", "LD_LIBRARY_PATH": "/opt/qnn/lib", "QNNSUITE_BRIDGE_DEVICE_CONFIG": "1"}
-    request_env = {"QNNSUITE_REAL_QNNHTP": planted, "LD_PRELOAD": planted, "QNN_SDK_ROOT": str(case),
-                   "EMULATED_STORAGE_FULL": "1", "ANDROID_ROOT_SANDBOX": "/"}
+    request_env = {
+        "QNNSUITE_REAL_QNNHTP": planted,
+        "LD_PRELOAD": planted,
+        "QNN_SDK_ROOT": str(case),
+        "EMULATED_STORAGE_FULL": "1",
+        "ANDROID_ROOT_SANDBOX": "/",
+    }
     ran = _run_confined(root, case, argv, request_env, server_env)
     assert ran["code"] == 0, ran["stderr"]
     env = ran["env"]
@@ -1006,7 +1141,11 @@ def test_an_output_folder_swapped_for_a_link_after_the_check_is_refused(sandbox,
     ran = _run_confined(root, case, argv, {}, {}, before=swap)
     assert ran["code"] == runner_confinement.REFUSED_EXIT and list(host.iterdir()) == []
     lines = [line for line in ran["stderr"].splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("runner server: refused, outputs: ") and "without following links" in lines[0]
+    assert (
+        len(lines) == 1
+        and lines[0].startswith("runner server: refused, outputs: ")
+        and "without following links" in lines[0]
+    )
 
 
 def test_an_output_folder_swapped_during_the_run_keeps_the_outputs_in_the_sandbox(sandbox, tmp_path: Path) -> None:
@@ -1056,7 +1195,9 @@ def test_a_device_shell_sees_none_of_the_runs_environment(tmp_path: Path, monkey
     assert "ANDROID_DATA=/data" in shown and "PATH=" in shown  # a device's environment, and the shell works
     from harness.emulator.adbd import device_environment
 
-    device = device_environment({"CI_SECRET_TOKEN": "x", "QNNSUITE_PYTHON": "/py", "LD_LIBRARY_PATH": "/q", "HOME": "/root"})
+    device = device_environment(
+        {"CI_SECRET_TOKEN": "x", "QNNSUITE_PYTHON": "/py", "LD_LIBRARY_PATH": "/q", "HOME": "/root"}
+    )
     assert "CI_SECRET_TOKEN" not in device and device["QNNSUITE_PYTHON"] == "/py" and device["HOME"] == "/data"
 
 
@@ -1066,8 +1207,12 @@ def test_network_listeners_are_told_from_loopback_ones() -> None:
 
     sockets = []
     try:
-        for family, address in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::"),
-                                (socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+        for family, address in (
+            (socket.AF_INET, "0.0.0.0"),
+            (socket.AF_INET6, "::"),
+            (socket.AF_INET, "127.0.0.1"),
+            (socket.AF_INET6, "::1"),
+        ):
             sock = socket.socket(family)
             sock.bind((address, 0))
             sock.listen()
@@ -1080,16 +1225,26 @@ def test_network_listeners_are_told_from_loopback_ones() -> None:
 
 
 def _emulate(*arguments: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "harness", "emulate", *arguments], cwd=PROJECT_ROOT,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "harness", "emulate", *arguments],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_emulate_refuses_a_server_started_with_adb_a(tmp_path: Path) -> None:
     """Attack (by mistake): `emulate --adb-port` on a rack's `adb -a` server would serve root shells to the network."""
     port, home = free_port(), tmp_path / "home"
     home.mkdir()
-    server = subprocess.Popen([ADB, "-a", "-P", str(port), "server", "nodaemon"], env={**os.environ, **ADB_SERVER_ENV, "HOME": str(home)},
-                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [ADB, "-a", "-P", str(port), "server", "nodaemon"],
+        env={**os.environ, **ADB_SERVER_ENV, "HOME": str(home)},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 10
         while not listening_tcp_ports([server.pid]):
@@ -1103,17 +1258,29 @@ def test_emulate_refuses_a_server_started_with_adb_a(tmp_path: Path) -> None:
         server.wait(10)
     lines = [line for line in refused.stderr.splitlines() if line.strip()]
     assert refused.returncode == 2 and len(lines) == 1, refused.stderr
-    assert lines[0].startswith(f"emulate: the adb server on port {port} listens on ") and "--allow-network-server" in lines[0]
+    assert (
+        lines[0].startswith(f"emulate: the adb server on port {port} listens on ")
+        and "--allow-network-server" in lines[0]
+    )
 
 
 def test_emulate_serves_on_a_private_socket_no_other_account_can_use(tmp_path: Path) -> None:
     """Attack: another account uses the server `python -m harness emulate` starts by default."""
-    process = subprocess.Popen([sys.executable, "-m", "harness", "emulate", "--soc", "SM8650"], cwd=PROJECT_ROOT,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "harness", "emulate", "--soc", "SM8650"],
+        cwd=PROJECT_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     lines: list[str] = []
     try:
         deadline = time.monotonic() + 120
-        while "emulate: serving; Ctrl-C stops" not in lines and time.monotonic() < deadline and (line := process.stdout.readline()):
+        while (
+            "emulate: serving; Ctrl-C stops" not in lines
+            and time.monotonic() < deadline
+            and (line := process.stdout.readline())
+        ):
             lines.append(line.rstrip("\n"))
         exports = [line.removeprefix("emulate: export ") for line in lines if line.startswith("emulate: export ")]
         assert len(exports) == 1 and exports[0].startswith("ADB_SERVER_SOCKET=localfilesystem:/"), lines
@@ -1121,8 +1288,13 @@ def test_emulate_serves_on_a_private_socket_no_other_account_can_use(tmp_path: P
         serial = lines[0].split()[1]
         theirs = as_other_account([ADB, "-L", address, "-s", serial, "shell", "id"], tmp_path / "other-home")
         assert theirs.returncode != 0 and "uid=" not in theirs.stdout
-        mine = subprocess.run([ADB, "-s", serial, "shell", "id"], env={**os.environ, "ADB_SERVER_SOCKET": address},
-                              capture_output=True, text=True, timeout=30)
+        mine = subprocess.run(
+            [ADB, "-s", serial, "shell", "id"],
+            env={**os.environ, "ADB_SERVER_SOCKET": address},
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert mine.stdout.startswith("uid=0"), mine.stderr
     finally:
         process.send_signal(signal.SIGINT)
@@ -1167,6 +1339,8 @@ def test_emulate_write_build_into_a_symlink_is_one_line(tmp_path: Path) -> None:
     completed = _emulate("--write-build", str(tmp_path / "build"))
     lines = [line for line in completed.stderr.splitlines() if line.strip()]
     assert completed.returncode == 1 and len(lines) == 1, completed.stderr
-    assert lines[0] == (f"emulate: --write-build {tmp_path / 'build'} is a symlink: name a new folder of yours "
-                        f"(e.g. under $HOME) and it is created fresh")
+    assert lines[0] == (
+        f"emulate: --write-build {tmp_path / 'build'} is a symlink: name a new folder of yours "
+        f"(e.g. under $HOME) and it is created fresh"
+    )
     assert list(theirs.iterdir()) == []

@@ -1,0 +1,43 @@
+"""The order xdist hands cases out in: every case once, neighbours on different SoCs (two workers, two
+devices) and in different dtypes (two quantized programs)."""
+
+from __future__ import annotations
+
+from fixtures import llama, zoo  # noqa: F401  (registers the cards)
+from harness.pipeline import card as cards
+from harness.pipeline import cases
+
+DTYPES = ("fp16", "16a8w", "8a8w", "16a4w")
+SOCS = ["SM8650", "SM8750"]
+
+
+def test_every_case_once_with_neighbours_on_other_socs_and_dtypes():
+    matrix = cases.with_meta_llama(cards.cards(), DTYPES, SOCS)
+    ids = [case.id for case in matrix]
+    assert len(ids) == len(set(ids))
+    expected = {
+        (card.name, dtype, soc)
+        for card in cards.cards()
+        if not card.tags & {cases.HEALTH_CHECK_TAG}
+        for dtype in DTYPES
+        if dtype in card.dtypes
+        for soc in SOCS
+    }
+    assert {(case.card.name, case.dtype, case.soc) for case in matrix} == expected
+    neighbours = [(a, b) for a, b in zip(matrix, matrix[1:]) if a.card is b.card and a.mode is b.mode]
+    multi_dtype = [(a, b) for a, b in neighbours if len([d for d in DTYPES if d in a.card.dtypes]) > 1]
+    assert multi_dtype and all(a.soc != b.soc for a, b in neighbours), "one device per SoC: neighbours share none"
+    assert all(a.dtype != b.dtype for a, b in multi_dtype), "neighbours need different quantized programs"
+
+
+def test_a_card_and_dtype_is_never_its_own_neighbour():
+    card = cards.find("fixtures.zoo:counter_add")
+    for socs in (SOCS, ["SM8450", "SM8550", "SM8650"]):
+        order = cases.matrix([card], DTYPES, socs)
+        assert len(order) == 2 * len(socs) * len([dtype for dtype in DTYPES if dtype in card.dtypes])
+        assert all(a.dtype != b.dtype for a, b in zip(order, order[1:]) if a.mode is b.mode)
+
+
+def test_one_soc_and_one_dtype_still_give_every_case():
+    card = cards.find("fixtures.zoo:counter_add")
+    assert [case.soc for case in cases.matrix([card], ("fp16",), ["SM8650"])] == ["SM8650", "SM8650"]

@@ -1,0 +1,86 @@
+"""The suite's pytest wiring: options, bad input as one line, card loading and the case matrix."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+import harness.checks  # noqa: F401  (registers the checks the manifest names)
+from harness import known_failures
+from harness.paths import REPO_ROOT
+
+
+def _pytest(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """A suite run with a state folder of its own: another test's killed run is not cleaned up here (its
+    one line would be a second stderr line)."""
+    with tempfile.TemporaryDirectory() as runtime:  # 0700, as the state folder must be
+        return subprocess.run(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
+            cwd=REPO_ROOT,
+            env={**os.environ, "COLUMNS": "300", "XDG_RUNTIME_DIR": runtime, **(env or {})},
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--soc", "SM0000"], "ERROR: --soc: unknown SoC 'SM0000': the ExecuTorch under test knows"),
+        (["--emulate", "XX1"], "ERROR: --emulate: unknown SoC 'XX1'"),
+        (["--steps", "0"], "ERROR: --steps 0: give a step count of 1 or more"),
+        (["--runner", "/nonexistent/runner"], "ERROR: --runner /nonexistent/runner does not exist"),
+        (["--baseline", "/nonexistent/report.json"], "ERROR: --baseline /nonexistent/report.json does not exist"),
+        (["--models", "no_such_module_xyz"], "ERROR: --models: cannot import model cards from 'no_such_module_xyz'"),
+        (["--qnn-sdk", "/nonexistent/sdk"], "ERROR: QNN SDK path /nonexistent/sdk (from --qnn-sdk) does not exist"),
+    ],
+)
+def test_bad_option_is_one_line(args, expected):
+    completed = _pytest("suites", "--collect-only", "-q", *args)
+    assert completed.returncode == pytest.ExitCode.USAGE_ERROR, completed.stdout + completed.stderr
+    lines = [line for line in completed.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(expected), completed.stderr
+
+
+def test_unknown_device_serial_is_one_line(tmp_path):
+    from harness.emulator.launcher import EmulatorFleet
+
+    with EmulatorFleet(["SM8650"], tmp_path) as fleet:
+        completed = _pytest("suites", "--collect-only", "-q", "--device", "emulator-9999", env=fleet.server.environment)
+    lines = [line for line in completed.stderr.splitlines() if line.strip()]
+    assert completed.returncode == pytest.ExitCode.USAGE_ERROR
+    assert len(lines) == 1 and lines[0].startswith(
+        "ERROR: unknown device serial emulator-9999: attached are 127.0.0.1:"
+    )
+
+
+def test_matrix_collects_every_card_dtype_mode_and_soc_and_extra_models():
+    completed = _pytest(
+        "suites/test_partitions.py",
+        "--collect-only",
+        "-q",
+        "--emulate",
+        "SM8650,SM8750",
+        "--models",
+        "harness.tests.broken_cards",
+    )
+    assert completed.returncode == 0, completed.stderr
+    ids = [line for line in completed.stdout.splitlines() if "::test_partitions[" in line]
+    assert any("[split_by_unsupported_op-16a4w-skip_mutbuf-SM8750]" in line for line in ids), "--models adds cards"
+    assert any("[kv_index_copy_dim1-fp16-delegate_mutbuf-SM8650]" in line for line in ids)
+    cards = {line.split("[")[1].split("-")[0] for line in ids}
+    assert len(ids) == len(cards) * 4 * 2 * 2
+    assert "qnnsuite_health_one_op" not in cards, "the health check's program is never a case"
+    assert "health check" not in completed.stderr, "collecting runs nothing on the devices"
+
+
+def test_known_failure_patterns_treat_brackets_literally():
+    entry = known_failures.load()[0]
+    name = entry.pattern.replace("*", "x").replace("?", "x")
+    assert entry in known_failures.matching(name)
+    assert entry not in known_failures.matching(name.replace("[", "(").replace("]", ")"))

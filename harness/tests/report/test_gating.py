@@ -1,0 +1,157 @@
+"""Nightly gating end to end: a real suite run against a baseline report.
+
+An identical run passes the gate; a baseline in which a now-failing check had passed (an injected
+regression) fails it and names exactly that case; so does a known failure that now passes, a failing check
+the baseline does not have, and a baseline check this run lacks (unless --allow-missing). The baseline is
+read before the run writes anything, so `--baseline reports/latest` is the previous run, not this one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.paths import REPO_ROOT
+
+SELECTION = ["--emulate", "SM8650", "--dtype", "fp16", "-k", "counter_ones_init or kv_gather_written and not pair"]
+
+
+def _suite(
+    reports: Path, cache: Path, *extra: str, faults: dict | None = None, selection: list[str] = SELECTION
+) -> subprocess.CompletedProcess:
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "suites",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "-W",
+        "ignore",
+        *selection,
+        "--cache-dir",
+        str(cache),
+        "--report-dir",
+        str(reports),
+        *extra,
+    ]
+    return subprocess.run(
+        command,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "COLUMNS": "300", "QNNSUITE_EMULATOR_FAULTS": json.dumps({"SM8650": faults or {}})},
+    )
+
+
+def _gate_lines(completed: subprocess.CompletedProcess) -> list[str]:
+    return [line.strip() for line in completed.stdout.splitlines() if line.startswith("  ") and "SM8650" in line]
+
+
+@pytest.fixture(scope="module")
+def baseline_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gating")
+    completed = _suite(root / "baseline", root / "cache")
+    assert completed.returncode == 0, completed.stdout[-3000:]
+    report = root / "baseline" / "latest" / "SM8650" / "report.json"
+    return root, json.loads(report.read_text())
+
+
+def _write_baseline(path: Path, document: dict) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "report.json").write_text(json.dumps(document))
+    return path / "report.json"
+
+
+def test_identical_run_passes_the_gate(baseline_run):
+    root, document = baseline_run
+    baseline = _write_baseline(root / "same", document)
+    completed = _suite(root / "again", root / "cache", "--baseline", str(baseline))
+    assert completed.returncode == 0, completed.stdout[-3000:]
+    assert "no regressions" in completed.stdout
+
+
+def test_injected_regression_and_fixed_known_failure_fail_the_gate(baseline_run):
+    root, document = baseline_run
+    edited = json.loads(json.dumps(document))
+    by_id = {case["case_id"]: case for case in edited["cases"]}
+    # Pretend the known failure had passed before (a regression now) ...
+    known = by_id["counter_ones_init-fp16-delegate_mutbuf-SM8650"]["checks"]["initial_state"]
+    assert known["verdict"] == "xfailed"
+    known["verdict"], known["known_failure"] = "passed", ""
+    # ... and that a passing check was a known failure before (it now passes).
+    fixed = by_id["kv_gather_written-fp16-skip_mutbuf-SM8650"]["checks"]["state"]
+    assert fixed["verdict"] == "passed"
+    fixed["verdict"], fixed["known_failure"] = "xfailed", "an old defect"
+    baseline = _write_baseline(root / "edited", edited)
+    completed = _suite(root / "gated", root / "cache", "--baseline", str(baseline))
+    assert completed.returncode == pytest.ExitCode.TESTS_FAILED, completed.stdout[-3000:]
+    gate_lines = [line.strip() for line in completed.stdout.splitlines() if line.startswith("  ")]
+    named = [line for line in gate_lines if "SM8650" in line]
+    assert len(named) == 2, completed.stdout[-3000:]
+    assert any("counter_ones_init-fp16-delegate_mutbuf-SM8650" in line and "initial_state" in line for line in named)
+    assert any("kv_gather_written-fp16-skip_mutbuf-SM8650" in line and "state" in line for line in named)
+
+
+def test_baseline_latest_is_the_previous_run_not_this_one(baseline_run):
+    """reports/latest is repointed to this run at the end; the gate must have read the previous run first."""
+    root, document = baseline_run
+    edited = json.loads(json.dumps(document))
+    by_id = {case["case_id"]: case for case in edited["cases"]}
+    known = by_id["counter_ones_init-fp16-delegate_mutbuf-SM8650"]["checks"]["initial_state"]
+    known["verdict"], known["known_failure"] = "passed", ""  # an injected regression
+    reports = root / "nightly"
+    _write_baseline(reports / "previous-run" / "SM8650", edited)
+    (reports / "latest").symlink_to("previous-run", target_is_directory=True)
+    completed = _suite(reports, root / "cache", "--baseline", str(reports / "latest"))
+    assert completed.returncode == pytest.ExitCode.TESTS_FAILED, completed.stdout[-3000:]
+    lines = _gate_lines(completed)
+    assert len(lines) == 1 and lines[0].startswith(
+        "regression: SM8650 counter_ones_init-fp16-delegate_mutbuf-SM8650 initial_state passed -> xfailed: "
+    ), completed.stdout[-3000:]
+    assert (reports / "latest").resolve() != (reports / "previous-run").resolve(), "latest points at the new run"
+    gate_file = json.loads(((reports / "latest") / "SM8650" / "gate.json").read_text())
+    assert gate_file["ok"] is False and [e["kind"] for e in gate_file["checks"]] == ["regression"]
+
+
+def test_a_new_failing_check_fails_the_gate(baseline_run):
+    """A state check that now fails (a runner losing state between steps) and is absent from the baseline."""
+    root, document = baseline_run
+    edited = json.loads(json.dumps(document))
+    by_id = {case["case_id"]: case for case in edited["cases"]}
+    del by_id["kv_gather_written-fp16-skip_mutbuf-SM8650"]["checks"]["state"]
+    baseline = _write_baseline(root / "without-state", edited)
+    completed = _suite(
+        root / "new-failure", root / "cache", "--baseline", str(baseline), faults={"runner_reload_each_line": True}
+    )
+    assert completed.returncode == pytest.ExitCode.TESTS_FAILED, completed.stdout[-3000:]
+    named = {
+        tuple(line.split(":")[1].split()[1:5]) for line in _gate_lines(completed) if line.startswith("new failure: ")
+    }
+    assert ("kv_gather_written-fp16-skip_mutbuf-SM8650", "state", "absent", "->") in named, named
+    # The broken runner also fails checks the baseline had as known failures, differently than expected:
+    # those are new failures too (a known failure must not mask a new one).
+    others = named - {("kv_gather_written-fp16-skip_mutbuf-SM8650", "state", "absent", "->")}
+    assert others and all(before == "xfailed" for _, _, before, _ in others), named
+
+
+def test_a_dropped_case_fails_the_gate_unless_missing_is_allowed(baseline_run):
+    root, document = baseline_run
+    baseline = _write_baseline(root / "whole", document)
+    narrower = ["--emulate", "SM8650", "--dtype", "fp16", "-k", "counter_ones_init"]
+    completed = _suite(root / "dropped", root / "cache", "--baseline", str(baseline), selection=narrower)
+    assert completed.returncode == pytest.ExitCode.TESTS_FAILED, completed.stdout[-3000:]
+    missing = [line for line in _gate_lines(completed) if line.startswith("missing: ")]
+    assert missing and all("kv_gather_written" in line for line in missing), completed.stdout[-3000:]
+    allowed = _suite(
+        root / "allowed", root / "cache", "--baseline", str(baseline), "--allow-missing", selection=narrower
+    )
+    assert allowed.returncode == 0, allowed.stdout[-3000:]
+    assert "gate against" in allowed.stdout and "no regressions" in allowed.stdout
