@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 
 import harness.checks  # noqa: F401  (registers the built-in checks)
-from harness import check_registry, shard, verdicts
-from harness import options as run_options
+from harness import check_registry, options as run_options, shard, verdicts
 from harness.context import RunContext
 from harness.paths import REPO_ROOT
 from harness.pipeline import card, cases

@@ -21,8 +21,7 @@ from pathlib import Path
 from harness.device.payload import BACKEND_BUILD_DIR, BACKEND_LIBRARY, EMULATED_RUNNER, RUNNER_BUILD_DIR, RUNNER_NAME
 from harness.emulator.phone_runtime import PHONE_ENV
 from harness.paths import REPO_ROOT
-from harness.qnn import interposer
-from harness.qnn import soc as soc_table
+from harness.qnn import interposer, soc as soc_table
 from harness.qnn.sdk import HOST_LIB_DIR, WHEEL_RUNTIME_DIR, QnnSdk
 from harness.qnn.toolchain import Toolchain
 

@@ -18,8 +18,7 @@ from packaging.version import InvalidVersion, Version
 
 from harness.matrix.layout import COMBINATION_FILE, Combination, report_files
 from harness.qnn import qairt
-from harness.report.document import check_order as document_check_order
-from harness.report.document import rank
+from harness.report.document import check_order as document_check_order, rank
 
 MATRIX_SCHEMA_VERSION = 1
 # What a verdict says about the check itself: a known failure that now passes passes, an expected failure fails.

@@ -43,8 +43,7 @@ def main(argv: list[str]) -> int:
         started = now
 
     try:
-        from harness.pipeline import card as card_registry
-        from harness.pipeline import prepared, stages
+        from harness.pipeline import card as card_registry, prepared, stages
         from harness.pipeline.eager import build_model
 
         card = card_registry.find(request.card)
@@ -127,8 +126,7 @@ def prepare_in_server(argv: list[str]) -> None:
     """Called by the lowering server just before it forks the child for a request (harness/process/services.py):
     the card's module is imported and its quantized program in the dtype read there once, for every child
     that lowers the card and dtype, instead of in each (harness/pipeline/prepared.py preload)."""
-    from harness.pipeline import card as card_registry
-    from harness.pipeline import prepared
+    from harness.pipeline import card as card_registry, prepared
 
     request = LoweringRequest.read(Path(argv[0]))
     card_registry.find(request.card)

@@ -13,7 +13,7 @@ import pytest
 from harness.paths import REPO_ROOT
 
 PACKAGES = ("harness", "fixtures", "suites")
-PLUGIN_MAX_LINES = 150
+PLUGIN_MAX_LINES = 160  # in ruff format's layout, which spells a long condition one operand a line
 # The packages harness/<pkg>/, lowest first: a module of one imports only its own package's modules, the
 # packages before it and the shared modules below. A new package gets its place here.
 LAYERS = (

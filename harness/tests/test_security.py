@@ -30,9 +30,7 @@ from pathlib import Path
 import adbutils
 import pytest
 
-from harness import known_failures
-from harness import options as run_options
-from harness import shard as sharding
+from harness import known_failures, options as run_options, shard as sharding
 from harness.device import device as device_module
 from harness.device.adb import AdbClient
 from harness.device.device import Device, DeviceError, safe_pull_name
@@ -44,13 +42,11 @@ from harness.emulator.adb_auth import PublicKey, load_keys
 from harness.emulator.adbd import HEADER, JAIL_ENV
 from harness.emulator.launcher import ADB_SERVER_ENV, PROJECT_ROOT, EmulatorFleet, free_port, host_request
 from harness.paths import REPO_ROOT
-from harness.pipeline import card as card_registry
-from harness.pipeline import prepared
+from harness.pipeline import card as card_registry, prepared
 from harness.pipeline.facts import PreparedFacts, ProgramFacts, QuantizeFacts
 from harness.report import write_run
 from harness.report.chart import error_chart
-from harness.report.gate import BaselineError, MalformedReport
-from harness.report.gate import load as load_reports
+from harness.report.gate import BaselineError, MalformedReport, load as load_reports
 from harness.tests.report.test_report import COLUMNS, make_records, typed
 from harness.text import ZERO_WIDTH_SPACE, markdown_text
 from harness.user_state import UnsafeStateDir, base_dir, open_append, state_dir

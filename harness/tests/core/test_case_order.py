@@ -4,8 +4,7 @@ devices) and in different dtypes (two quantized programs)."""
 from __future__ import annotations
 
 from fixtures import llama, zoo  # noqa: F401  (registers the cards)
-from harness.pipeline import card as cards
-from harness.pipeline import cases
+from harness.pipeline import card as cards, cases
 
 DTYPES = ("fp16", "16a8w", "8a8w", "16a4w")
 SOCS = ["SM8650", "SM8750"]

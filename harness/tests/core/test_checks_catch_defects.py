@@ -23,8 +23,7 @@ from harness.check_registry import CheckFailure, NotMeasured
 from harness.device import kinds
 from harness.device.execute import DeviceRun, write_inputs
 from harness.outcome import CaseOutcome
-from harness.pipeline import card as cards
-from harness.pipeline import eager, stages
+from harness.pipeline import card as cards, eager, stages
 from harness.pipeline.facts import ExportFacts, LoweringFacts, QuantizeFacts
 from harness.pipeline.lower import LoweredArtifact, lower_case
 from harness.tests import broken_cards

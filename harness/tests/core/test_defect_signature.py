@@ -28,8 +28,7 @@ from harness.device.execute import HEAP_PATTERN, DeviceRun
 from harness.numerics import pattern_dequantized
 from harness.outcome import CaseOutcome
 from harness.paths import REPO_ROOT
-from harness.pipeline import card as cards
-from harness.pipeline import eager
+from harness.pipeline import card as cards, eager
 from harness.pipeline.eager import pattern_initial
 from harness.pipeline.facts import LoweringFacts
 from harness.pipeline.lower import LoweredArtifact

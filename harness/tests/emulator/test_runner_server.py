@@ -25,8 +25,7 @@ from fixtures import zoo  # noqa: F401  (registers the cards)
 from harness.device.execute import write_inputs
 from harness.device.payload import EMULATED_RUNNER
 from harness.emulator.runner_client import SOCKET_ENV
-from harness.pipeline import card as cards
-from harness.pipeline import mutbuf
+from harness.pipeline import card as cards, mutbuf
 from harness.pipeline.lower import LoweredArtifact, lower_case
 from harness.process.fork_client import MAX_UNIX_PATH_BYTES, unix_address
 from harness.process.fork_server import pid_file_of, start_server, stop_server

@@ -12,8 +12,7 @@ import pytest
 
 from fixtures import zoo  # noqa: F401  (registers the cards)
 from harness.case_store import CaseStore
-from harness.pipeline import cache
-from harness.pipeline import card as cards
+from harness.pipeline import cache, card as cards
 from harness.tests import broken_cards
 from harness.versions import _tree_identity, build_identity
 from harness.vocabulary import Case, Mode

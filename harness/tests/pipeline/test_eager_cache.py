@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 
 from fixtures import zoo  # noqa: F401  (registers the cards)
-from harness.pipeline import cache, eager, references
-from harness.pipeline import card as cards
+from harness.pipeline import cache, card as cards, eager, references
 from harness.vocabulary import Case, Mode
 
 CASE = Case(cards.find("fixtures.zoo:counter_add"), "fp16", Mode.DELEGATE, "SM8650")

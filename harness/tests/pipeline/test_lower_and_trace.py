@@ -15,8 +15,7 @@ import pytest
 
 from fixtures import zoo  # noqa: F401  (registers the cards)
 from harness.paths import REPO_ROOT
-from harness.pipeline import card as cards
-from harness.pipeline import mutbuf
+from harness.pipeline import card as cards, mutbuf
 from harness.pipeline.lower import lower_case
 from harness.qnn import qnnlog
 from harness.vocabulary import Case, Mode

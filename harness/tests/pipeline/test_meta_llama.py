@@ -16,8 +16,7 @@ from fixtures import llama  # noqa: F401  (registers the cards)
 from harness import checks
 from harness.check_registry import CheckFailure
 from harness.outcome import CaseOutcome
-from harness.pipeline import card as cards
-from harness.pipeline import meta_llama
+from harness.pipeline import card as cards, meta_llama
 from harness.pipeline.lower import lower_case
 from harness.vocabulary import Case, Mode
 

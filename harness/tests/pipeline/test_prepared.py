@@ -20,8 +20,7 @@ import pytest
 from fixtures import zoo  # noqa: F401  (registers the cards)
 from harness.case_store import CaseStore
 from harness.paths import REPO_ROOT
-from harness.pipeline import cache, lower_job, prepared
-from harness.pipeline import card as cards
+from harness.pipeline import cache, card as cards, lower_job, prepared
 from harness.pipeline.facts import ExportFacts, LoweringFacts, LoweringRequest, PreparedFacts
 from harness.pipeline.lower import lower_case
 from harness.pipeline.prepared import EXPORT_FACTS, FACTS, PROGRAM

@@ -21,8 +21,7 @@ from harness.paths import REPO_ROOT
 from harness.record import CheckRecord
 from harness.report import BaselineError, gate, summary_line, write_run
 from harness.text import markdown_text
-from harness.vocabulary import DTYPES
-from harness.vocabulary import MATRIX_MODES as MODES
+from harness.vocabulary import DTYPES, MATRIX_MODES as MODES
 
 SCHEMA = json.loads((REPO_ROOT / "harness" / "report" / "report.schema.json").read_text())
 SOCS = ("SM8650", "SM8750")

@@ -17,8 +17,7 @@ import pytest
 
 from harness import shard
 from harness.paths import REPO_ROOT
-from harness.report import merge as merging
-from harness.report import write_run
+from harness.report import merge as merging, write_run
 from harness.tests.report.test_report import COLUMNS, SCHEMA, environments, make_records, typed
 
 SLICE = "kv_gather_written or kv_index_copy_dim1"  # 2 cards x 2 modes in fp16: 4 cases

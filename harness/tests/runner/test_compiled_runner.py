@@ -20,8 +20,7 @@ import numpy as np
 import pytest
 
 from harness.paths import REPO_ROOT
-from harness.runner import build as runner_build
-from harness.runner import run as runner_run
+from harness.runner import build as runner_build, run as runner_run
 
 STEPS = 4
 SOC = "SM8650"
