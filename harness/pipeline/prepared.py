@@ -43,7 +43,6 @@ from typing import TypeVar
 import torch
 from filelock import FileLock
 
-from harness import user_state
 from harness.files import write_bytes_atomically
 from harness.pipeline import stages
 from harness.pipeline.card import ModelCard
@@ -58,6 +57,7 @@ from harness.pipeline.facts import (
     QuantizeFacts,
     lowering_error,
 )
+from harness.user_state import UnsafeStateDir, base_dir
 
 T = TypeVar("T")
 PROGRAM = "program.pt2"
@@ -175,7 +175,7 @@ def preload(directory: Path) -> None:
         facts = PreparedFacts.read(directory / FACTS)
         if facts.error is None and facts.program.sha256 not in _PRELOADED:
             _PRELOADED[facts.program.sha256] = _load(_program_bytes(directory, facts))
-    except (FactsError, OSError, user_state.UnsafeStateDir):
+    except (FactsError, OSError, UnsafeStateDir):
         return  # not made yet, damaged or not sealed: the child makes it, or says why and makes it again
 
 
@@ -224,7 +224,7 @@ def _key() -> bytes:
     """This user's key for sealing prepared programs: made once (0600, atomically: the first writer wins)
     in the user's private 0700 state folder, and read only if it is a regular file of this user's that
     nobody else can read."""
-    path = user_state.base_dir() / KEY_FILE
+    path = base_dir() / KEY_FILE
     if not os.path.lexists(path):
         temporary = path.with_name(f".{KEY_FILE}.{os.getpid()}.{secrets.token_hex(4)}")
         descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -244,7 +244,7 @@ def _key() -> bytes:
         info = os.fstat(descriptor)
         key = file.read(KEY_BYTES + 1)
     if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077 or len(key) != KEY_BYTES:
-        raise user_state.UnsafeStateDir(
+        raise UnsafeStateDir(
             f"cache key {path} is not a 0600 file of {KEY_BYTES} bytes of yours: "
             f"remove it (a new one is made; cached quantized programs are made again)"
         )

@@ -43,6 +43,7 @@ BUNDLE = Path(__file__).resolve().parent
 # A check declared in another module (a user's @check) is carried beside them: suite/manifest.json lists all.
 SUITE_MODULES = (
     "harness.vocabulary",
+    "harness.user_state",
     "harness.files",
     "harness.pipeline.facts",
     "harness.pipeline.eager",
