@@ -71,7 +71,7 @@ def run_with_reconnects(
                 attempt.timings_s.update(attempt.run.timings_s)
             break
         except DeviceLost as lost:
-            label = attempt.device_serial  # the pool's name of the device, server/serial
+            label = attempt.device_serial or lost.label  # the pool's name of the device, server/serial
             retry = label and tried < MAX_RETRIES and not isinstance(lost, DeviceFrozen)
             if retry and pool.back_online(label, RECONNECT_WAIT_S):
                 attempt.retries += 1

@@ -12,6 +12,7 @@ import errno
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -617,3 +618,128 @@ def test_a_failing_check_whose_bundle_could_not_be_written_is_a_line_in_the_summ
             f"e.g. {failed.case_id} {failed.check}"
         ]
     )
+
+
+# --- the run's adb server restarted or replaced mid-run ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def reconnect_cache(tmp_path_factory) -> Path:
+    """One artifact cache for the two runs below: the second lowers nothing, so its bound is the device layer's."""
+    return tmp_path_factory.mktemp("reconnect-cache")
+
+
+def _run_killing_its_server(tmp_path: Path, cache_dir: Path, replace: bool):
+    """A suite run (one emulated SM8650, no xdist, -s so that the device layer's lines reach the output) whose
+    private adb server is SIGKILLed once the health check is done; with `replace`, another server is started on
+    the same socket a second later, the way another tool would: the stock adb with `-L localfilesystem:PATH
+    server nodaemon` and the run's adb home (launcher.server_environment: the key the devices trust).
+    Returns (the run's output, its exit code, the run context, seconds from the kill to the run's end,
+    the replacement server's process or None)."""
+    import adbutils
+
+    from harness.context import RunContext
+    from harness.emulator.launcher import server_environment
+
+    reports = tmp_path / "reports"
+    command = [sys.executable, "-m", "pytest", "suites", "-p", "no:cacheprovider", "-q", "-s", "-W", "ignore"]
+    command += ["--emulate", "SM8650", "--dtype", "fp16", "-k", "counter_add", "--runner-timeout", "60"]
+    command += ["--cache-dir", str(cache_dir), "--report-dir", str(reports)]
+    run = subprocess.Popen(
+        command,
+        cwd=REPO_ROOT,
+        env={**os.environ, "COLUMNS": "400"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    replacement = None
+    try:
+        deadline, context = time.monotonic() + 300, None
+        while time.monotonic() < deadline and run.poll() is None:
+            published = list(reports.glob("*/run-context.json"))
+            context = RunContext.from_json(published[0].read_text()) if published else None
+            if context and (context.provenance or context.quarantined):  # the health check is done
+                break
+            time.sleep(0.2)
+        assert context and context.provenance, "the run published no checked context"
+        servers = [pid for pid in context.started_pids if _argv(pid)[1:2] == [b"-L"]]  # adb -L ADDRESS server
+        assert len(servers) == 1, f"one private adb server among {context.started_pids}"
+        server = servers[0]
+        os.kill(server, signal.SIGKILL)
+        killed = time.monotonic()
+        if replace:
+            time.sleep(1)
+            address = context.devices[0].server
+            replacement = subprocess.Popen(
+                [adbutils.adb_path(), "-L", address, "server", "nodaemon"],
+                env=server_environment(context.work_dir / "emulator"),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        output = run.communicate(timeout=900)[0]
+        return output, run.returncode, context, time.monotonic() - killed, replacement
+    finally:
+        run.kill()  # only when the test failed before the run ended: it must not outlive the test
+        run.wait()
+
+
+def _argv(pid: int) -> list[bytes]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return []
+
+
+def _verdicts(reports: Path) -> dict[tuple[str, str], dict]:
+    report = json.loads((reports / "latest" / "SM8650" / "report.json").read_text())
+    return {(case["case_id"], name): check for case in report["cases"] for name, check in case["checks"].items()}
+
+
+def _assert_nothing_left(context) -> None:
+    alive = [pid for pid in context.started_pids if run_records.start_time(pid) is not None]
+    assert alive == [], f"processes left running: {alive}"
+    stray = subprocess.run(["pgrep", "-f", str(context.work_dir)], capture_output=True, text=True).stdout.split()
+    assert stray == [], stray
+
+
+def test_an_adb_server_replaced_on_the_run_s_socket_gets_the_devices_back_and_the_cases_pass(tmp_path, reconnect_cache):
+    output, code, context, _, replacement = _run_killing_its_server(tmp_path, reconnect_cache, replace=True)
+    try:
+        assert code == 0, output[-3000:]
+        assert "Traceback" not in output and "INTERNALERROR" not in output, output[-3000:]
+        checks = _verdicts(tmp_path / "reports")
+        device_checks = [check for check in checks.values() if check.get("retries")]
+        assert device_checks, "the cases that met the dropped server were retried (the retry is in the report)"
+        assert {check["verdict"] for check in checks.values()} <= {"passed", "xfailed"}, checks
+        restored = [line for line in output.splitlines() if line.startswith("adb server ")]
+        assert len(restored) == 1 and " restored: 1 device(s) connected again after " in restored[0], restored
+        assert replacement.wait(timeout=30) is not None, "the run's stop ended the server that replaced its own"
+        _assert_nothing_left(context)
+    finally:
+        if replacement.poll() is None:
+            replacement.kill()
+        replacement.wait()
+        shutil.rmtree(context.work_dir, ignore_errors=True)
+
+
+def test_an_adb_server_that_never_comes_back_still_gives_one_line_infrastructure_errors_in_bounded_time(
+    tmp_path, reconnect_cache
+):
+    from harness.providers import RESTORE_EMULATED_S
+
+    output, code, context, after_kill_s, _ = _run_killing_its_server(tmp_path, reconnect_cache, replace=False)
+    try:
+        assert code == pytest.ExitCode.TESTS_FAILED, output[-3000:]
+        assert "Traceback" not in output and "INTERNALERROR" not in output, output[-3000:]
+        checks = _verdicts(tmp_path / "reports")
+        lost = [check for check in checks.values() if check["verdict"] == "infra_error"]
+        assert lost and all("\n" not in check["message"] and "lost" in check["message"] for check in lost), checks
+        (line,) = [line for line in output.splitlines() if line.startswith("adb server ")]
+        assert f"did not come back within {RESTORE_EMULATED_S:.0f} s" in line, line
+        # one bounded wait per run (then the device is lost at once), plus the lowering-free run's own seconds
+        assert after_kill_s < RESTORE_EMULATED_S + 90, after_kill_s
+        _assert_nothing_left(context)
+    finally:
+        shutil.rmtree(context.work_dir, ignore_errors=True)
