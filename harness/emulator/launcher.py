@@ -493,10 +493,12 @@ class EmulatorFleet:
                     pass
         self.devices.clear()
         if self._server is not None:
-            if self._server.poll() is None:
+            # On the private socket, a server started again by another tool (reconnect_devices) is ended too:
+            # it served this run's devices, and its socket goes now.
+            if self._server.poll() is None or self.user_server is None:
                 try:
                     host_request(self.server, "host:kill", timeout=STOP_TIMEOUT_S)
-                except OSError:
+                except (OSError, FleetError, ValueError):
                     pass
             end_process(self._server)
             if self.server.path:  # its socket (and, in the state folder, the socket's own folder) goes too

@@ -712,7 +712,7 @@ def test_an_adb_server_replaced_on_the_run_s_socket_gets_the_devices_back_and_th
         checks = _verdicts(tmp_path / "reports")
         device_checks = [check for check in checks.values() if check.get("retries")]
         assert device_checks, "the cases that met the dropped server were retried (the retry is in the report)"
-        assert {check["verdict"] for check in checks.values()} <= {"passed", "xfailed"}, checks
+        assert {check["verdict"] for check in checks.values()} <= {"passed", "xfailed", "skipped"}, checks
         restored = [line for line in output.splitlines() if line.startswith("adb server ")]
         assert len(restored) == 1 and " restored: 1 device(s) connected again after " in restored[0], restored
         assert replacement.wait(timeout=30) is not None, "the run's stop ended the server that replaced its own"
