@@ -141,11 +141,11 @@ def restore_server(server: str, specs: list[DeviceSpec]) -> bool:
     missing = {serial: state for serial, state in states.items() if state != "device"}
     if missing:
         serial, state = next(iter(missing.items()))
-        fix = (
-            "the server now there signs with another key than the run's: start it with the run's adb home "
-            "(harness/emulator/launcher.py server_environment)"
-            if state == "unauthorized" and not phones
-            else "check the device and `adb devices`"
+        fix = (  # an emulated device hangs up on (and is offline for) a server whose key it does not trust
+            "check the device and `adb devices`"
+            if phones
+            else "the server now there may sign with another key than the run's: start it with the run's adb "
+            "home (harness/emulator/launcher.py server_environment)"
         )
         say(f"adb server {server} is back but {serial} is {state} after {within_s:.0f} s: {fix}")
         return False

@@ -629,11 +629,12 @@ def reconnect_cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("reconnect-cache")
 
 
-def _run_killing_its_server(tmp_path: Path, cache_dir: Path, replace: bool):
+def _run_killing_its_server(tmp_path: Path, cache_dir: Path, replace: Path | None):
     """A suite run (one emulated SM8650, no xdist, -s so that the device layer's lines reach the output) whose
     private adb server is SIGKILLed once the health check is done; with `replace`, another server is started on
     the same socket a second later, the way another tool would: the stock adb with `-L localfilesystem:PATH
-    server nodaemon` and the run's adb home (launcher.server_environment: the key the devices trust).
+    server nodaemon` and the adb home of the fleet whose work folder `replace` is (launcher.server_environment;
+    the run's own, context.work_dir / "emulator", is the key the devices trust; any other a key of its own).
     Returns (the run's output, its exit code, the run context, seconds from the kill to the run's end,
     the replacement server's process or None)."""
     import adbutils
@@ -668,12 +669,14 @@ def _run_killing_its_server(tmp_path: Path, cache_dir: Path, replace: bool):
         server = servers[0]
         os.kill(server, signal.SIGKILL)
         killed = time.monotonic()
-        if replace:
+        if replace is not None:
             time.sleep(1)
+            replace = context.work_dir / "emulator" if replace == Path("run") else replace
+            (replace / "adb-home").mkdir(parents=True, exist_ok=True)
             address = context.devices[0].server
             replacement = subprocess.Popen(
                 [adbutils.adb_path(), "-L", address, "server", "nodaemon"],
-                env=server_environment(context.work_dir / "emulator"),
+                env=server_environment(replace),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -705,7 +708,7 @@ def _assert_nothing_left(context) -> None:
 
 
 def test_an_adb_server_replaced_on_the_run_s_socket_gets_the_devices_back_and_the_cases_pass(tmp_path, reconnect_cache):
-    output, code, context, _, replacement = _run_killing_its_server(tmp_path, reconnect_cache, replace=True)
+    output, code, context, _, replacement = _run_killing_its_server(tmp_path, reconnect_cache, replace=Path("run"))
     try:
         assert code == 0, output[-3000:]
         assert "Traceback" not in output and "INTERNALERROR" not in output, output[-3000:]
@@ -729,7 +732,7 @@ def test_an_adb_server_that_never_comes_back_still_gives_one_line_infrastructure
 ):
     from harness.providers import RESTORE_EMULATED_S
 
-    output, code, context, after_kill_s, _ = _run_killing_its_server(tmp_path, reconnect_cache, replace=False)
+    output, code, context, after_kill_s, _ = _run_killing_its_server(tmp_path, reconnect_cache, replace=None)
     try:
         assert code == pytest.ExitCode.TESTS_FAILED, output[-3000:]
         assert "Traceback" not in output and "INTERNALERROR" not in output, output[-3000:]
@@ -743,3 +746,43 @@ def test_an_adb_server_that_never_comes_back_still_gives_one_line_infrastructure
         _assert_nothing_left(context)
     finally:
         shutil.rmtree(context.work_dir, ignore_errors=True)
+
+
+def test_a_server_with_another_key_on_the_run_s_socket_gets_no_device_and_one_line(tmp_path, reconnect_cache):
+    """Another tool's server with its own key (its own HOME): the emulated devices trust only the run's key and
+    hang up on it (offline), so they are not handed to it; one line names the fix, the cases are
+    infrastructure errors."""
+    output, code, context, _, replacement = _run_killing_its_server(
+        tmp_path, reconnect_cache, replace=tmp_path / "another-tool"
+    )
+    try:
+        assert code == pytest.ExitCode.TESTS_FAILED, output[-3000:]
+        assert "Traceback" not in output and "INTERNALERROR" not in output, output[-3000:]
+        verdicts = {check["verdict"] for check in _verdicts(tmp_path / "reports").values()}
+        assert "infra_error" in verdicts and "passed" in verdicts, verdicts  # the compile-side checks still pass
+        (line,) = [line for line in output.splitlines() if line.startswith("adb server ")]
+        assert " is back but 127.0.0.1:" in line and "may sign with another key than the run's" in line, line
+        assert replacement.wait(timeout=30) is not None, "the run's stop ended the server on its socket"
+        _assert_nothing_left(context)
+    finally:
+        if replacement.poll() is None:
+            replacement.kill()
+        replacement.wait()
+        shutil.rmtree(context.work_dir, ignore_errors=True)
+
+
+def test_attached_phones_whose_server_is_gone_are_waited_for_within_the_bound_in_one_line(monkeypatch, capsys):
+    from harness import providers
+    from harness.device.pool import DeviceSpec
+
+    monkeypatch.setattr(providers, "RESTORE_PHONES_S", 1.0)
+    server = f"localfilesystem:/nonexistent-{os.getpid()}/adb.sock"
+    phone = DeviceSpec("R5CT1234", "SM8650", 75, "arm64-v8a", "Phone", "phone", server)
+    started = time.monotonic()
+    assert providers.restore_server(server, [phone]) is False
+    assert time.monotonic() - started < 5
+    assert capsys.readouterr().err.splitlines() == [
+        f"adb server {server} dropped: waiting up to 1 s for it and its devices to be back",
+        f"adb server {server} did not come back within 1 s: its devices' cases are infrastructure errors; "
+        f"start it again (emulated devices: with the run's adb home, see docs/FAULTS.md)",
+    ]
