@@ -125,8 +125,14 @@ class DevicePool:
         server is what dropped (gone, or a fresh one on its address that does not list the device), the
         provider's restore_server hook brings the server's devices back first, within its own bound."""
         spec = self.spec(label)
-        if self.restore_server is not None and not self._listed(spec):
-            if not self.restore_server(spec.server, [other for other in self.specs if other.server == spec.server]):
+        # its server's devices that this run still uses (a lost or quarantined one is not waited for)
+        served = [
+            other
+            for other in self.specs
+            if other.server == spec.server and other.label not in self._lost and other.label not in self.quarantined
+        ]
+        if self.restore_server is not None and self._server_dropped(spec.client(), served):
+            if not self.restore_server(spec.server, served):
                 return False
         deadline = time.monotonic() + within_s
         while time.monotonic() < deadline:
@@ -139,12 +145,14 @@ class DevicePool:
         return False
 
     @staticmethod
-    def _listed(spec: DeviceSpec) -> bool:
-        """Whether the device's adb server answers and lists it as ready (`device`)."""
+    def _server_dropped(client: AdbClient, served: list[DeviceSpec]) -> bool:
+        """Whether the adb server is gone, or is a fresh one that lists none of the run's devices on it; a
+        device unplugged from a server that still lists its other devices is the device's loss, not the server's."""
         try:
-            return any(info.serial == spec.serial and info.state == "device" for info in spec.client().list())
+            listed = {info.serial for info in client.list()}
         except (AdbError, OSError, EOFError):
-            return False
+            return True
+        return not listed & {spec.serial for spec in served}
 
     def _workspace(self, device: Device, spec: DeviceSpec) -> Workspace:
         """Called with the device held, so no other worker pushes the payload at the same time."""
