@@ -4,7 +4,9 @@ A provider owns start and stop: `EmulatedFleet` starts a private adb server (on 
 0700 work folder: no other local account reaches it) and one emulated device per SoC for the run and stops all of it; `AttachedDevices` checks devices already on an adb server (phones,
 or emulated devices served by `python -m harness emulate`) and leaves them as they were. Each device's
 kind (harness/device/kinds.py) then owns its payload and capabilities. `provider_for` picks one from the
-options, as pytest-embedded's factory picks a device service.
+options, as pytest-embedded's factory picks a device service. `restore_server` is the providers' side of a
+dropped adb server: the device layer (harness/device/pool.py) calls it from any worker, and it waits (bounded)
+for the server and connects again the devices `adb connect` had attached.
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ port, but the device answers only after the adb handshake's AUTH verifies with t
 serial holds slashes, which the `SERVER/SERIAL` device labels cannot carry.) The server gets a key pair of its
 own in the fleet's folder (its HOME and ADB_VENDOR_KEYS), and each device trusts exactly that public key.
 Everything started is owned by PID and dies with the process that started it, even if that one is SIGKILLed
-(harness/process/lifetime.py).
+(harness/process/lifetime.py). A server that comes back on the fleet's socket mid-run knows no device:
+reconnect_devices connects them again, and the fleet's stop ends whichever server is on its socket then.
 """
 
 from __future__ import annotations
@@ -150,8 +151,8 @@ def private_socket_path(workdir: Path) -> Path:
 def server_environment(workdir: Path) -> dict[str, str]:
     """The environment of the fleet in `workdir`'s own adb server: a private HOME keeps the server's key and its
     per-port marker files out of the user's ~/.android, and the key there is the one the devices trust. A
-    server started again on the fleet's socket (by the fleet, or by another tool) with this environment signs
-    with that key, so the devices accept it when it connects them again (reconnect_devices)."""
+    server started again on the fleet's socket by another tool with this environment signs with that key, so
+    the devices accept it when it connects them again (reconnect_devices)."""
     home = Path(workdir).resolve() / "adb-home"
     env = {key: value for key, value in os.environ.items() if key not in ADB_ENV_DROPPED}
     env.update(ADB_SERVER_ENV, HOME=str(home), ADB_VENDOR_KEYS=str(home / ".android" / "adbkey"))
