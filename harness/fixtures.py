@@ -20,6 +20,7 @@ from harness.device import kinds
 from harness.device.pool import DevicePool
 from harness.files import say
 from harness.options import RunOptions
+from harness.providers import restore_server
 from harness.qnn.toolchain import Toolchain, ToolchainError, prepare
 from harness.repro.bundle import BundleWriter
 from harness.stash import CASE_ORDER, CONTEXT, OPTIONS
@@ -66,6 +67,7 @@ def device_pool(run_context, qnnsuite_options, toolchain, worker_id_name):
         backend_lib=given.backend_lib,
         trace_interposer=given.trace_interposer,
         quarantined=dict(run_context.quarantined),
+        restore_server=restore_server,  # a dropped adb server: the provider brings it and its devices back
     )
     yield pool
     for line in pool.close(keep=qnnsuite_options.keep_workspace):

@@ -4,7 +4,9 @@ A provider owns start and stop: `EmulatedFleet` starts a private adb server (on 
 0700 work folder: no other local account reaches it) and one emulated device per SoC for the run and stops all of it; `AttachedDevices` checks devices already on an adb server (phones,
 or emulated devices served by `python -m harness emulate`) and leaves them as they were. Each device's
 kind (harness/device/kinds.py) then owns its payload and capabilities. `provider_for` picks one from the
-options, as pytest-embedded's factory picks a device service.
+options, as pytest-embedded's factory picks a device service. `restore_server` is the providers' side of a
+dropped adb server: the device layer (harness/device/pool.py) calls it from any worker, and it waits (bounded)
+for the server and connects again the devices `adb connect` had attached.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -20,11 +23,16 @@ from harness.device import discovery, kinds
 from harness.device.adb import AdbServer
 from harness.device.device import DeviceError
 from harness.device.pool import DeviceSpec
+from harness.files import say
 from harness.options import RunOptions
 from harness.qnn import soc as soc_table
 from harness.qnn.toolchain import Toolchain
 
 FAULTS_ENV = "QNNSUITE_EMULATOR_FAULTS"  # reliability tests: {"SOC": {switch: value}} for emulated devices
+# How long a dropped adb server is waited for: an emulated fleet's is restarted in seconds when it is
+# restarted at all; a user's server with phones may need someone to plug or authorize them again.
+RESTORE_EMULATED_S = 20.0
+RESTORE_PHONES_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -111,6 +119,43 @@ class EmulatedFleet:
     def stop(self) -> None:
         if self._fleet is not None:
             self._fleet.stop()
+
+
+def restore_server(server: str, specs: list[DeviceSpec]) -> bool:
+    """The device layer's hook (DevicePool.restore_server) when the adb server `server` dropped: killed,
+    restarted or replaced on its address by another tool. Waits for a server there (bounded: phones longer)
+    and its devices, connecting again the ones `adb connect` had attached (the emulated ones: a fresh server
+    knows none); says in one line what came of it and returns whether every device is back."""
+    from harness.emulator.launcher import reconnect_devices
+
+    phones = any(spec.kind != kinds.EmulatedKind.name for spec in specs)
+    within_s = RESTORE_PHONES_S if phones else RESTORE_EMULATED_S
+    if phones:
+        say(f"adb server {server} dropped: waiting up to {within_s:.0f} s for it and its devices to be back")
+    started = time.monotonic()
+    states = reconnect_devices(AdbServer.parse(server, "adb server"), [spec.serial for spec in specs], within_s)
+    if states is None:
+        say(
+            f"adb server {server} did not come back within {within_s:.0f} s: its devices' cases are "
+            f"infrastructure errors; start it again (emulated devices: with the run's adb home, see docs/FAULTS.md)"
+        )
+        return False
+    missing = {serial: state for serial, state in states.items() if state != "device"}
+    if missing:
+        serial, state = next(iter(missing.items()))
+        fix = (  # an emulated device hangs up on (and is offline for) a server whose key it does not trust
+            "check the device and `adb devices`"
+            if phones
+            else "the server now there may sign with another key than the run's: start it with the run's adb "
+            "home (harness/emulator/launcher.py server_environment)"
+        )
+        say(f"adb server {server} is back but {serial} is {state} after {within_s:.0f} s: {fix}")
+        return False
+    say(
+        f"adb server {server} restored: {len(states)} device(s) connected again after "
+        f"{time.monotonic() - started:.1f} s; the case is retried"
+    )
+    return True
 
 
 def provider_for(options: RunOptions, toolchain: Toolchain, work_dir: Path) -> DeviceProvider:

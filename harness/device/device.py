@@ -60,6 +60,8 @@ class DeviceError(RuntimeError):
 class DeviceLost(DeviceError):
     """The device stopped answering (disconnected, rebooted, adb connection dropped)."""
 
+    label: str | None = None  # the pool's name of the device (server/serial), when it was lost being prepared
+
 
 class DeviceFrozen(DeviceLost):
     """The device keeps its link but answered none of the watchdog's probes: no reconnect is worth waiting for."""

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from adbutils import AdbError
 from filelock import Timeout
 
 from harness.device import kinds
@@ -66,6 +67,10 @@ class DevicePool:
     _prepared: dict[str, Workspace] = field(default_factory=dict)  # label -> this worker's workspace
     _lost: dict[str, str] = field(default_factory=dict)  # label -> the line that said so
     quarantined: dict[str, str] = field(default_factory=dict)  # label -> its health check's line (no cases)
+    # The provider's hook for an adb server that dropped (harness/providers.py restore_server): given the server
+    # and its devices, it waits (bounded) for the server to be back, reconnects them, says so in one line and
+    # returns whether they are back. None: a dropped server is only waited for as a dropped device is.
+    restore_server: Callable[[str, list[DeviceSpec]], bool] | None = None
 
     def socs(self) -> list[str]:
         return sorted({spec.soc for spec in self.specs})
@@ -102,7 +107,12 @@ class DevicePool:
                         hold.enter_context(device.exclusive(holder, wait=len(alive) == 1))
                     except Timeout:
                         continue
-                    yield device, self._workspace(device, spec)
+                    try:
+                        workspace = self._workspace(device, spec)
+                    except DeviceLost as lost:
+                        lost.label = spec.label  # the caller may wait for it and retry
+                        raise
+                    yield device, workspace
                     return
             time.sleep(LOCK_POLL_S)
 
@@ -111,7 +121,19 @@ class DevicePool:
         self._lost[label] = line
 
     def back_online(self, label: str, within_s: float) -> bool:
-        """Whether a dropped device reconnects (adb retries a dropped TCP/USB link by itself)."""
+        """Whether a dropped device reconnects (adb retries a dropped TCP/USB link by itself). When its adb
+        server is what dropped (gone, or a fresh one on its address that does not list the device), the
+        provider's restore_server hook brings the server's devices back first, within its own bound."""
+        spec = self.spec(label)
+        # its server's devices that this run still uses (a lost or quarantined one is not waited for)
+        served = [
+            other
+            for other in self.specs
+            if other.server == spec.server and other.label not in self._lost and other.label not in self.quarantined
+        ]
+        if self.restore_server is not None and self._server_dropped(spec.client(), served):
+            if not self.restore_server(spec.server, served):
+                return False
         deadline = time.monotonic() + within_s
         while time.monotonic() < deadline:
             try:
@@ -121,6 +143,16 @@ class DevicePool:
                 pass
             time.sleep(0.3)
         return False
+
+    @staticmethod
+    def _server_dropped(client: AdbClient, served: list[DeviceSpec]) -> bool:
+        """Whether the adb server is gone, or is a fresh one that lists none of the run's devices on it; a
+        device unplugged from a server that still lists its other devices is the device's loss, not the server's."""
+        try:
+            listed = {info.serial for info in client.list()}
+        except (AdbError, OSError, EOFError):
+            return True
+        return not listed & {spec.serial for spec in served}
 
     def _workspace(self, device: Device, spec: DeviceSpec) -> Workspace:
         """Called with the device held, so no other worker pushes the payload at the same time."""

@@ -1,5 +1,6 @@
 """One case's device run with the device layer's reconnects: a dropped connection is retried (bounded) when
-the device comes back, as Mobly's controllers own reconnecting their devices; callers get one result.
+the device comes back, or when its dropped adb server is restored by the provider's hook (DevicePool.back_online),
+as Mobly's controllers own reconnecting their devices; callers get one result.
 
 The case store (harness/case_store.py) asks for a run here and copies the result into the case's outcome:
 the device layer knows nothing of outcomes, checks or verdicts.
@@ -71,7 +72,7 @@ def run_with_reconnects(
                 attempt.timings_s.update(attempt.run.timings_s)
             break
         except DeviceLost as lost:
-            label = attempt.device_serial  # the pool's name of the device, server/serial
+            label = attempt.device_serial or lost.label  # the pool's name of the device, server/serial
             retry = label and tried < MAX_RETRIES and not isinstance(lost, DeviceFrozen)
             if retry and pool.back_online(label, RECONNECT_WAIT_S):
                 attempt.retries += 1

@@ -16,7 +16,8 @@ port, but the device answers only after the adb handshake's AUTH verifies with t
 serial holds slashes, which the `SERVER/SERIAL` device labels cannot carry.) The server gets a key pair of its
 own in the fleet's folder (its HOME and ADB_VENDOR_KEYS), and each device trusts exactly that public key.
 Everything started is owned by PID and dies with the process that started it, even if that one is SIGKILLed
-(harness/process/lifetime.py).
+(harness/process/lifetime.py). A server that comes back on the fleet's socket mid-run knows no device:
+reconnect_devices connects them again, and the fleet's stop ends whichever server is on its socket then.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import atexit
 import contextlib
 import json
 import os
+import re
 import secrets
 import signal
 import socket
@@ -52,6 +54,9 @@ GENERIC_PLATFORM = "emulated"  # ro.board.platform of an emulated (x86) device w
 ADB_SERVER_ENV = {"ADB_USB": "0", "ADB_EMU": "0", "ADB_MDNS": "0"}
 # Where adb would otherwise look for keys and its home: the private server must use only its own.
 ADB_ENV_DROPPED = ("ANDROID_USER_HOME", "ANDROID_SDK_HOME", "ANDROID_PREFS_ROOT", "ADB_VENDOR_KEYS")
+
+
+_CONNECTED = re.compile(r"[A-Za-z0-9._-]+:[0-9]+")  # the serial of a device `adb connect` attached: HOST:PORT
 
 
 class FleetError(RuntimeError):
@@ -141,6 +146,46 @@ def private_socket_path(workdir: Path) -> Path:
             f"too deep for a unix socket's {SOCKET_PATH_MAX} bytes; set XDG_RUNTIME_DIR to a shorter folder"
         )
     return path
+
+
+def server_environment(workdir: Path) -> dict[str, str]:
+    """The environment of the fleet in `workdir`'s own adb server: a private HOME keeps the server's key and its
+    per-port marker files out of the user's ~/.android, and the key there is the one the devices trust. A
+    server started again on the fleet's socket by another tool with this environment signs with that key, so
+    the devices accept it when it connects them again (reconnect_devices)."""
+    home = Path(workdir).resolve() / "adb-home"
+    env = {key: value for key, value in os.environ.items() if key not in ADB_ENV_DROPPED}
+    env.update(ADB_SERVER_ENV, HOME=str(home), ADB_VENDOR_KEYS=str(home / ".android" / "adbkey"))
+    return env
+
+
+def reconnect_devices(server: AdbServer, serials: list[str], within_s: float) -> dict[str, str] | None:
+    """Wait at most `within_s` for a server to answer on `server` and list these devices as `device`,
+    sending `host:connect:` again for each HOST:PORT one it does not list: a server started afresh on the
+    socket knows no device until then (an emulated adbd accepts it when it signs with the key the device
+    trusts: server_environment); a USB device comes back by itself. Returns the states last seen
+    (serial -> state, "absent" when unlisted), or None when no server answered."""
+    deadline = time.monotonic() + within_s
+    states: dict[str, str] | None = None
+    while True:
+        try:
+            listed = dict(
+                line.split("\t", 1) for line in host_request(server, "host:devices", 2.0).splitlines() if "\t" in line
+            )
+            states = {serial: listed.get(serial, "absent") for serial in serials}
+            if all(state == "device" for state in states.values()):
+                return states
+            for serial in [
+                serial for serial, state in states.items() if state == "absent" and _CONNECTED.fullmatch(serial)
+            ]:
+                left = deadline - time.monotonic()
+                if left > 0:  # adb answers `connect` after the handshake (or its own failure), so bounded too
+                    host_request(server, f"host:connect:{serial}", timeout=max(1.0, min(10.0, left)))
+        except (OSError, FleetError, ValueError):  # no server (yet), or one that went away while asked
+            pass
+        if time.monotonic() >= deadline:
+            return states
+        time.sleep(0.2)
 
 
 def free_port() -> int:
@@ -245,12 +290,9 @@ class EmulatorFleet:
             checked_dir(Path(self.server.path).parent)
         except UnsafeStateDir as error:
             raise FleetError(str(error)) from error
-        # A private HOME keeps the server's key and its per-port marker files out of the user's ~/.android.
-        server_home = self.workdir / "adb-home"
         private_key = self.server_public_key.with_suffix("")
         private_key.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        env = {key: value for key, value in os.environ.items() if key not in ADB_ENV_DROPPED}
-        env.update(ADB_SERVER_ENV, HOME=str(server_home), ADB_VENDOR_KEYS=str(private_key))
+        env = server_environment(self.workdir)
         if not private_key.exists():
             keygen = subprocess.run([adb, "keygen", str(private_key)], env=env, capture_output=True, text=True)
             if keygen.returncode != 0 or not self.server_public_key.exists():
@@ -452,10 +494,12 @@ class EmulatorFleet:
                     pass
         self.devices.clear()
         if self._server is not None:
-            if self._server.poll() is None:
+            # On the private socket, a server started again by another tool (reconnect_devices) is ended too:
+            # it served this run's devices, and its socket goes now.
+            if self._server.poll() is None or self.user_server is None:
                 try:
                     host_request(self.server, "host:kill", timeout=STOP_TIMEOUT_S)
-                except OSError:
+                except (OSError, FleetError, ValueError):
                     pass
             end_process(self._server)
             if self.server.path:  # its socket (and, in the state folder, the socket's own folder) goes too

@@ -1,6 +1,6 @@
 """Lab faults and their bounds (issue 35): a full or read-only report folder, a runner that floods its
-output, an output file far larger than its program's, a wedged adb server, torn state files and a card's
-helper module that changes. Each test breaks one thing and asserts the one line, the exit code or verdict,
+output, an output file far larger than its program's, a wedged adb server, the run's adb server killed or
+replaced on its socket, torn state files and a card's helper module that changes. Each test breaks one thing and asserts the one line, the exit code or verdict,
 what is written and that nothing is left running; and a healthy input the defence must leave alone.
 docs/FAULTS.md is the table of every fault the harness tests.
 """
@@ -12,6 +12,7 @@ import errno
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -617,3 +618,171 @@ def test_a_failing_check_whose_bundle_could_not_be_written_is_a_line_in_the_summ
             f"e.g. {failed.case_id} {failed.check}"
         ]
     )
+
+
+# --- the run's adb server restarted or replaced mid-run ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def reconnect_cache(tmp_path_factory) -> Path:
+    """One artifact cache for the two runs below: the second lowers nothing, so its bound is the device layer's."""
+    return tmp_path_factory.mktemp("reconnect-cache")
+
+
+def _run_killing_its_server(tmp_path: Path, cache_dir: Path, replace: Path | None):
+    """A suite run (one emulated SM8650, no xdist, -s so that the device layer's lines reach the output) whose
+    private adb server is SIGKILLed once the health check is done; with `replace`, another server is started on
+    the same socket a second later, the way another tool would: the stock adb with `-L localfilesystem:PATH
+    server nodaemon` and the adb home of the fleet whose work folder `replace` is (launcher.server_environment;
+    the run's own, context.work_dir / "emulator", is the key the devices trust; any other a key of its own).
+    Returns (the run's output, its exit code, the run context, seconds from the kill to the run's end,
+    the replacement server's process or None)."""
+    import adbutils
+
+    from harness.context import RunContext
+    from harness.emulator.launcher import server_environment
+
+    reports = tmp_path / "reports"
+    command = [sys.executable, "-m", "pytest", "suites", "-p", "no:cacheprovider", "-q", "-s", "-W", "ignore"]
+    command += ["--emulate", "SM8650", "--dtype", "fp16", "-k", "counter_add", "--runner-timeout", "60"]
+    command += ["--cache-dir", str(cache_dir), "--report-dir", str(reports)]
+    run = subprocess.Popen(
+        command,
+        cwd=REPO_ROOT,
+        env={**os.environ, "COLUMNS": "400"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    replacement = None
+    try:
+        deadline, context = time.monotonic() + 300, None
+        while time.monotonic() < deadline and run.poll() is None:
+            published = list(reports.glob("*/run-context.json"))
+            context = RunContext.from_json(published[0].read_text()) if published else None
+            if context and (context.provenance or context.quarantined):  # the health check is done
+                break
+            time.sleep(0.2)
+        assert context and context.provenance, "the run published no checked context"
+        servers = [pid for pid in context.started_pids if _argv(pid)[1:2] == [b"-L"]]  # adb -L ADDRESS server
+        assert len(servers) == 1, f"one private adb server among {context.started_pids}"
+        server = servers[0]
+        os.kill(server, signal.SIGKILL)
+        killed = time.monotonic()
+        if replace is not None:
+            time.sleep(1)
+            replace = context.work_dir / "emulator" if replace == Path("run") else replace
+            (replace / "adb-home").mkdir(parents=True, exist_ok=True)
+            address = context.devices[0].server
+            replacement = subprocess.Popen(
+                [adbutils.adb_path(), "-L", address, "server", "nodaemon"],
+                env=server_environment(replace),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        output = run.communicate(timeout=900)[0]
+        return output, run.returncode, context, time.monotonic() - killed, replacement
+    finally:
+        run.kill()  # only when the test failed before the run ended: it must not outlive the test
+        run.wait()
+
+
+def _argv(pid: int) -> list[bytes]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return []
+
+
+def _verdicts(reports: Path) -> dict[tuple[str, str], dict]:
+    report = json.loads((reports / "latest" / "SM8650" / "report.json").read_text())
+    return {(case["case_id"], name): check for case in report["cases"] for name, check in case["checks"].items()}
+
+
+def _assert_nothing_left(context) -> None:
+    alive = [pid for pid in context.started_pids if run_records.start_time(pid) is not None]
+    assert alive == [], f"processes left running: {alive}"
+    stray = subprocess.run(["pgrep", "-f", str(context.work_dir)], capture_output=True, text=True).stdout.split()
+    assert stray == [], stray
+
+
+def test_an_adb_server_replaced_on_the_run_s_socket_gets_the_devices_back_and_the_cases_pass(tmp_path, reconnect_cache):
+    output, code, context, _, replacement = _run_killing_its_server(tmp_path, reconnect_cache, replace=Path("run"))
+    try:
+        assert code == 0, output[-3000:]
+        assert "Traceback" not in output and "INTERNALERROR" not in output, output[-3000:]
+        checks = _verdicts(tmp_path / "reports")
+        device_checks = [check for check in checks.values() if check.get("retries")]
+        assert device_checks, "the cases that met the dropped server were retried (the retry is in the report)"
+        assert {check["verdict"] for check in checks.values()} <= {"passed", "xfailed", "skipped"}, checks
+        restored = [line for line in output.splitlines() if line.startswith("adb server ")]
+        assert len(restored) == 1 and " restored: 1 device(s) connected again after " in restored[0], restored
+        assert replacement.wait(timeout=30) is not None, "the run's stop ended the server that replaced its own"
+        _assert_nothing_left(context)
+    finally:
+        if replacement.poll() is None:
+            replacement.kill()
+        replacement.wait()
+        shutil.rmtree(context.work_dir, ignore_errors=True)
+
+
+def test_an_adb_server_that_never_comes_back_still_gives_one_line_infrastructure_errors_in_bounded_time(
+    tmp_path, reconnect_cache
+):
+    from harness.providers import RESTORE_EMULATED_S
+
+    output, code, context, after_kill_s, _ = _run_killing_its_server(tmp_path, reconnect_cache, replace=None)
+    try:
+        assert code == pytest.ExitCode.TESTS_FAILED, output[-3000:]
+        assert "Traceback" not in output and "INTERNALERROR" not in output, output[-3000:]
+        checks = _verdicts(tmp_path / "reports")
+        lost = [check for check in checks.values() if check["verdict"] == "infra_error"]
+        assert lost and all("\n" not in check["message"] and "lost" in check["message"] for check in lost), checks
+        (line,) = [line for line in output.splitlines() if line.startswith("adb server ")]
+        assert f"did not come back within {RESTORE_EMULATED_S:.0f} s" in line, line
+        # one bounded wait per run (then the device is lost at once), plus the lowering-free run's own seconds
+        assert after_kill_s < RESTORE_EMULATED_S + 90, after_kill_s
+        _assert_nothing_left(context)
+    finally:
+        shutil.rmtree(context.work_dir, ignore_errors=True)
+
+
+def test_a_server_with_another_key_on_the_run_s_socket_gets_no_device_and_one_line(tmp_path, reconnect_cache):
+    """Another tool's server with its own key (its own HOME): the emulated devices trust only the run's key and
+    hang up on it (offline), so they are not handed to it; one line names the fix, the cases are
+    infrastructure errors."""
+    output, code, context, _, replacement = _run_killing_its_server(
+        tmp_path, reconnect_cache, replace=tmp_path / "another-tool"
+    )
+    try:
+        assert code == pytest.ExitCode.TESTS_FAILED, output[-3000:]
+        assert "Traceback" not in output and "INTERNALERROR" not in output, output[-3000:]
+        verdicts = {check["verdict"] for check in _verdicts(tmp_path / "reports").values()}
+        assert "infra_error" in verdicts and "passed" in verdicts, verdicts  # the compile-side checks still pass
+        (line,) = [line for line in output.splitlines() if line.startswith("adb server ")]
+        assert " is back but 127.0.0.1:" in line and "may sign with another key than the run's" in line, line
+        assert replacement.wait(timeout=30) is not None, "the run's stop ended the server on its socket"
+        _assert_nothing_left(context)
+    finally:
+        if replacement.poll() is None:
+            replacement.kill()
+        replacement.wait()
+        shutil.rmtree(context.work_dir, ignore_errors=True)
+
+
+def test_attached_phones_whose_server_is_gone_are_waited_for_within_the_bound_in_one_line(monkeypatch, capsys):
+    from harness import providers
+    from harness.device.pool import DeviceSpec
+
+    monkeypatch.setattr(providers, "RESTORE_PHONES_S", 1.0)
+    server = f"localfilesystem:/nonexistent-{os.getpid()}/adb.sock"
+    phone = DeviceSpec("R5CT1234", "SM8650", 75, "arm64-v8a", "Phone", "phone", server)
+    started = time.monotonic()
+    assert providers.restore_server(server, [phone]) is False
+    assert time.monotonic() - started < 5
+    assert capsys.readouterr().err.splitlines() == [
+        f"adb server {server} dropped: waiting up to 1 s for it and its devices to be back",
+        f"adb server {server} did not come back within 1 s: its devices' cases are infrastructure errors; "
+        f"start it again (emulated devices: with the run's adb home, see docs/FAULTS.md)",
+    ]
