@@ -20,6 +20,7 @@ from harness.files import unwritable_reason
 from harness.known_failures import MANIFEST
 from harness.paths import REPO_ROOT
 from harness.qnn import soc as soc_table
+from harness.user_state import folder_problem
 from harness.vocabulary import DTYPES
 
 DEFAULT_EMULATED = ("SM8650", "SM8750")
@@ -259,17 +260,16 @@ def trusted_cache_dir(given: Path) -> Path:
             f"--cache-dir {path} cannot be created ({error.strerror}): pass a folder of "
             f"your own with --cache-dir, or --no-cache"
         ) from None
-    if not stat.S_ISDIR(info.st_mode):
-        raise pytest.UsageError(f"--cache-dir {path} is not a folder: pass a folder of your own with --cache-dir")
-    if info.st_uid != os.getuid():
+    problem = folder_problem(info, forbidden_mode=stat.S_IWGRP | stat.S_IWOTH, mode_words="writable by others")
+    if problem.startswith("has mode"):
         raise pytest.UsageError(
-            f"--cache-dir {path} belongs to uid {info.st_uid}, not to you (uid {os.getuid()}): "
-            f"someone else could plant entries there; pass a folder of your own with --cache-dir"
+            f"--cache-dir {path} {problem}: run `chmod go-w {shlex.quote(str(path))}`, "
+            f"or pass another folder with --cache-dir"
         )
-    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+    if problem:
         raise pytest.UsageError(
-            f"--cache-dir {path} has mode {stat.S_IMODE(info.st_mode):o}, writable by others: "
-            f"run `chmod go-w {shlex.quote(str(path))}`, or pass another folder with --cache-dir"
+            f"--cache-dir {path} {problem}, not a folder of yours (uid {os.getuid()}): someone else could plant "
+            f"entries there; pass a folder of your own with --cache-dir"
         )
     return path
 

@@ -20,6 +20,22 @@ class UnsafeStateDir(RuntimeError):
     """A state folder that someone else could tamper with; the message names it and the fix."""
 
 
+def folder_problem(info: os.stat_result, forbidden_mode: int, mode_words: str) -> str:
+    """Why a folder (its lstat) is not this user's own private one ("" when it is): the one rule behind the
+    state folder, the artifact cache and the emulated phone's SDK and build folders, each of which words
+    its own fix. forbidden_mode: the permission bits others must not have (0o077 private, 0o022 not
+    writable by others); mode_words: what having them means, e.g. "others may enter"."""
+    if stat.S_ISLNK(info.st_mode):
+        return "is a symlink"
+    if not stat.S_ISDIR(info.st_mode):
+        return "is not a directory"
+    if info.st_uid != os.getuid():
+        return f"belongs to uid {info.st_uid}"
+    if info.st_mode & forbidden_mode:
+        return f"has mode {stat.S_IMODE(info.st_mode):o} ({mode_words})"
+    return ""
+
+
 def checked_dir(path: Path) -> Path:
     """`path` as a private directory: created 0700 if missing, else verified to be one."""
     try:
@@ -30,18 +46,7 @@ def checked_dir(path: Path) -> Path:
         raise UnsafeStateDir(
             f"cannot create state folder {path} ({error.strerror}): check its parent or set XDG_RUNTIME_DIR"
         ) from error
-    info = os.lstat(path)
-    problem = (
-        "is a symlink"
-        if stat.S_ISLNK(info.st_mode)
-        else "is not a directory"
-        if not stat.S_ISDIR(info.st_mode)
-        else f"belongs to uid {info.st_uid}"
-        if info.st_uid != os.getuid()
-        else f"has mode {stat.S_IMODE(info.st_mode):o} (others may enter)"
-        if info.st_mode & 0o077
-        else ""
-    )
+    problem = folder_problem(os.lstat(path), forbidden_mode=0o077, mode_words="others may enter")
     if problem:
         raise UnsafeStateDir(
             f"state folder {path} {problem}: remove it (someone may have planted it) or point XDG_RUNTIME_DIR elsewhere"

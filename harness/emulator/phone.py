@@ -24,6 +24,7 @@ from harness.paths import REPO_ROOT
 from harness.qnn import interposer, soc as soc_table
 from harness.qnn.sdk import HOST_LIB_DIR, WHEEL_RUNTIME_DIR, QnnSdk
 from harness.qnn.toolchain import Toolchain
+from harness.user_state import folder_problem
 
 PHONE_ABI = "arm64-v8a"
 # The emulated phone's own bridge reads QNNSUITE_PHONE_HW_* so that a pushed interposer's QNNSUITE_* are its own.
@@ -109,17 +110,7 @@ def fresh_folder(destination: Path, option: str) -> Path:
                 f"others may change: name a new folder of yours (e.g. under $HOME)"
             )
     info = os.lstat(destination)
-    problem = (
-        "is a symlink"
-        if stat.S_ISLNK(info.st_mode)
-        else "is not a directory"
-        if not stat.S_ISDIR(info.st_mode)
-        else f"belongs to uid {info.st_uid}"
-        if info.st_uid != os.getuid()
-        else f"is writable by others (mode {stat.S_IMODE(info.st_mode):o})"
-        if info.st_mode & 0o022
-        else ""
-    )
+    problem = folder_problem(info, forbidden_mode=0o022, mode_words="writable by others")
     if not problem:
         descriptor = os.open(destination, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:

@@ -604,7 +604,7 @@ def test_group_writable_cache_dir_is_refused(tmp_path: Path) -> None:
         with pytest.raises(pytest.UsageError) as refused:
             run_options.trusted_cache_dir(cache)
         assert _usage_line(refused) == (
-            f"--cache-dir {cache} has mode {mode:o}, writable by others: run "
+            f"--cache-dir {cache} has mode {mode:o} (writable by others): run "
             f"`chmod go-w '{cache}'`, or pass another folder with --cache-dir"
         )
     cache.chmod(0o755)
@@ -622,11 +622,11 @@ def test_cache_dir_owned_by_another_uid_is_refused_by_a_run(tmp_path: Path) -> N
     os.chown(cache, NOBODY, NOBODY)
     with pytest.raises(pytest.UsageError) as refused:
         run_options.trusted_cache_dir(cache)
-    assert _usage_line(refused).startswith(f"--cache-dir {cache} belongs to uid {NOBODY}, not to you")
+    assert _usage_line(refused).startswith(f"--cache-dir {cache} belongs to uid {NOBODY}, not a folder of yours")
     completed = _pytest_run("suites", "--collect-only", "-q", "--cache-dir", str(cache))
     assert completed.returncode == pytest.ExitCode.USAGE_ERROR, completed.stdout[-2000:] + completed.stderr[-2000:]
     assert _stderr_lines(completed) == [
-        f"ERROR: --cache-dir {cache} belongs to uid {NOBODY}, not to you (uid 0): "
+        f"ERROR: --cache-dir {cache} belongs to uid {NOBODY}, not a folder of yours (uid 0): "
         f"someone else could plant entries there; pass a folder of your own with --cache-dir"
     ]
 
