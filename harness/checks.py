@@ -295,7 +295,7 @@ def check_initial_state(outcome: CaseOutcome) -> dict:
     wrong = numerics.count(only_dependent)
     if wrong:
         step_errors = [
-            numerics.StepError(e.step, e.max_abs_error, e.sqnr_db, int(sum(m.sum() for m in row)))
+            numerics.StepError(e.step, e.max_abs_error, e.sqnr_db, int(sum(m.sum() for m in row)), e.tolerance)
             for e, row in zip(comparison.errors, only_dependent)
         ]
         first = next(e for e in step_errors if e.mismatches)

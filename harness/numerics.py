@@ -33,6 +33,7 @@ class StepError:
     max_abs_error: float
     sqnr_db: float
     mismatches: int
+    tolerance: float = math.nan  # the error allowed at the element of max_abs_error (the chart's line); NaN: none
 
 
 @dataclass(frozen=True)
@@ -64,16 +65,21 @@ def compare(device: Outputs, reference: Outputs, dtype: str) -> Comparison:
     """Per-step error numbers and mismatch masks of device vs eager."""
     errors, masks = [], []
     for step, (got_row, want_row) in enumerate(zip(device, reference)):
-        worst, sqnr, count, row_masks = 0.0, math.inf, 0, []
+        worst, allowed, sqnr, count, row_masks = 0.0, math.nan, math.inf, 0, []
         for got, want in zip(got_row, want_row):
             got64, want64 = got.astype(np.float64), want.astype(np.float64)
             diff = np.abs(got64 - want64)
-            mask = ~(diff <= tolerance(dtype, want64))  # NaN counts as a mismatch
+            allowed_here = np.broadcast_to(tolerance(dtype, want64), diff.shape)
+            mask = ~(diff <= allowed_here)  # NaN counts as a mismatch
             row_masks.append(mask)
+            if diff.size and not np.isnan(diff).all():  # the allowed error where this output errs most
+                peak = int(np.nanargmax(diff))
+                if math.isnan(allowed) or float(diff.flat[peak]) > worst:
+                    allowed = float(allowed_here.flat[peak])
             worst = max(worst, float(np.nanmax(diff)) if diff.size else 0.0)
             sqnr = min(sqnr, sqnr_db(want64, np.nan_to_num(got64 - want64, nan=1e30)))
             count += int(mask.sum())
-        errors.append(StepError(step, worst, sqnr, count))
+        errors.append(StepError(step, worst, sqnr, count, allowed))
         masks.append(row_masks)
     return Comparison(errors, masks)
 

@@ -8,12 +8,15 @@ included), and carried to the controller on pytest's own test report (as junitxm
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from harness.vocabulary import Verdict
 
 REPORT_ATTRIBUTE = "qnnsuite_record"  # the TestReport attribute that carries a record's dict
+# A manifest entry's reference (and so its description) names its finding as docs/FINDINGS.md#F<n>.
+_FINDING = re.compile(r"FINDINGS\.md#(F[0-9]+)\b")
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,8 @@ class CheckRecord:
     duration_s: float = 0.0
     check_s: float | None = None
     repro: str = ""  # the case's reproduction bundle, relative to its SoC's report folder (harness/repro/layout.py)
+    signature: str = ""  # the failure's signature (a CheckFailure's, or the entry's that expected a pass); "" else
+    finding: str = ""  # the docs/FINDINGS.md anchor (e.g. F1) of the known failure that explains it; "" else
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-shaped (evidence may hold numpy scalars or paths: they become numbers or strings)."""
@@ -52,6 +57,13 @@ class CheckRecord:
         if "verdict" in values:  # without one, the record is torn: TypeError below
             values["verdict"] = Verdict(values["verdict"])  # ValueError on a verdict no run writes
         return cls(**values)
+
+
+def finding_in(text: str) -> str:
+    """The finding (F<n>) a manifest entry's reference or description names, or "": the one reading of it,
+    for records (harness/verdicts.py) and for reports written before records carried it (harness/report/)."""
+    match = _FINDING.search(text or "")
+    return match.group(1) if match else ""
 
 
 def _plain(value: object) -> object:

@@ -31,7 +31,7 @@ from harness.check_registry import (
 from harness.device.device import DeviceError
 from harness.known_failures import KnownFailure
 from harness.outcome import CaseOutcome
-from harness.record import REPORT_ATTRIBUTE, CheckRecord
+from harness.record import REPORT_ATTRIBUTE, CheckRecord, finding_in
 from harness.vocabulary import Case, Verdict
 
 EXPECTED = pytest.StashKey[list[KnownFailure]]()
@@ -105,6 +105,7 @@ def judge(
     else:
         message = words(error) if error is not None else ""
     known = entry.describe() if entry is not None and verdict in (Verdict.XFAILED, Verdict.XPASSED) else ""
+    signature = error.signature if isinstance(error, CheckFailure) else (entry.signature if entry else "")
     record = CheckRecord(
         nodeid=nodeid,
         check=spec.name,
@@ -125,8 +126,9 @@ def judge(
         work=outcome.artifact.work,
         timings_s={**outcome.timings_s, "lower_wall": round(outcome.artifact.wall_s, 3)},
         check_s=check_s,
+        signature=signature if verdict in (Verdict.FAILED, Verdict.XFAILED, Verdict.XPASSED) else "",
+        finding=finding_in(entry.reference) if known else "",
     )
-    signature = error.signature if isinstance(error, CheckFailure) else (entry.signature if entry else "")
     return Judgement(record, signature, entry, report_line, error)
 
 

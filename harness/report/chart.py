@@ -1,4 +1,6 @@
-"""Inline SVG of a state check's max abs error per step (log scale), small enough for a table popover.
+"""Inline SVG of a state check's max abs error per step (log scale), small enough for a table popover,
+with the error the tolerance allows at each step as a dashed line (steps recorded before steps carried
+their tolerance have none: no line).
 
 Drawn by hand so the HTML stays self-contained: no chart library, no script, no network. The page inserts
 it as markup, so every value from the report that reaches it is escaped here (a step label, a tooltip).
@@ -31,7 +33,8 @@ def error_chart(steps: list[dict]) -> str:
     if not steps:
         return ""
     errors = [_number(s.get("max_abs_error")) for s in steps]
-    positive = [e for e in errors if math.isfinite(e) and e > 0]
+    allowed = [_number(s.get("tolerance")) for s in steps]
+    positive = [e for e in errors + allowed if math.isfinite(e) and e > 0]
     low_exp = math.floor(math.log10(min(positive))) - 1 if positive else -6
     high_exp = math.ceil(math.log10(max(positive))) if positive else 0
     high_exp = max(high_exp, low_exp + 1)
@@ -57,13 +60,24 @@ def error_chart(steps: list[dict]) -> str:
             f'<line class="grid" x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y:.1f}" y2="{y:.1f}"/>'
             f'<text class="axis" x="{LEFT - 4}" y="{y + 3:.1f}" text-anchor="end">{_decade(exponent)}</text>'
         )
+    line = [(x_of(i), y_of(a)) for i, a in enumerate(allowed) if math.isfinite(a) and a > 0]
+    if line:
+        if len(line) == 1:  # one step: a level line across the plot
+            line = [(LEFT, line[0][1]), (WIDTH - RIGHT, line[0][1])]
+        parts.append(
+            '<polyline class="tolerance" points="' + " ".join(f"{x:.1f},{y:.1f}" for x, y in line) + '">'
+            "<title>tolerance: the error allowed at each step's worst element</title></polyline>"
+            f'<text class="tolerance-label" x="{WIDTH - RIGHT}" y="{max(TOP + 8, line[-1][1] - 3):.1f}" '
+            'text-anchor="end">tolerance</text>'
+        )
     points = [(x_of(i), y_of(e)) for i, e in enumerate(errors)]
     parts.append('<polyline class="line" points="' + " ".join(f"{x:.1f},{y:.1f}" for x, y in points) + '"/>')
-    for step, error, (x, y) in zip(steps, errors, points):
+    for step, error, limit, (x, y) in zip(steps, errors, allowed, points):
         bad = _number(step.get("mismatches")) > 0 or not math.isfinite(error)
         tip = (
             f"step {step.get('step')}: max abs error {error:.3g}, SQNR {_number(step.get('sqnr_db')):.1f} dB, "
             f"{step.get('mismatches')} mismatch(es)"
+            + (f", tolerance {limit:.3g}" if math.isfinite(limit) else "")
         )
         parts.append(
             f'<circle class="{"bad" if bad else "ok"}" cx="{x:.1f}" cy="{y:.1f}" r="3">'

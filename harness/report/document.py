@@ -8,17 +8,19 @@ the renderers need neither the registry nor torch.
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from harness.record import CheckRecord
+from harness.record import CheckRecord, finding_in
 from harness.vocabulary import DTYPES, MODE_ORDER, VERDICTS
 
 SCHEMA_VERSION = 1
 CASE_FIELDS = ("case_id", "card", "tags", "dtype", "mode", "soc", "device_serial", "delegates", "work")
 CHECK_FIELDS = ("verdict", "message", "known_failure", "evidence", "duration_s", "nodeid")
 Column = dict[str, str]  # {"name": check name, "short": its column label}
+SPOKEN = {"infra_error": "infrastructure errors", "not_measured": "not measured"}  # verdicts in a report's words
 
 
 def json_safe(value: Any) -> Any:
@@ -141,6 +143,66 @@ def known_failures(document: dict) -> dict[str, list[tuple[dict, str, dict]]]:
         if check["known_failure"]:
             groups.setdefault(check["known_failure"], []).append((case, name, check))
     return groups
+
+
+_SIGNATURE = re.compile(r"(?:known failure \[|\[signature: )([a-z0-9_]+)")
+
+
+def signature_of(check: dict) -> str:
+    """The check's failure signature: the record's, or for reports written before records carried it,
+    the one its known-failure description or failure line names ("" for none)."""
+    if check.get("signature"):
+        return str(check["signature"])
+    match = _SIGNATURE.search(check.get("known_failure") or check.get("message") or "")
+    return match.group(1) if match else ""
+
+
+def finding_of(check: dict) -> str:
+    """The docs/FINDINGS.md anchor (F<n>) of the known failure behind the check, or "" (see signature_of)."""
+    return str(check.get("finding") or finding_in(check.get("known_failure") or ""))
+
+
+def reason_of(description: str) -> str:
+    """A known failure's reason without what a list by finding already says: the `known failure [signature]: `
+    head and the trailing `(docs/FINDINGS.md#F<n>; ...)` reference (harness/known_failures.py describe())."""
+    reason = re.sub(r"^known failure \[[a-z0-9_]+\]: ", "", description)
+    cut = reason.rfind(" (")
+    return reason[:cut] if cut > 0 and reason.endswith(")") and finding_in(reason[cut:]) else reason
+
+
+@dataclass(frozen=True)
+class Finding:
+    """Known failures of one finding (or, without one, of one manifest reason): what a report lists as one line."""
+
+    finding: str  # F<n>, or "" for entries that name no finding
+    reasons: tuple[str, ...]  # the manifest entries' reasons (reason_of), as first seen
+    signatures: tuple[str, ...]
+    members: tuple[tuple[dict, str, dict], ...]
+
+    @property
+    def xpassed(self) -> int:
+        return sum(check["verdict"] == "xpassed" for _, _, check in self.members)
+
+
+def by_finding(document: dict) -> list[Finding]:
+    """The document's known failures grouped by finding, most checks first (ties: by finding number);
+    entries without a finding form a group per reason, after those with one."""
+    groups: dict[str, list[tuple[dict, str, dict]]] = {}
+    for case, name, check in checks_of(document):
+        if check["known_failure"]:
+            groups.setdefault(finding_of(check) or check["known_failure"], []).append((case, name, check))
+    findings = [
+        Finding(
+            finding_of(members[0][2]),
+            tuple(dict.fromkeys(reason_of(check["known_failure"]) for _, _, check in members)),
+            tuple(dict.fromkeys(signature_of(check) for _, _, check in members if signature_of(check))),
+            tuple(members),
+        )
+        for members in groups.values()
+    ]
+    return sorted(
+        findings, key=lambda f: (not f.finding, -len(f.members), int(f.finding[1:]) if f.finding else 0, f.reasons)
+    )
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,21 @@ PASSING = ("passed", "xpassed")
 ABSENT = "absent"
 MEASURED = ("passed", "failed", "xpassed", "xfailed")
 MESSAGE_CHARS = 160
+ELLIPSIS = "…"
+
+
+def clip(text: str, limit: int = MESSAGE_CHARS) -> str:
+    """text cut to at most about limit characters at a space, with an ellipsis where it was cut: a reason is
+    read by a person, and half a word (`QnnManager::Alloc`) reads as a different name. A first word longer
+    than limit is kept whole."""
+    if len(text) <= limit:
+        return text
+    cut = text.rfind(" ", 0, limit)
+    if cut <= 0:
+        cut = text.find(" ", limit)
+        if cut < 0:
+            return text
+    return text[:cut].rstrip(" ,;:") + " " + ELLIPSIS
 
 
 class BaselineError(ValueError):
@@ -132,7 +147,7 @@ class GateResult:
                         "check": check,
                         "before": change.before.verdict if change.before else ABSENT,
                         "after": change.after.verdict if change.after else ABSENT,
-                        "why": why[:MESSAGE_CHARS],
+                        "why": clip(why),
                     }
                 )
         return entries

@@ -1,57 +1,138 @@
-"""summary.md of one SoC's report: the few lines a person or a CI comment needs, nothing more."""
+"""summary.md of one SoC's report: what fits in a CI comment, what is new first.
+
+A GitHub comment holds 65,536 characters and a nightly posts one per SoC, or both SoCs in one: so every
+list here is bounded by what kinds of things happened, not by how many checks they hit. Known failures
+are one line per finding with its count and link, failures one line per check and signature, the gate's
+table and the infrastructure errors at most a screenful (the rest: gate.json and report.html), bundles a
+count and a link. The HTML has every check.
+"""
 
 from __future__ import annotations
 
-from harness.report.document import checks_of, known_failures, problems, stage_times, with_verdict
-from harness.report.gate import GateResult
-from harness.repro.layout import ARCHIVE_SUFFIX, LINK, BundleSize
+from harness.report.document import (
+    SPOKEN,
+    by_finding,
+    checks_of,
+    problems,
+    signature_of,
+    stage_times,
+    with_verdict,
+)
+from harness.report.gate import GateResult, clip
+from harness.repro.layout import REPRO_DIR, BundleSize
 from harness.text import markdown_text
 from harness.vocabulary import VERDICTS
 
 SLOWEST_STAGES = 6
-CASES_PER_REASON = 6
+EXAMPLES = 3  # cases named on a grouped line
+LISTED = 30  # rows of the gate's table, and infrastructure errors, before "and N more"
+FINDINGS = "docs/FINDINGS.md"  # where a finding's anchor is, when the caller gives no link to it
 
 
 def _totals(summary: dict) -> str:
-    return ", ".join(f"{summary[v]} {v}" for v in VERDICTS if summary[v] or v in ("passed", "failed"))
+    return ", ".join(f"{summary[v]} {SPOKEN.get(v, v)}" for v in VERDICTS if summary[v] or v in ("passed", "failed"))
 
 
 def _kib(size: int) -> str:
     return f"{size / 1024:.0f} KiB"
 
 
-def _bundles(document: dict, sizes: list[BundleSize]) -> list[str]:
-    """One line per reproduction bundle (its case and bundled checks) and a size line for the run."""
-    members: dict[str, list[str]] = {}
-    for _case, name, check in checks_of(document):
-        if check.get("repro"):
-            members.setdefault(check["repro"], []).append(f"{name} {check['verdict']}")
-    lines = [f"## Reproduction bundles ({len(members)})", ""]
-    by_folder = {f"repro/{size.folder}": size for size in sizes}
-    for link, checks in members.items():
-        size = by_folder.get(link)
-        where = (
-            f"`{link}/` (`{link}{ARCHIVE_SUFFIX}`{', ' + _kib(size.archive_bytes) if size else ''})"
-            if LINK.fullmatch(link)
-            else markdown_text(link)
-        )  # a code span only for the shape a bundle's folder has
-        lines.append(f"- {where}: {markdown_text(', '.join(checks))}; `python repro.py` there")
-    if not members:
-        lines.append("None.")
-    if sizes:
+def _examples(members: list[tuple[dict, str, dict]]) -> str:
+    cases = list(dict.fromkeys(case["case_id"] for case, _, _ in members))
+    named = ", ".join(markdown_text(case_id) for case_id in cases[:EXAMPLES])
+    return named + (f" and {len(cases) - EXAMPLES} more case(s)" if len(cases) > EXAMPLES else "")
+
+
+def _more(total: int, shown: int, where: str) -> list[str]:
+    return [f"- and {total - shown} more: {where}"] if total > shown else []
+
+
+def _gate(gate: GateResult) -> list[str]:
+    entries = gate.entries()
+    lines = [f"## Gate: {'passed' if gate.ok else 'FAILED'} ({len(entries)} check(s) named)", ""]
+    if entries:
+        lines += ["| why the gate names it | case | check | baseline -> now | detail |", "| --- | --- | --- | --- | --- |"]
         lines += [
-            "",
-            f"Bundle size: {len(sizes)} bundle(s), {_kib(sum(s.bytes for s in sizes))} unpacked "
-            f"({sum(s.files for s in sizes)} files), {_kib(sum(s.archive_bytes for s in sizes))} as .tar.gz; "
-            f"largest {_kib(max(s.bytes for s in sizes))}.",
+            f"| {e['kind']} | {markdown_text(e['case_id'])} | {markdown_text(e['check'])} | {e['before']} -> {e['after']} "
+            f"| {markdown_text(clip(e['why'], 100))} |"
+            for e in entries[:LISTED]
         ]
+        lines += _more(len(entries), LISTED, "gate.json beside report.json names every one")
+    return [*lines, ""]
+
+
+def _failures(document: dict) -> list[str]:
+    """Failures and known failures that now pass, one line per check, verdict and signature."""
+    failing = problems(document)
+    groups: dict[tuple[str, str, str], list[tuple[dict, str, dict]]] = {}
+    for case, name, check in failing:
+        groups.setdefault((check["verdict"], name, signature_of(check)), []).append((case, name, check))
+    lines = [f"## Failures ({len(failing)})", ""]
+    for (verdict, name, signature), members in groups.items():
+        first = members[0][2]
+        line = first["message"] if verdict == "failed" else first["known_failure"]
+        lines.append(
+            f"- **{verdict}** {markdown_text(name)}"
+            + (f" `{signature}`" if signature else "")
+            + f": {len(members)} check(s) in {_examples(members)}; e.g. {markdown_text(clip(line, 160))}"
+        )
+    if not failing:
+        lines.append("None.")
     return lines
 
 
-def render(document: dict, gate: GateResult | None = None, bundles: list[BundleSize] | None = None) -> str:
-    """Short on purpose: the HTML has the matrix and the evidence, this is what fits in a CI comment.
-    gate: this SoC's gate result, when the run was gated against a baseline; bundles: the sizes of the
-    reproduction bundles in the report's folder."""
+def _infrastructure(document: dict) -> list[str]:
+    infrastructure = with_verdict(document, "infra_error")
+    if not infrastructure:  # the device or the lab failed: no conformance verdict, rerun on a healthy device
+        return []
+    lines = ["", f"## Infrastructure errors ({len(infrastructure)}): not verified, rerun on a healthy device", ""]
+    lines += [
+        f"- {markdown_text(case['case_id'])} {markdown_text(name)}: {markdown_text(clip(check['message'], 160))}"
+        for case, name, check in infrastructure[:LISTED]
+    ]
+    return lines + _more(len(infrastructure), LISTED, "report.html#infrastructure")
+
+
+def _known(document: dict, findings_link: str) -> list[str]:
+    findings = by_finding(document)
+    lines = ["", f"## Known failures ({sum(len(f.members) for f in findings)}) by finding", ""]
+    for finding in findings:
+        head = f"[{finding.finding}]({findings_link}#{finding.finding})" if finding.finding else "no finding"
+        passing = f", **{finding.xpassed} now pass**" if finding.xpassed else ""
+        signatures = ", ".join(f"`{s}`" for s in finding.signatures)
+        lines.append(
+            f"- {head}: {len(finding.members)} check(s){passing} in "
+            f"{len({case['case_id'] for case, _, _ in finding.members})} case(s)"
+            + (f", {signatures}" if signatures else "")
+            + f"; {markdown_text(clip(finding.reasons[0], 120))}"
+        )
+    if not findings:
+        lines.append("None.")
+    return lines
+
+
+def _bundles(document: dict, sizes: list[BundleSize]) -> list[str]:
+    """The bundles as one count and one link: each is linked from its cell in report.html."""
+    bundled = {check["repro"] for _, _, check in checks_of(document) if check.get("repro")}
+    if not bundled:
+        return ["## Reproduction bundles", "", "None."]
+    line = f"{len(bundled)} bundle(s) in [{REPRO_DIR}/]({REPRO_DIR}/)"
+    if sizes:
+        line += (
+            f", {_kib(sum(s.archive_bytes for s in sizes))} as .tar.gz ({_kib(sum(s.bytes for s in sizes))} unpacked, "
+            f"{sum(s.files for s in sizes)} files; largest {_kib(max(s.bytes for s in sizes))})"
+        )
+    return ["## Reproduction bundles", "", line + "; each failing cell of report.html links its own, `python repro.py` there"]
+
+
+def render(
+    document: dict,
+    gate: GateResult | None = None,
+    bundles: list[BundleSize] | None = None,
+    findings_link: str = FINDINGS,
+) -> str:
+    """gate: this SoC's gate result, when the run was gated against a baseline; bundles: the sizes of the
+    reproduction bundles in the report's folder; findings_link: docs/FINDINGS.md as this file reaches it."""
     environment, summary = document["environment"], document["summary"]
     facts = [
         f"{key} {markdown_text(environment[key])}"
@@ -67,50 +148,16 @@ def render(document: dict, gate: GateResult | None = None, bundles: list[BundleS
         "",
     ]
     if gate is not None:
-        entries = gate.entries()
-        lines += [f"## Gate: {'passed' if gate.ok else 'FAILED'} ({len(entries)} check(s) named)", ""]
-        if entries:
-            lines += [
-                "| why the gate names it | case | check | baseline -> now | detail |",
-                "| --- | --- | --- | --- | --- |",
-            ]
-            lines += [
-                f"| {e['kind']} | {markdown_text(e['case_id'])} | {markdown_text(e['check'])} | {e['before']} -> {e['after']} | {markdown_text(e['why'])} |"
-                for e in entries
-            ]
-        lines.append("")
-    failing = problems(document)
-    lines += [f"## Failures ({len(failing)})", ""]
-    if failing:
-        lines += ["| verdict | case | check | message |", "| --- | --- | --- | --- |"]
-        lines += [
-            f"| {check['verdict']} | {markdown_text(case['case_id'])} | {markdown_text(name)} | {markdown_text(check['message'] or check['known_failure'])} |"
-            for case, name, check in failing
-        ]
-    else:
-        lines.append("None.")
-    infrastructure = with_verdict(document, "infra_error")
-    if infrastructure:  # the device or the lab failed: no conformance verdict, rerun on a healthy device
-        lines += ["", f"## Infrastructure errors ({len(infrastructure)}): not verified, rerun on a healthy device", ""]
-        lines += ["| case | check | message |", "| --- | --- | --- |"]
-        lines += [
-            f"| {markdown_text(case['case_id'])} | {markdown_text(name)} | {markdown_text(check['message'])} |"
-            for case, name, check in infrastructure
-        ]
+        lines += _gate(gate)
+    lines += _failures(document)
+    lines += _infrastructure(document)
     unmeasured = with_verdict(document, "not_measured")
     if unmeasured:
         reasons = sorted({check["message"] for _, _, check in unmeasured})
-        lines += ["", f"## Not measured ({len(unmeasured)})", ""] + [f"- {markdown_text(reason)}" for reason in reasons]
-    groups = known_failures(document)
-    lines += ["", f"## Known failures ({sum(len(g) for g in groups.values())})", ""]
-    for reason, members in groups.items():
-        named = ", ".join(
-            f"{markdown_text(case['case_id'])} {markdown_text(name)}" for case, name, _ in members[:CASES_PER_REASON]
-        )
-        more = f" and {len(members) - CASES_PER_REASON} more" if len(members) > CASES_PER_REASON else ""
-        lines.append(f"- {markdown_text(reason)}: {len(members)} check(s): {named}{more}")
-    if not groups:
-        lines.append("None.")
+        lines += ["", f"## Not measured ({len(unmeasured)})", ""]
+        lines += [f"- {markdown_text(clip(reason, 200))}" for reason in reasons[:LISTED]]
+        lines += _more(len(reasons), LISTED, "report.html")
+    lines += _known(document, findings_link)
     lines += ["", *_bundles(document, bundles or [])]
     times = stage_times(document)[:SLOWEST_STAGES]
     lines += ["", "## Slowest stages", ""]

@@ -14,7 +14,18 @@ import jinja2
 from markupsafe import Markup
 
 from harness.report.chart import error_chart
-from harness.report.document import check_order, known_failures, problems, rank, stage_times, with_verdict
+from harness.report.document import (
+    SPOKEN,
+    by_finding,
+    check_order,
+    checks_of,
+    finding_of,
+    problems,
+    rank,
+    stage_times,
+    with_verdict,
+)
+from harness.report.gate import GateResult
 from harness.repro.layout import LINK
 from harness.text import printable
 from harness.vocabulary import DTYPES, MODE_ORDER, VERDICTS
@@ -47,6 +58,9 @@ ENVIRONMENT_FIRST = (
 )
 ENV_PAIRS_PER_ROW = 4
 SLOWEST_STAGES = 8
+# The gate's kinds in the order the page lists them (GateResult.entries' words; "missing" also when allowed).
+GATE_KINDS = ("regression", "new failure", "known failure now passes", "missing", "infrastructure error")
+FINDINGS = "docs/FINDINGS.md"
 
 
 @dataclass(frozen=True)
@@ -66,6 +80,12 @@ class Cell:
     nodeid: str
     opens_left: bool
     repro: str = ""  # the case's reproduction bundle (repro/<folder>), only when it has that shape
+    case_id: str = ""
+    finding: str = ""  # the docs/FINDINGS.md anchor of its known failure
+
+    @property
+    def anchor(self) -> str:
+        return anchor(self.case_id, self.check)
 
     @property
     def label(self) -> str:
@@ -116,21 +136,29 @@ def _cell(case: dict, check_name: str, check: dict, opens_left: bool) -> Cell:
         check["nodeid"] or "",
         opens_left,
         repro if LINK.match(repro := str(check.get("repro") or "")) else "",
+        case["case_id"],
+        finding_of(check),
     )
 
 
-def _matrix(document: dict) -> dict:
-    cases = document["cases"]
-    dtypes = sorted({c["dtype"] for c in cases}, key=lambda d: rank(DTYPES, d))
+def anchor(case_id: str, check: str) -> str:
+    """The id of a check's cell in the matrix: what the gate and the failure lists link to."""
+    return f"cell-{case_id}-{check}"
+
+
+def _table(document: dict, cases: list[dict], checks: list[str]) -> dict:
+    """One table of a dtype's fold: rows are the cards given, columns the (mode, check) pairs at least
+    one of them has, so a column no row fills (the meta llama checks for the zoo's cards) is not drawn."""
+    by_key = {(c["card"], c["mode"]): c for c in cases}
     modes = sorted({c["mode"] for c in cases}, key=lambda m: rank(MODE_ORDER, m))
-    checks = sorted({name for c in cases for name in c["checks"]}, key=lambda n: rank(check_order(document), n))
-    columns = [(dtype, mode, check) for dtype in dtypes for mode in modes for check in checks]
-    by_key = {(c["card"], c["dtype"], c["mode"]): c for c in cases}
+    groups = [(mode, [name for name in checks if any(name in c["checks"] for c in cases if c["mode"] == mode)]) for mode in modes]
+    groups = [(mode, names) for mode, names in groups if names]
+    columns = [(mode, name, index == 0) for mode, names in groups for index, name in enumerate(names)]
     rows = []
     for card in sorted({c["card"] for c in cases}):
         cells = []
-        for index, (dtype, mode, check_name) in enumerate(columns):
-            case = by_key.get((card, dtype, mode))
+        for index, (mode, check_name, _) in enumerate(columns):
+            case = by_key.get((card, mode))
             check = case["checks"].get(check_name) if case else None
             cells.append(_cell(case, check_name, check, index > len(columns) / 2) if check else None)
         verdicts = [c.verdict for c in cells if c]
@@ -145,7 +173,39 @@ def _matrix(document: dict) -> dict:
                 "xfails": verdicts.count("xfailed"),
             }
         )
-    return {"dtypes": dtypes, "modes": modes, "checks": checks, "rows": rows, "group_size": len(checks)}
+    return {"groups": groups, "columns": columns, "rows": rows}
+
+
+def _matrix(document: dict, flagged: set[str]) -> dict:
+    """A fold per dtype (open when it holds a failure, an infrastructure error or a check the gate names, and
+    the first one otherwise), and in each a table per set of modes its cards have, empty columns left out.
+    flagged: the case ids the gate names."""
+    cases = document["cases"]
+    checks = sorted({name for c in cases for name in c["checks"]}, key=lambda n: rank(check_order(document), n))
+    folds = []
+    for dtype in sorted({c["dtype"] for c in cases}, key=lambda d: rank(DTYPES, d)):
+        mine = [c for c in cases if c["dtype"] == dtype]
+        modes_of: dict[str, tuple[str, ...]] = {}
+        for case in mine:
+            modes_of[case["card"]] = tuple(sorted({*modes_of.get(case["card"], ()), case["mode"]}))
+        shapes = sorted(set(modes_of.values()), key=lambda modes: (-sum(m == modes for m in modes_of.values()), modes))
+        tables = [_table(document, [c for c in mine if modes_of[c["card"]] == shape], checks) for shape in shapes]
+        verdicts = [check["verdict"] for c in mine for check in c["checks"].values()]
+        needs_a_look = any(v in ("failed", "xpassed", "infra_error") for v in verdicts) or any(
+            c["case_id"] in flagged for c in mine
+        )
+        folds.append(
+            {
+                "dtype": dtype,
+                "tables": tables,
+                "counts": {v: verdicts.count(v) for v in VERDICTS if verdicts.count(v)},
+                "open": needs_a_look,
+                "cards": len({c["card"] for c in mine}),
+            }
+        )
+    if folds and not any(fold["open"] for fold in folds):
+        folds[0]["open"] = True
+    return {"checks": checks, "folds": folds, "cards": len({c["card"] for c in cases})}
 
 
 def _environment_rows(environment: dict) -> list[list[tuple[str, str]]]:
@@ -203,8 +263,37 @@ def visible(value: object) -> object:
     return value
 
 
-def render(document: dict) -> str:
-    """The whole page; StrictUndefined so a template typo fails the tests instead of rendering blank."""
+@dataclass(frozen=True)
+class GateLine:
+    """A check the gate names, as the page's opening section lists it (linked to its cell when it has one)."""
+
+    case_id: str
+    check: str
+    before: str
+    after: str
+    why: str
+    target: str  # the cell's anchor, "" when this run has no cell for it (a missing check)
+
+
+def _gate(document: dict, gate: GateResult | None) -> dict | None:
+    """The gate's section: every kind it fails on, in the gate's order, each with its checks (None: not gated)."""
+    if gate is None:
+        return None
+    cells = {(case["case_id"], name) for case, name, _ in checks_of(document)}
+    kinds: dict[str, list[GateLine]] = {kind: [] for kind in GATE_KINDS}
+    for entry in gate.entries():
+        kind = "missing" if entry["kind"].startswith("missing") else entry["kind"]
+        key = (entry["case_id"], entry["check"])
+        kinds.setdefault(kind, []).append(
+            GateLine(*key, entry["before"], entry["after"], entry["why"], anchor(*key) if key in cells else "")
+        )
+    return {"ok": gate.ok, "allow_missing": gate.allow_missing, "kinds": kinds, "named": len(gate.entries())}
+
+
+def render(document: dict, gate: GateResult | None = None, findings_link: str = FINDINGS) -> str:
+    """The whole page; StrictUndefined so a template typo fails the tests instead of rendering blank.
+    gate: this SoC's gate result when the run was gated (the page then opens with it); findings_link:
+    docs/FINDINGS.md as the page reaches it."""
     environment = jinja2.Environment(
         loader=jinja2.FileSystemLoader(TEMPLATES),
         autoescape=True,
@@ -214,21 +303,26 @@ def render(document: dict) -> str:
         lstrip_blocks=True,
     )
     times = stage_times(document)[:SLOWEST_STAGES]
+    gated = _gate(document, gate)
+    flagged = {line.case_id for lines in gated["kinds"].values() for line in lines} if gated else set()
     return environment.get_template("report.html.j2").render(
         document=document,
         summary=document["summary"],
         verdicts=VERDICTS,
         labels=LABELS,
+        spoken=SPOKEN,
         short_checks={column["name"]: column["short"] for column in document.get("checks") or ()},
         mode_labels=MODE_LABELS,
-        matrix=_matrix(document),
+        matrix=_matrix(document, flagged),
         environment_rows=_environment_rows(document["environment"]),
         provenance=_provenance(document),
+        gate=gated,
+        findings_link=findings_link,
         problems=[_cell(case, name, check, False) for case, name, check in problems(document)],
         infrastructure=[_cell(case, name, check, False) for case, name, check in with_verdict(document, "infra_error")],
-        known=[
-            (reason, [_cell(case, name, check, False) for case, name, check in members])
-            for reason, members in known_failures(document).items()
+        findings=[
+            (finding, [_cell(case, name, check, False) for case, name, check in finding.members])
+            for finding in by_finding(document)
         ],
         stage_times=times,
         slowest_total=max((t.total_s for t in times), default=0.0),

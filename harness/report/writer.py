@@ -7,13 +7,15 @@ import os
 from pathlib import Path
 
 from harness.files import write_atomically
+from harness.paths import REPO_ROOT
 from harness.record import CheckRecord
 from harness.report import junit, markdown, page
-from harness.report.document import Column, build, tally
+from harness.report.document import SPOKEN, Column, build, tally
 from harness.report.gate import GateResult
 from harness.repro import layout
 
 LATEST = "latest"
+FINDINGS = REPO_ROOT / "docs" / "FINDINGS.md"
 
 
 def _point_latest(report_root: Path, run_id: str) -> None:
@@ -81,20 +83,27 @@ def _write_json(folder: Path, document: dict) -> None:
     write_atomically(folder / "report.json", json.dumps(document, indent=1, allow_nan=False) + "\n")
 
 
+def findings_link(folder: Path) -> str:
+    """docs/FINDINGS.md as a relative link from a report folder, so a finding's anchor opens from the page
+    and summary.md wherever --report-dir put them on this machine (a link that works elsewhere: docs/ci.md)."""
+    return Path(os.path.relpath(FINDINGS, folder.resolve())).as_posix()
+
+
 def _write_views(folder: Path, document: dict, soc: str, gate: GateResult | None) -> None:
     """What report.json is read as (JUnit, Markdown, HTML) and the gate's verdict."""
     mine = gate.for_soc(soc) if gate is not None else None
     write_atomically(folder / "junit.xml", junit.render(document))
     # A lone surrogate (from a name or a log) is written as its escape rather than failing the file.
+    findings = findings_link(folder)
     write_atomically(
-        folder / "summary.md", markdown.render(document, mine, layout.sizes(folder)), errors="backslashreplace"
+        folder / "summary.md",
+        markdown.render(document, mine, layout.sizes(folder), findings),
+        errors="backslashreplace",
     )
-    write_atomically(folder / "report.html", page.render(document), errors="backslashreplace")
+    write_atomically(folder / "report.html", page.render(document, mine, findings), errors="backslashreplace")
     if mine is not None:
         write_atomically(folder / "gate.json", json.dumps({"ok": mine.ok, "checks": mine.entries()}, indent=1) + "\n")
 
-
-SPOKEN = {"infra_error": "infrastructure errors", "not_measured": "not measured"}  # the summary line's words
 
 
 def summary_line(records: list[CheckRecord], soc: str, html: Path | None = None, shard: str | None = None) -> str:
