@@ -22,11 +22,19 @@ from harness.files import say, unwritable, write_atomically
 from harness.options import RunOptions
 from harness.qnn.toolchain import prepare
 from harness.record import REPORT_ATTRIBUTE, CheckRecord
+from harness.report.document import SPOKEN, tally
 from harness.report.gate import Key, Outcome
 from harness.repro import layout
 from harness.user_state import UnsafeStateDir, state_dir
+from harness.vocabulary import VERDICTS
 
 SECTION = "QNN mutable-buffer conformance"
+GATE_LINES = 20  # the gate's lines the terminal shows; gate.json, summary.md and report.html have all of them
+# pytest's (category, progress letter, verbose word) for the verdicts its own outcomes would miscount
+STATUS = {
+    "not_measured": (SPOKEN["not_measured"], "n", "NOT MEASURED"),
+    "infra_error": (SPOKEN["infra_error"], "I", "INFRASTRUCTURE ERROR"),
+}
 # The run's exit code when its reports could not be written (disk full, read-only or foreign folder): not 1,
 # which reads as "tests failed", nor pytest's own 0-5. docs/FAULTS.md lists it.
 REPORTS_NOT_WRITTEN = 6
@@ -59,7 +67,27 @@ class ConformanceReporter:
                 f"unreadable record of {report.nodeid} ({type(error).__name__}: {error}); left out of the report"
             )
 
-    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_report_teststatus(self, report: pytest.TestReport) -> tuple[str, str, str] | None:
+        """pytest's own counts (its last line, its progress letters) name the two verdicts that are not about
+        executorch, instead of counting a not-measured check as skipped and an infrastructure error as failed."""
+        data = getattr(report, REPORT_ATTRIBUTE, None)
+        verdict = data.get("verdict") if isinstance(data, dict) else None
+        if verdict in STATUS:
+            return STATUS[verdict]
+        return None
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session):
+        """The reports are written first; the conformance lines are printed last, after pytest's summary (its
+        short failure list and its counts line), so a run's terminal ends with the per-SoC and gate lines."""
+        self._finish(session)
+        try:
+            return (yield)
+        finally:
+            self._print(session)
+
+    def _finish(self, session: pytest.Session) -> None:
         if not self.records:
             return
         try:
@@ -144,23 +172,43 @@ class ConformanceReporter:
                 f"stderr says why), e.g. {unbundled[0].case_id} {unbundled[0].check}"
             )
         if verdict is not None:
-            named = len(verdict.entries())
+            named = verdict.lines()
             self._lines += [
                 f"gate against {self._options.baseline}: "
                 + ("no regressions" if verdict.ok else "FAILED")
-                + (f" ({named} check(s) named; gate.json beside each report.json)" if named else "")
+                + (f" ({len(named)} check(s) named; gate.json beside each report.json)" if named else "")
             ]
-            self._lines += [f"  {line}" for line in verdict.lines()]
+            self._lines += [f"  {line}" for line in named[:GATE_LINES]]
+            if len(named) > GATE_LINES:
+                self._lines.append(f"  and {len(named) - GATE_LINES} more: gate.json and report.html name every one")
             if not verdict.ok:
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        self._lines.append(closing_line(self.records, verdict is not None and not verdict.ok))
 
-    def pytest_terminal_summary(self, terminalreporter) -> None:
+    def _print(self, session: pytest.Session) -> None:
         lines = (self._lines or self._notes) + self._printed_records
         if not lines:
             return
+        terminal = session.config.pluginmanager.get_plugin("terminalreporter")
         try:
-            terminalreporter.section(SECTION)
+            if terminal is None:
+                raise ValueError("no terminal reporter")
+            terminal.write_sep("=", SECTION)
             for line in lines:
-                terminalreporter.write_line(line)
-        except (OSError, ValueError):  # a terminal that cannot take them: the exit code still tells
-            say(f"qnnsuite: {lines[0]}")
+                terminal.write_line(line)
+        except (OSError, ValueError):  # no terminal (-p no:terminal), or one that cannot take them
+            for line in lines:
+                say(f"qnnsuite: {line}")
+
+
+def closing_line(records: list[CheckRecord], gate_failed: bool = False) -> str:
+    """The run's last line: every verdict's count over all SoCs, the two that are not executorch's by name
+    (pytest's own line counts them apart too, see pytest_report_teststatus), and whether the gate failed."""
+    counts = tally(records)
+    shown = ", ".join(
+        f"{counts[verdict]} {SPOKEN.get(verdict, verdict)}"
+        for verdict in VERDICTS
+        if counts[verdict] or verdict in ("passed", "failed", "not_measured", "infra_error")
+    )
+    socs = len({record.soc for record in records})
+    return f"conformance: {shown} ({counts['total']} checks on {socs} SoC(s))" + ("; gate FAILED" if gate_failed else "")

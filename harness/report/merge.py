@@ -6,7 +6,8 @@ not be comparable), a case present twice (a shard merged twice, or two slices th
 that do not fit (a mix of counts, an index twice or missing, a sharded run with an unsharded one).
 The merged documents are rebuilt from the parts' check records by the same code as a run's
 (harness/report/document.py, writer.py), so a merge of shards 1/2 and 2/2 reads like the unsharded run
-and `--baseline` and `diff` take it as they take any run. Reproduction bundles are copied along.
+and `--baseline` and `diff` take it as they take any run. Reproduction bundles are copied along, and so is
+each part's provenance (its devices, and any QNN build warning), which the merged page shows as a run's.
 
 The parts are data from other jobs or hosts: each report.json is validated before use (harness/report/
 intake.py; a bad one is MalformedReport, exit code 4), the merge writes only under --out (a part's SoC
@@ -190,6 +191,20 @@ def merged_records(parts: list[Part]) -> dict[str, list[tuple[Part, dict]]]:
     return by_soc
 
 
+def _provenance(documents: list[tuple[Part, dict]]) -> dict | None:
+    """What made the programs and what every part's devices ran them with: the first part's host (the
+    versions are equal, check_versions), each device once, each warning once (the QNN build warning
+    of any part is the merged run's). None when no part measured it."""
+    measured = [document["provenance"] for _, document in documents if isinstance(document.get("provenance"), dict)]
+    if not measured:
+        return None
+    devices = {
+        (device.get("device") or device.get("serial")): device for provenance in measured for device in provenance["devices"]
+    }
+    warnings = dict.fromkeys(warning for provenance in measured for warning in provenance["warnings"])
+    return {"host": measured[0]["host"], "devices": list(devices.values()), "warnings": list(warnings)}
+
+
 @dataclass(frozen=True)
 class Merged:
     records: list[CheckRecord]  # every part's, for the summary lines
@@ -219,5 +234,14 @@ def merge(folders: list[Path], out: Path, baseline: Path | None = None, allow_mi
         folder = targets[soc]
         for part, _ in documents:
             _copy_regular_files(part.folder / soc / REPRO_DIR, folder / REPRO_DIR)
-        write_soc(records[soc], _environment(documents, out.name), folder, out.name, soc, _columns(parts, soc), verdict)
+        write_soc(
+            records[soc],
+            _environment(documents, out.name),
+            folder,
+            out.name,
+            soc,
+            _columns(parts, soc),
+            verdict,
+            _provenance(documents),
+        )
     return Merged(every, verdict)
