@@ -77,17 +77,8 @@ class ConformanceReporter:
             return STATUS[verdict]
         return None
 
-    @pytest.hookimpl(wrapper=True, tryfirst=True)
-    def pytest_sessionfinish(self, session: pytest.Session):
-        """The reports are written first; the conformance lines are printed last, after pytest's summary (its
-        short failure list and its counts line), so a run's terminal ends with the per-SoC and gate lines."""
-        self._finish(session)
-        try:
-            return (yield)
-        finally:
-            self._print(session)
-
-    def _finish(self, session: pytest.Session) -> None:
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        """Writes the reports (before pytest's terminal summary: see pytest_sessionfinish_last for the lines)."""
         if not self.records:
             return
         try:
@@ -185,18 +176,29 @@ class ConformanceReporter:
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
         self._lines.append(closing_line(self.records, verdict is not None and not verdict.ok))
 
-    def _print(self, session: pytest.Session) -> None:
+    @pytest.hookimpl(wrapper=True, tryfirst=True, specname="pytest_sessionfinish")
+    def pytest_sessionfinish_last(self, session: pytest.Session):
+        """The conformance lines after everything pytest prints at the end (its short failure list and its
+        counts line, which its terminal reporter writes when the session finishes), so a run's terminal ends
+        with the per-SoC and gate lines and the closing counts: the outermost wrapper's end comes last. (A
+        second implementation of the hook on this plugin: pytest takes only pytest_* names, hence specname.)"""
+        try:
+            return (yield)
+        finally:
+            self.write_summary(session.config.pluginmanager.get_plugin("terminalreporter"))
+
+    def write_summary(self, terminal) -> None:
+        """The conformance block on pytest's terminal reporter (None: -p no:terminal, then on stderr)."""
         lines = (self._lines or self._notes) + self._printed_records
         if not lines:
             return
-        terminal = session.config.pluginmanager.get_plugin("terminalreporter")
         try:
             if terminal is None:
                 raise ValueError("no terminal reporter")
-            terminal.write_sep("=", SECTION)
+            terminal.section(SECTION)
             for line in lines:
                 terminal.write_line(line)
-        except (OSError, ValueError):  # no terminal (-p no:terminal), or one that cannot take them
+        except (OSError, ValueError):  # no terminal, or one that cannot take them: the exit code still tells
             for line in lines:
                 say(f"qnnsuite: {line}")
 

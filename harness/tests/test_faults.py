@@ -396,7 +396,7 @@ def test_a_disk_full_at_report_time_keeps_report_json_and_the_records_and_exits_
         session = SimpleNamespace(exitstatus=0)
         reporter.pytest_sessionfinish(session)
         terminal = _Terminal()
-        reporter.pytest_terminal_summary(terminal)
+        reporter.write_summary(terminal)
         assert session.exitstatus == reporter_module.REPORTS_NOT_WRITTEN == 6 and reporter.failed
         (line,) = terminal.lines[1:]
         assert (
@@ -423,7 +423,7 @@ def test_with_every_folder_full_the_records_are_printed_compactly(tmp_path, monk
         session = SimpleNamespace(exitstatus=0)
         reporter.pytest_sessionfinish(session)
         terminal = _Terminal()
-        reporter.pytest_terminal_summary(terminal)
+        reporter.write_summary(terminal)
     assert session.exitstatus == 6
     assert (
         "report.json written for no SoC" in terminal.lines[1]
