@@ -112,17 +112,23 @@ def _known(document: dict, findings_link: str) -> list[str]:
 
 
 def _bundles(document: dict, sizes: list[BundleSize]) -> list[str]:
-    """The bundles as one count and one link: each is linked from its cell in report.html."""
+    """The bundles as one count, one link and one size line: each is linked from its cell in report.html."""
     bundled = {check["repro"] for _, _, check in checks_of(document) if check.get("repro")}
+    lines = [f"## Reproduction bundles ({len(bundled)})", ""]
     if not bundled:
-        return ["## Reproduction bundles", "", "None."]
-    line = f"{len(bundled)} bundle(s) in [{REPRO_DIR}/]({REPRO_DIR}/)"
+        return [*lines, "None."]
+    lines.append(
+        f"In [{REPRO_DIR}/]({REPRO_DIR}/), one folder and one .tar.gz per case; each failing cell of report.html "
+        "links its own (`python repro.py` there)."
+    )
     if sizes:
-        line += (
-            f", {_kib(sum(s.archive_bytes for s in sizes))} as .tar.gz ({_kib(sum(s.bytes for s in sizes))} unpacked, "
-            f"{sum(s.files for s in sizes)} files; largest {_kib(max(s.bytes for s in sizes))})"
-        )
-    return ["## Reproduction bundles", "", line + "; each failing cell of report.html links its own, `python repro.py` there"]
+        lines += [
+            "",
+            f"Bundle size: {len(sizes)} bundle(s), {_kib(sum(s.bytes for s in sizes))} unpacked "
+            f"({sum(s.files for s in sizes)} files), {_kib(sum(s.archive_bytes for s in sizes))} as .tar.gz; "
+            f"largest {_kib(max(s.bytes for s in sizes))}.",
+        ]
+    return lines
 
 
 def render(

@@ -313,7 +313,8 @@ def test_summary_md_of_both_socs_fits_a_github_comment(tmp_path: Path):
     assert "- and " in first.split("## Gate")[1].split("##")[0], "the gate's table ends with how many more"
     known = first.split("## Known failures")[1].split("##")[0]
     assert len([line for line in known.splitlines() if line.startswith("- [F")]) == 9, "one line per finding"
-    assert "\n- repro/" not in first and "bundle(s) in [repro/](repro/)" in first, "bundles: a count and a link"
+    bundles = first.split("## Reproduction bundles")[1].split("##")[0]
+    assert bundles.startswith(" (58)") and "In [repro/](repro/)" in bundles and "\n- " not in bundles, bundles
 
 
 @pytest.mark.skipif(not BEFORE_REPORT.is_dir(), reason=f"{BEFORE_REPORT} (a real default-matrix run) is not here")

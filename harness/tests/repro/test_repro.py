@@ -141,7 +141,7 @@ def test_page_and_summary_link_the_bundles(runs):
         assert f'href="repro/{case_id}/issue.md"' in page and f'href="repro/{case_id}.tar.gz"' in page
     assert f"repro/{PASSING}" not in page
     summary = (runs.soc_folder / "summary.md").read_text()
-    assert "## Reproduction bundles (2)" in summary and f"`repro/{FAILING}/`" in summary
+    assert "## Reproduction bundles (2)" in summary and "In [repro/](repro/)" in summary  # a count and a link
     assert "Bundle size: 2 bundle(s)," in summary
 
 
