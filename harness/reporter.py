@@ -213,4 +213,6 @@ def closing_line(records: list[CheckRecord], gate_failed: bool = False) -> str:
         if counts[verdict] or verdict in ("passed", "failed", "not_measured", "infra_error")
     )
     socs = len({record.soc for record in records})
-    return f"conformance: {shown} ({counts['total']} checks on {socs} SoC(s))" + ("; gate FAILED" if gate_failed else "")
+    return f"conformance: {shown} ({counts['total']} checks on {socs} SoC(s))" + (
+        "; gate FAILED" if gate_failed else ""
+    )

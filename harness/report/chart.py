@@ -76,8 +76,7 @@ def error_chart(steps: list[dict]) -> str:
         bad = _number(step.get("mismatches")) > 0 or not math.isfinite(error)
         tip = (
             f"step {step.get('step')}: max abs error {error:.3g}, SQNR {_number(step.get('sqnr_db')):.1f} dB, "
-            f"{step.get('mismatches')} mismatch(es)"
-            + (f", tolerance {limit:.3g}" if math.isfinite(limit) else "")
+            f"{step.get('mismatches')} mismatch(es)" + (f", tolerance {limit:.3g}" if math.isfinite(limit) else "")
         )
         parts.append(
             f'<circle class="{"bad" if bad else "ok"}" cx="{x:.1f}" cy="{y:.1f}" r="3">'

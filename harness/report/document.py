@@ -148,18 +148,26 @@ def known_failures(document: dict) -> dict[str, list[tuple[dict, str, dict]]]:
 _SIGNATURE = re.compile(r"(?:known failure \[|\[signature: )([a-z0-9_]+)")
 
 
+_NAME = re.compile(r"[a-z0-9_]{1,80}")
+_ANCHOR = re.compile(r"F[0-9]{1,4}")
+
+
 def signature_of(check: dict) -> str:
     """The check's failure signature: the record's, or for reports written before records carried it,
-    the one its known-failure description or failure line names ("" for none)."""
-    if check.get("signature"):
-        return str(check["signature"])
-    match = _SIGNATURE.search(check.get("known_failure") or check.get("message") or "")
-    return match.group(1) if match else ""
+    the one its known-failure description or failure line names ("" for none). Only a name's characters:
+    the reports print it in code spans and ids."""
+    recorded = str(check.get("signature") or "")
+    if not recorded:
+        match = _SIGNATURE.search(check.get("known_failure") or check.get("message") or "")
+        recorded = match.group(1) if match else ""
+    return recorded if _NAME.fullmatch(recorded) else ""
 
 
 def finding_of(check: dict) -> str:
-    """The docs/FINDINGS.md anchor (F<n>) of the known failure behind the check, or "" (see signature_of)."""
-    return str(check.get("finding") or finding_in(check.get("known_failure") or ""))
+    """The docs/FINDINGS.md anchor (F<n>) of the known failure behind the check, or "" (see signature_of):
+    only that shape, since the reports make a link of it."""
+    found = str(check.get("finding") or finding_in(check.get("known_failure") or ""))
+    return found if _ANCHOR.fullmatch(found) else ""
 
 
 def reason_of(description: str) -> str:

@@ -51,7 +51,10 @@ def _gate(gate: GateResult) -> list[str]:
     entries = gate.entries()
     lines = [f"## Gate: {'passed' if gate.ok else 'FAILED'} ({len(entries)} check(s) named)", ""]
     if entries:
-        lines += ["| why the gate names it | case | check | baseline -> now | detail |", "| --- | --- | --- | --- | --- |"]
+        lines += [
+            "| why the gate names it | case | check | baseline -> now | detail |",
+            "| --- | --- | --- | --- | --- |",
+        ]
         lines += [
             f"| {e['kind']} | {markdown_text(e['case_id'])} | {markdown_text(e['check'])} | {e['before']} -> {e['after']} "
             f"| {markdown_text(clip(e['why'], 100))} |"

@@ -199,7 +199,9 @@ def _provenance(documents: list[tuple[Part, dict]]) -> dict | None:
     if not measured:
         return None
     devices = {
-        (device.get("device") or device.get("serial")): device for provenance in measured for device in provenance["devices"]
+        (device.get("device") or device.get("serial")): device
+        for provenance in measured
+        for device in provenance["devices"]
     }
     warnings = dict.fromkeys(warning for provenance in measured for warning in provenance["warnings"])
     return {"host": measured[0]["host"], "devices": list(devices.values()), "warnings": list(warnings)}

@@ -151,7 +151,10 @@ def _table(document: dict, cases: list[dict], checks: list[str]) -> dict:
     one of them has, so a column no row fills (the meta llama checks for the zoo's cards) is not drawn."""
     by_key = {(c["card"], c["mode"]): c for c in cases}
     modes = sorted({c["mode"] for c in cases}, key=lambda m: rank(MODE_ORDER, m))
-    groups = [(mode, [name for name in checks if any(name in c["checks"] for c in cases if c["mode"] == mode)]) for mode in modes]
+    groups = [
+        (mode, [name for name in checks if any(name in c["checks"] for c in cases if c["mode"] == mode)])
+        for mode in modes
+    ]
     groups = [(mode, names) for mode, names in groups if names]
     columns = [(mode, name, index == 0) for mode, names in groups for index, name in enumerate(names)]
     rows = []

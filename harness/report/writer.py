@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from urllib.parse import quote
 
 from harness.files import write_atomically
 from harness.paths import REPO_ROOT
@@ -86,7 +87,7 @@ def _write_json(folder: Path, document: dict) -> None:
 def findings_link(folder: Path) -> str:
     """docs/FINDINGS.md as a relative link from a report folder, so a finding's anchor opens from the page
     and summary.md wherever --report-dir put them on this machine (a link that works elsewhere: docs/ci.md)."""
-    return Path(os.path.relpath(FINDINGS, folder.resolve())).as_posix()
+    return quote(Path(os.path.relpath(FINDINGS, folder.resolve())).as_posix())  # a checkout path may hold ( ) or spaces
 
 
 def _write_views(folder: Path, document: dict, soc: str, gate: GateResult | None) -> None:
@@ -103,7 +104,6 @@ def _write_views(folder: Path, document: dict, soc: str, gate: GateResult | None
     write_atomically(folder / "report.html", page.render(document, mine, findings), errors="backslashreplace")
     if mine is not None:
         write_atomically(folder / "gate.json", json.dumps({"ok": mine.ok, "checks": mine.entries()}, indent=1) + "\n")
-
 
 
 def summary_line(records: list[CheckRecord], soc: str, html: Path | None = None, shard: str | None = None) -> str:

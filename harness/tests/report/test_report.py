@@ -264,7 +264,10 @@ def test_summary_md_names_failures_known_failures_and_slow_stages(run):
     text = (folders["SM8750"] / "summary.md").read_text()
     failures = text.split("## Failures")[1].split("##")[0]
     assert "- **failed** state: 1 check(s) in ring_buffer-8a8w-delegate_mutbuf-SM8750; e.g. state differs" in failures
-    assert "- **xpassed** initial_state `uninitialised_delegated_buffer`: 1 check(s) in counter_nonzero_init-16a8w" in failures
+    assert (
+        "- **xpassed** initial_state `uninitialised_delegated_buffer`: 1 check(s) in counter_nonzero_init-16a8w"
+        in failures
+    )
     known = text.split("## Known failures")[1].split("##")[0]
     assert markdown_text(reason_of(KNOWN)) in known and "## Slowest stages" in text and "| lower |" in text
 
@@ -308,7 +311,9 @@ def test_html_is_a_self_contained_matrix_of_cards_and_check_cells(run):
         parsed = _Matrix()
         parsed.feed(html)
         assert {card for card in parsed.cards if card != "model"} == set(CARDS)
-        assert len(parsed.cards) == sum(len([c for c in CARDS if d in DTYPES[:2] or "llama" not in CARDS[c]]) + 1 for d in DTYPES)
+        assert len(parsed.cards) == sum(
+            len([c for c in CARDS if d in DTYPES[:2] or "llama" not in CARDS[c]]) + 1 for d in DTYPES
+        )
         mine = [r for r in records if r["soc"] == soc]
         assert len(parsed.cells) == len(mine)
         assert {"passed", "failed", "xpassed", "xfailed", "skipped"} == set(parsed.cells)
