@@ -136,15 +136,6 @@ def with_verdict(document: dict, verdict: str) -> list[tuple[dict, str, dict]]:
     return [(case, name, check) for case, name, check in checks_of(document) if check["verdict"] == verdict]
 
 
-def known_failures(document: dict) -> dict[str, list[tuple[dict, str, dict]]]:
-    """Checks a known-failures entry covers, grouped by that entry's reason."""
-    groups: dict[str, list[tuple[dict, str, dict]]] = {}
-    for case, name, check in checks_of(document):
-        if check["known_failure"]:
-            groups.setdefault(check["known_failure"], []).append((case, name, check))
-    return groups
-
-
 _SIGNATURE = re.compile(r"(?:known failure \[|\[signature: )([a-z0-9_]+)")
 
 

@@ -146,7 +146,7 @@ def anchor(case_id: str, check: str) -> str:
     return f"cell-{case_id}-{check}"
 
 
-def _table(document: dict, cases: list[dict], checks: list[str]) -> dict:
+def _table(cases: list[dict], checks: list[str]) -> dict:
     """One table of a dtype's fold: rows are the cards given, columns the (mode, check) pairs at least
     one of them has, so a column no row fills (the meta llama checks for the zoo's cards) is not drawn."""
     by_key = {(c["card"], c["mode"]): c for c in cases}
@@ -192,7 +192,7 @@ def _matrix(document: dict, flagged: set[str]) -> dict:
         for case in mine:
             modes_of[case["card"]] = tuple(sorted({*modes_of.get(case["card"], ()), case["mode"]}))
         shapes = sorted(set(modes_of.values()), key=lambda modes: (-sum(m == modes for m in modes_of.values()), modes))
-        tables = [_table(document, [c for c in mine if modes_of[c["card"]] == shape], checks) for shape in shapes]
+        tables = [_table([c for c in mine if modes_of[c["card"]] == shape], checks) for shape in shapes]
         verdicts = [check["verdict"] for c in mine for check in c["checks"].values()]
         needs_a_look = any(v in ("failed", "xpassed", "infra_error") for v in verdicts) or any(
             c["case_id"] in flagged for c in mine
