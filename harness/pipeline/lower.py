@@ -40,10 +40,13 @@ class LoweredArtifact:
 
     @property
     def failure(self) -> str:
-        """One line saying why lowering produced no program."""
+        """One line saying why lowering produced no program; the QNN library's first error line with it, as
+        executorch's own message ("Failed to generate Qnn context binary.") names no op and no cause."""
         error = self.facts.error
         if error:
-            return f"lowering failed: {error.type}: {error.message}"
+            return f"lowering failed: {error.type}: {error.message}" + (
+                f" (QNN: {self.qnn_errors[0]})" if self.qnn_errors else ""
+            )
         return "lowering produced no model.pte" + (f" (QNN: {self.qnn_errors[0]})" if self.qnn_errors else "")
 
     @property

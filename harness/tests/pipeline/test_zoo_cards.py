@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fixtures import llama, zoo
+from fixtures import families, llama, zoo
 from harness.pipeline.card import ModelCard, cards, find
 
 STEPS = 3
-MODULES = (zoo.__name__, llama.__name__)
+MODULES = (zoo.__name__, llama.__name__, families.__name__)
 REQUIRED_TAGS = {"kv", "counter", "nonzero_init", "reads_written_only", "two_buffers", "llama"}
 ZOO_CARDS = [card for card in cards() if card.module in MODULES]
 
