@@ -358,3 +358,133 @@ def check_meta_llama_partitions(outcome: CaseOutcome) -> dict:
             f"{failure} (with ConvertBmmToMatmul off: {off})", {**failure.evidence, **recorded}, failure.signature
         ) from None
     return {**result, **recorded}
+
+
+# runner_parity -------------------------------------------------------------------------------------
+# The device runners, by their payload command names (harness/device/payload.py; the checks are carried into
+# reproduction bundles, which have no device package, so the names are spelled here and a harness test keeps
+# them equal): the suite's compiled runner (suite_runner.cpp, a step plan in one process) runs every case;
+# upstream's qnn_executor_runner is the reference (on emulated devices executorch's Python pybindings, on a
+# phone the user's own build).
+COMPILED_RUNNER = "suite_runner"
+REFERENCE_RUNNER = "qnn_executor_runner"
+# Cards the parity check runs on, when the run has them: a counter (read-modify-write of the whole buffer)
+# and a KV cache that reads only rows written during the run (so the uninitialised-buffer defect, F1, cannot
+# decide its outputs). A run of other cards (--models) takes its first card.
+PARITY_CARDS = ("counter_add", "kv_gather_written")
+
+
+def _parity_matrix(cards: list, dtypes: tuple[str, ...], socs: list[str]) -> list:
+    """The few cases runner_parity runs on: the reference run is a fresh Python on the device (about 5-6 s of
+    CPU each), so not every case; PARITY_CARDS in fp16 and in the run's first quantized dtype, in both
+    buffer modes, on every SoC (8 cases a SoC in the default run)."""
+    quantized = next((dtype for dtype in dtypes if dtype != FLOAT_DTYPE), None)
+    kept = tuple(dtype for dtype in dtypes if dtype in (FLOAT_DTYPE, quantized))
+    standard = cases.matrix(cards, kept, socs)
+    chosen = [case for case in standard if case.card.name in PARITY_CARDS]
+    if not chosen and standard:
+        chosen = [case for case in standard if case.card.name == standard[0].card.name]
+    return chosen
+
+
+def runner_differences(
+    ours: list[list[np.ndarray]], theirs: list[list[np.ndarray]], like: list[list[np.ndarray]]
+) -> list[dict]:
+    """Every (step, output) whose bytes differ between two runs' raw outputs, in plan order: how many
+    elements differ and the largest absolute difference, read with eager's dtype (`like`) for the numbers."""
+    found = []
+    for step, (row, other_row) in enumerate(zip(ours, theirs)):
+        for index, (raw, other) in enumerate(zip(row, other_row)):
+            if raw.nbytes == other.nbytes and np.array_equal(raw, other):
+                continue
+            dtype = like[step][index].dtype
+            if raw.nbytes != other.nbytes or raw.nbytes % dtype.itemsize:
+                found.append(
+                    {
+                        "step": step,
+                        "output": index,
+                        "elements": None,
+                        "differing": None,
+                        "max_abs": None,
+                        "bytes": [int(raw.nbytes), int(other.nbytes)],
+                    }
+                )
+                continue
+            a, b = raw.view(dtype), other.view(dtype)
+            differing = (raw.view(np.uint8).reshape(a.size, -1) != other.view(np.uint8).reshape(b.size, -1)).any(axis=1)
+            with np.errstate(invalid="ignore", over="ignore"):
+                gaps = np.abs(a[differing].astype(np.float64) - b[differing].astype(np.float64))
+            found.append(
+                {
+                    "step": step,
+                    "output": index,
+                    "elements": int(a.size),
+                    "differing": int(differing.sum()),
+                    "max_abs": float(np.max(gaps)) if gaps.size else 0.0,
+                    "bytes": [int(raw.nbytes)] * 2,
+                }
+            )
+    return found
+
+
+@check(
+    "runner_parity",
+    short="par",
+    needs_device=True,
+    signatures=("runner_outputs_differ", "reference_runner_failed"),
+    matrix=_parity_matrix,
+)
+def check_runner_parity(outcome: CaseOutcome) -> dict:
+    """The same program and inputs through the suite's compiled runner (the case's device run) and through
+    the reference runner on a device of the same SoC (emulated: executorch's Python pybindings; a phone: the
+    user's qnn_executor_runner) give equal outputs at every step. Tolerance: bit-equal in every dtype, the
+    quantized ones too: both runners load the same program and the same QNN libraries and hand the delegate
+    the same input bytes, so any difference is a runner defect (a finding, never a tolerance to widen).
+    Runs on a few cases only (_parity_matrix): the reference is a fresh Python per run."""
+    _require_run(outcome)
+    ours = outcome.run
+    if ours.runner != COMPILED_RUNNER:
+        raise NotMeasured(
+            f"this device ran the case through {ours.runner}, not the suite's compiled runner: build it for "
+            f"phones with --android-ndk PATH and --executorch-android-build DIR"
+        )
+    if outcome.rerun is None:
+        raise NotMeasured("no second runner here (a reproduction bundle runs one): run the suite on a device")
+    other = outcome.rerun(REFERENCE_RUNNER)
+    if other.run is None and other.infrastructure:
+        raise InfrastructureError(other.error)
+    devices = {COMPILED_RUNNER: outcome.device_serial, REFERENCE_RUNNER: other.device_serial}
+    if other.run is None:
+        raise CheckFailure(
+            f"the reference runner {REFERENCE_RUNNER} failed where {COMPILED_RUNNER} ran: {other.error}",
+            {"devices": devices},
+            "reference_runner_failed",
+        )
+    differences = runner_differences(ours.outputs, other.run.outputs, outcome.reference)
+    evidence = {
+        "tolerance": "bit-equal",
+        "steps": len(ours.outputs),
+        "devices": devices,
+        "differences": differences[:64],
+    }
+    if len(other.run.outputs) != len(ours.outputs):
+        raise CheckFailure(
+            f"{COMPILED_RUNNER} gave {len(ours.outputs)} step(s), {REFERENCE_RUNNER} {len(other.run.outputs)}",
+            evidence,
+            "runner_outputs_differ",
+        )
+    if differences:
+        first = differences[0]
+        what = (
+            f"{first['differing']} of {first['elements']} element(s) differ, max abs difference {first['max_abs']:.6g}"
+            if first["elements"] is not None
+            else f"{first['bytes'][0]} vs {first['bytes'][1]} bytes"
+        )
+        raise CheckFailure(
+            f"step {first['step']} output {first['output']}: {COMPILED_RUNNER} (compiled, on {devices[COMPILED_RUNNER]}) "
+            f"and {REFERENCE_RUNNER} (reference, on {devices[REFERENCE_RUNNER]}) differ: {what} "
+            f"({len(differences)} differing output(s) in all; tolerance: bit-equal)",
+            evidence,
+            "runner_outputs_differ",
+        )
+    return evidence

@@ -12,6 +12,7 @@ the pure pipeline modules (eager, mutbuf, facts): a bundle carries exactly those
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -90,6 +91,16 @@ def _traced_buffers(trace: Path | None) -> dict[str, TracedBuffer]:
     return found
 
 
+@dataclass(frozen=True)
+class OtherRun:
+    """The case's program and inputs run again through another runner of a device of its SoC (runner_parity)."""
+
+    run: DeviceOutputs | None
+    error: str | None = None  # why there is no run
+    infrastructure: bool = False  # the device or the lab failed, not the runner
+    device_serial: str | None = None
+
+
 @dataclass
 class CaseOutcome:
     case: Case
@@ -109,6 +120,9 @@ class CaseOutcome:
     run_dir: Path | None = None  # where the device run's inputs, outputs and log were put (in the run's work dir)
     timings_s: dict[str, float] = field(default_factory=dict)
     dependence: list[list[np.ndarray]] | None = None  # see initial_value_dependence (given by the CaseStore)
+    # Runs the same program and inputs through the named device runner (the CaseStore's; None where nothing
+    # can run a second runner, e.g. a reproduction bundle): what runner_parity compares the case's run with.
+    rerun: Callable[[str], OtherRun] | None = None
 
     def device_outputs(self) -> list[list[np.ndarray]]:
         """Device outputs reinterpreted with the reference's dtypes and shapes."""
