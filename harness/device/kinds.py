@@ -22,6 +22,7 @@ from harness.device.payload import (
 )
 from harness.qnn import interposer
 from harness.qnn.sdk import WHEEL_ORIGIN, QnnSdk
+from harness.runner import build as runner_build
 
 HOST_ABI = "x86_64"
 # The byte every fresh heap allocation of an emulated device's runner holds: a delegated buffer that is
@@ -48,14 +49,20 @@ class PayloadInputs:
     runner: Path | None = None
     backend_lib: Path | None = None
     trace_interposer: Path | None = None  # built for aarch64-android with --android-ndk
+    # The suite's runner for phones (--android-ndk with --executorch-android-build): phones run it as
+    # `suite_runner`, the user's qnn_executor_runner stays the reference (runner_parity).
+    android_runner: runner_build.AndroidRunner | None = None
 
     def phone_files(self) -> PhoneFiles:
         # The wheel's SDK tree has host libraries only; a phone needs a full SDK's Android and Hexagon ones.
+        built = self.android_runner
         return PhoneFiles(
             self.runner,
             None if self.sdk.origin == WHEEL_ORIGIN else self.sdk.root,
             self.backend_lib,
             self.trace_interposer,
+            built.binary if built else None,
+            built.libraries if built else (),
         )
 
 
@@ -118,10 +125,27 @@ def of(name: str) -> DeviceKind:
 
 
 def payload_inputs(
-    sdk: QnnSdk, runner: Path | None, backend_lib: Path | None, android_ndk: Path | None
+    sdk: QnnSdk,
+    runner: Path | None,
+    backend_lib: Path | None,
+    android_ndk: Path | None,
+    executorch_android_build: Path | None = None,
 ) -> PayloadInputs:
-    """The run's payload inputs; with an NDK, the interposer is built for phones (once: it is cached)."""
-    return PayloadInputs(sdk, runner, backend_lib, interposer.build_for_android(android_ndk) if android_ndk else None)
+    """The run's payload inputs; with an NDK, the interposer is built for phones, and with the user's executorch
+    Android build too the suite's runner (each once: they are cached by content)."""
+    android_runner = None
+    if android_ndk and executorch_android_build:
+        try:
+            android_runner = runner_build.build_for_android(android_ndk, executorch_android_build)
+        except runner_build.RunnerBuildError as error:
+            raise DeviceError(str(error)) from None
+    return PayloadInputs(
+        sdk,
+        runner,
+        backend_lib,
+        interposer.build_for_android(android_ndk) if android_ndk else None,
+        android_runner,
+    )
 
 
 def check_payloads(devices: list[tuple[str, str, int]], given: PayloadInputs) -> None:

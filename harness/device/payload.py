@@ -18,6 +18,7 @@ from harness.qnn.interposer import REAL_LIBRARY_NAME
 
 EMULATED_RUNNER = Path(__file__).resolve().parent.parent / "emulator" / "qnn_executor_runner"
 RUNNER_NAME = "qnn_executor_runner"
+SUITE_RUNNER_NAME = "suite_runner"  # the suite's compiled runner (harness/runner/suite_runner.cpp)
 BACKEND_LIBRARY = "libqnn_executorch_backend.so"
 # Where a standard executorch Android build (BUILD/) puts the runner and the backend library.
 RUNNER_BUILD_DIR = ("examples", "qualcomm", "executor_runner")
@@ -40,6 +41,10 @@ class PhoneFiles:
     sdk_root: Path | None  # None: only the host libraries are at hand, which a phone cannot use
     backend_lib: Path | None = None  # --backend-lib; else found from the runner's place
     trace_interposer: Path | None = None  # harness.qnn.interposer.build_for_android (--android-ndk)
+    # The suite's runner built for phones (harness.runner.build.build_for_android: --android-ndk with
+    # --executorch-android-build) and the shared libraries of the user's Android build it links.
+    suite_runner: Path | None = None
+    suite_runner_libraries: tuple[Path, ...] = ()
 
 
 def elf_abi(path: Path) -> str | None:
@@ -135,4 +140,21 @@ def phone_payload(abi: str, htp_arch: int, given: PhoneFiles) -> list[PayloadFil
             PayloadFile(given.trace_interposer, real.remote_name),
             PayloadFile(real.local, REAL_LIBRARY_NAME),
         ]
-    return files + libraries + [PayloadFile(backend, BACKEND_LIBRARY)]
+    return files + libraries + [PayloadFile(backend, BACKEND_LIBRARY)] + suite_runner_payload(abi, given)
+
+
+def suite_runner_payload(abi: str, given: PhoneFiles) -> list[PayloadFile]:
+    """The suite's runner built for phones, pushed as `suite_runner`, and the shared libraries it links, each
+    under its own name (the backend library again when the build names it otherwise: the runner links it by
+    the build's name)."""
+    if given.suite_runner is None:
+        return []
+    runner_abi = elf_abi(given.suite_runner)
+    if runner_abi is not None and runner_abi != abi:
+        raise DeviceError(
+            f"the suite's runner {given.suite_runner} is built for {runner_abi} but the device is {abi}: "
+            f"pass an NDK whose clang targets {abi} with --android-ndk"
+        )
+    return [PayloadFile(given.suite_runner, SUITE_RUNNER_NAME, 0o755)] + [
+        PayloadFile(path, path.name) for path in given.suite_runner_libraries if path.name != BACKEND_LIBRARY
+    ]

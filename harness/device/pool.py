@@ -63,6 +63,7 @@ class DevicePool:
     runner: Path | None = None
     backend_lib: Path | None = None
     trace_interposer: Path | None = None  # built for phones with --android-ndk
+    android_runner: kinds.runner_build.AndroidRunner | None = None  # the suite's runner built for phones
     _devices: dict[str, Device] = field(default_factory=dict)  # by label (server/serial)
     _prepared: dict[str, Workspace] = field(default_factory=dict)  # label -> this worker's workspace
     _lost: dict[str, str] = field(default_factory=dict)  # label -> the line that said so
@@ -159,7 +160,9 @@ class DevicePool:
         if spec.label not in self._prepared:
             payload = f"{WORKSPACE_ROOT}/{self.run_id}/payload"
             device.shell(shell_line(["mkdir", "-p", payload]))
-            given = kinds.PayloadInputs(self.sdk, self.runner, self.backend_lib, self.trace_interposer)
+            given = kinds.PayloadInputs(
+                self.sdk, self.runner, self.backend_lib, self.trace_interposer, self.android_runner
+            )
             files = kinds.of(spec.kind).payload(spec.abi, spec.htp_arch, given)
             prepare_workspace(device, payload, files)
             traced = any(item.remote_name == REAL_LIBRARY_NAME for item in files)

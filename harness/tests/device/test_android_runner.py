@@ -1,0 +1,107 @@
+"""The suite's runner for phones (issue 31 item 2): --executorch-android-build is checked at the start with one
+line naming what it lacks; with a stand-in NDK (harness/emulator/phone.py write_ndk: the host compilers, as the
+emulated phones run host binaries) the same suite_runner.cpp is built against the build folder, cached by
+content, and a phone's payload carries it as `suite_runner` with the build's shared libraries."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from harness import options
+from harness.device import kinds
+from harness.device.device import DeviceError
+from harness.device.payload import BACKEND_LIBRARY, SUITE_RUNNER_NAME
+from harness.emulator import phone
+from harness.runner import build as runner_build
+from harness.tests.device.test_phone_payload import _build, _sdk, _touch, upstream_files
+
+X86_64_ELF = b"\x7fELF\x02\x01\x01" + bytes(11) + (62).to_bytes(2, "little") + bytes(44)
+
+
+@pytest.fixture(scope="module")
+def stand_in(tmp_path_factory) -> tuple[Path, Path]:
+    """A stand-in NDK and the build folder emulate --write-build makes (the host executorch's headers and
+    libraries in an install tree)."""
+    folder = tmp_path_factory.mktemp("android")
+    return phone.write_ndk(folder / "ndk"), phone.write_build(folder / "build").parents[3]
+
+
+def test_a_build_folder_without_headers_or_libraries_is_one_line_naming_each(tmp_path):
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "libexecutorch.a").write_bytes(b"!<arch>\n")
+    with pytest.raises(runner_build.RunnerBuildError) as error:
+        runner_build.check_android_build(tmp_path)
+    line = str(error.value)
+    assert "\n" not in line and line.startswith(f"--executorch-android-build {tmp_path} lacks the headers (")
+    assert "include/executorch/extension/module/module.h" in line
+    assert "executorch_backend_qnn (" in line and "libqnn_executorch_backend.so" in line
+    assert "executorch (" not in line.replace("executorch_", ""), "libexecutorch.a is there: not named missing"
+    assert line.endswith("(cmake --install, with EXECUTORCH_BUILD_QNN=ON and the module extension)")
+
+
+def test_the_option_is_a_usage_error_without_an_ndk_or_with_a_bad_folder(tmp_path, stand_in):
+    ndk, build = stand_in
+    with pytest.raises(pytest.UsageError, match=r"needs an NDK .*: add --android-ndk PATH"):
+        options._executorch_android_build(str(build), None)
+    with pytest.raises(pytest.UsageError, match=r"is not a folder: pass the folder your executorch Android build"):
+        options._executorch_android_build(str(tmp_path / "nowhere"), ndk)
+    with pytest.raises(pytest.UsageError, match=r"lacks the headers"):
+        options._executorch_android_build(str(tmp_path), ndk)
+    assert options._executorch_android_build(str(build), ndk) == build.resolve()
+
+
+def test_the_stand_in_ndk_builds_the_runner_once(stand_in):
+    ndk, build = stand_in
+    built = runner_build.build_for_android(ndk, build)
+    assert built.binary.is_file() and os.access(built.binary, os.X_OK)
+    assert built.binary.parent.parent.name == runner_build.ANDROID_CACHE_FOLDER
+    host = built.binary.with_name(built.binary.read_text().split()[-2].rsplit("/", 1)[-1])
+    assert host.read_bytes()[:4] == b"\x7fELF", "the stand-in compiled the real source with the host g++"
+    names = {path.name for path in built.libraries}
+    assert {"libexecutorch.so", "libexecutorch_backend_qnn.so", "libexecutorch_threadpool.so"} <= names
+    modified = built.binary.stat().st_mtime_ns
+    assert runner_build.build_for_android(ndk, build) == built and built.binary.stat().st_mtime_ns == modified
+
+
+def test_a_failing_compiler_is_one_line(tmp_path, stand_in):
+    _, build = stand_in
+    ndk = phone.write_ndk(tmp_path / "ndk")
+    clangxx = next((ndk / "toolchains").rglob("*-clang++"))
+    clangxx.write_text('#!/bin/sh\necho "fatal error: module.h: no such API" >&2\nexit 1\n')
+    with pytest.raises(runner_build.RunnerBuildError) as error:
+        runner_build.build_for_android(ndk, build)
+    assert "\n" not in str(error.value) and "fatal error: module.h: no such API" in str(error.value)
+    assert str(error.value).startswith("building the suite's runner for Android with ")
+
+
+def test_a_phone_payload_carries_the_suite_runner_and_its_libraries(tmp_path, stand_in):
+    ndk, build = stand_in
+    runner, sdk = _build(tmp_path / "user-build"), _sdk(tmp_path / "sdk", 75)
+    given = kinds.payload_inputs(sdk, runner, None, ndk, build)
+    files = {item.remote_name: item for item in kinds.of("phone").payload("arm64-v8a", 75, given)}
+    built = runner_build.build_for_android(ndk, build)
+    assert files[SUITE_RUNNER_NAME].local == built.binary and files[SUITE_RUNNER_NAME].mode == 0o755
+    libraries = {path.name for path in built.libraries} - {BACKEND_LIBRARY}
+    assert set(files) == upstream_files(75) | {"libQnnHtp.real.so", SUITE_RUNNER_NAME} | libraries
+    without = kinds.payload_inputs(sdk, runner, None, ndk)
+    assert SUITE_RUNNER_NAME not in {i.remote_name for i in kinds.of("phone").payload("arm64-v8a", 75, without)}
+
+
+def test_a_suite_runner_for_another_abi_is_refused(tmp_path):
+    runner, sdk = _build(tmp_path / "build"), _sdk(tmp_path / "sdk", 75)
+    elf = tmp_path / "suite_runner"
+    elf.write_bytes(X86_64_ELF)
+    given = kinds.PayloadInputs(sdk, runner, android_runner=runner_build.AndroidRunner(elf, ()))
+    with pytest.raises(DeviceError, match=r"is built for x86_64 but the device is arm64-v8a: pass an NDK"):
+        kinds.of("phone").payload("arm64-v8a", 75, given)
+
+
+def test_a_build_error_at_the_start_is_a_device_error_line(tmp_path, stand_in):
+    ndk, _ = stand_in
+    runner, sdk = _build(tmp_path / "build"), _sdk(tmp_path / "sdk", 75)
+    _touch(tmp_path / "empty" / "lib" / "libnothing.so")
+    with pytest.raises(DeviceError, match=r"--executorch-android-build .* lacks the headers"):
+        kinds.payload_inputs(sdk, runner, None, ndk, tmp_path / "empty")
