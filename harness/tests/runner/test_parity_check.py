@@ -122,11 +122,17 @@ def test_a_lost_device_during_the_reference_run_is_infrastructure():
 
 
 def test_a_device_without_the_compiled_runner_is_not_measured():
+    outcome = _outcome(runner=checks.REFERENCE_RUNNER)
+    with pytest.raises(
+        NotMeasured, match=r"through qnn_executor_runner, .*: this device's payload has no suite_runner"
+    ):
+        checks.check_runner_parity(outcome)
+    outcome.device = kinds.of("phone")
     with pytest.raises(
         NotMeasured,
         match=r"through qnn_executor_runner, not the suite's compiled runner: .*--android-ndk PATH and --executorch-android-build DIR",
     ):
-        checks.check_runner_parity(_outcome(runner=checks.REFERENCE_RUNNER))
+        checks.check_runner_parity(outcome)
 
 
 def test_no_second_runner_is_not_measured():
