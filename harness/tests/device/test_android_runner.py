@@ -5,6 +5,8 @@ content, and a phone's payload carries it as `suite_runner` with the build's sha
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -17,7 +19,10 @@ from harness.device.payload import BACKEND_LIBRARY, SUITE_RUNNER_NAME
 from harness.emulator import phone
 from harness.runner import build as runner_build
 from harness.tests.device.test_phone_payload import _build, _sdk, _touch, upstream_files
+from harness.tests.emulator import test_phone_path as phone_path
+from harness.tests.emulator.test_phone_path import SOCS, _context, _outcomes, _payload, _suite
 
+served, cache = phone_path.served, phone_path.cache  # the emulated phones of the phone-path test, and its cache
 X86_64_ELF = b"\x7fELF\x02\x01\x01" + bytes(11) + (62).to_bytes(2, "little") + bytes(44)
 
 
@@ -105,3 +110,37 @@ def test_a_build_error_at_the_start_is_a_device_error_line(tmp_path, stand_in):
     _touch(tmp_path / "empty" / "lib" / "libnothing.so")
     with pytest.raises(DeviceError, match=r"--executorch-android-build .* lacks the headers"):
         kinds.payload_inputs(sdk, runner, None, ndk, tmp_path / "empty")
+
+
+@pytest.mark.qnn
+def test_emulated_phones_run_the_android_build_and_agree_with_the_users_runner(served, tmp_path, cache):
+    """The user's command with a (stand-in) NDK and the build folder: the phones get the suite's runner as
+    `suite_runner`, run the case through it (its record's timing says so) and runner_parity compares it with
+    the user's qnn_executor_runner on the same phone, bit-equal."""
+    ndk = phone.write_ndk(tmp_path / "ndk")
+    build = served.runner.parents[3]  # what emulate --write-build wrote
+    completed, junit = _suite(
+        served,
+        tmp_path,
+        cache,
+        "--android-ndk",
+        str(ndk),
+        "--executorch-android-build",
+        str(build),
+        "-k",
+        "kv_gather_written and delegate_mutbuf and (runner_parity or test_state)",
+    )
+    output = completed.stdout[-4000:] + completed.stderr[-2000:]
+    outcomes = _outcomes(junit)
+    parity = {name: kind for name, (kind, _) in outcomes.items() if name.startswith("test_runner_parity")}
+    assert sorted(parity.values()) == ["passed"] * len(SOCS), output
+    assert completed.returncode == 0, output
+    built = hashlib.sha256(runner_build.build_for_android(ndk, build).binary.read_bytes()).hexdigest()
+    context = _context(tmp_path / "reports")
+    for soc in SOCS:
+        assert _payload(served, context, soc)[SUITE_RUNNER_NAME] == built, "the built runner is what phones run"
+        document = json.loads((tmp_path / "reports" / "latest" / soc / "report.json").read_text())
+        (case,) = document["cases"]
+        assert case["timing"]["runner"] == SUITE_RUNNER_NAME and len(case["timing"]["steps_us"]) >= 1, case
+        evidence = case["checks"]["runner_parity"]
+        assert evidence["verdict"] == "passed", evidence
