@@ -128,7 +128,7 @@ def test_emulated_phones_run_the_android_build_and_agree_with_the_users_runner(s
         "--executorch-android-build",
         str(build),
         "-k",
-        "kv_gather_written and delegate_mutbuf and (runner_parity or test_state)",
+        "kv_pair_gather_written and delegate_mutbuf and (runner_parity or test_state)",
     )
     output = completed.stdout[-4000:] + completed.stderr[-2000:]
     outcomes = _outcomes(junit)
