@@ -9,6 +9,10 @@ the phone layout, whose "Android" libraries are the host's x86 QNN libraries und
 DSP-side Stub and Skel are stand-ins: the x86 simulator inside libQnnHtp.so does their work), and a standard
 executorch build folder whose runner is the emulated one and whose backend library is the host executorch's.
 Nothing is copied: Qualcomm's licence forbids redistributing the libraries, so the trees are links.
+The build folder is also an install tree (include/, lib/) for --executorch-android-build, and write_ndk makes a
+stand-in NDK whose compilers are the host's, so the suite's runner is "built for Android" and pushed to emulated
+phones as to real ones; `python -m harness.emulator.phone BINARY ARGS` starts such a runner as a phone's loader
+would, with the emulated phone's QNN adaptation in front of the pushed libQnnHtp.so.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from harness.paths import REPO_ROOT
 from harness.qnn import interposer, soc as soc_table
 from harness.qnn.sdk import HOST_LIB_DIR, WHEEL_RUNTIME_DIR, QnnSdk
 from harness.qnn.toolchain import Toolchain
+from harness.runner import build as runner_build
 from harness.user_state import folder_problem
 
 PHONE_ABI = "arm64-v8a"
@@ -225,7 +230,8 @@ def stand_in_compile(arguments: list[str]) -> int:
     at = arguments.index("-o") + 1
     output = Path(arguments[at])
     binary = output.with_name(output.name + HOST_BINARY_SUFFIX)
-    compiled = subprocess.run(["g++", *arguments[:at], str(binary), *arguments[at + 1 :]], check=False)
+    compiler = runner_build.find_compiler()  # the host's, as the suite's host build of the runner uses
+    compiled = subprocess.run([compiler, *arguments[:at], str(binary), *arguments[at + 1 :]], check=False)
     if compiled.returncode != 0:
         return compiled.returncode
     output.write_text(
