@@ -27,33 +27,50 @@ command's, so the harness tells a crash from a hang as it does for a phone's run
 
 from __future__ import annotations
 
-import json
 import os
-import re
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
-from harness.emulator import runner_client
 from harness.emulator.device_fs import active_faults
 from harness.emulator.phone_runtime import PHONE_ENV, NoQnnLibrary, runner_environment
-from harness.process.lifetime import die_with_parent
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up counts: device_log.py)
+if TYPE_CHECKING:
+    import subprocess
 
 BINARY_NAME = "suite_runner.bin"  # beside the payload's suite_runner (harness/device/payload.py)
 PYBINDINGS_RUNNER = "qnn_executor_runner"  # beside it too: the reference runner, and the fault route below
 TRACE_NAME = "trace.jsonl"
 TRACE_VARIABLE = "QNNSUITE_TRACE"
 ROUTED_LINE = "runner: measured by qnn_executor_runner"  # harness/device/execute.py reads which runner ran
-STEP_LINE = re.compile(rb"^step \d+ ", re.MULTILINE)
 PLAN_HEADER = "qnnsuite-plan 1"
 
 
+RUNNER_FAULTS = (
+    "runner_hang",
+    "runner_crash",
+    "runner_killed",
+    "runner_exit",
+    "runner_fewer_outputs",
+    "runner_reload_each_line",
+    "runner_lose_delegate_state",
+)
+
+
 def read_faults() -> dict:
+    """The device's fault switches in force (json is imported only when the file holds any: start-up counts)."""
     path = os.environ.get("EMULATED_FAULTS_FILE")
     try:
-        return active_faults(json.loads(Path(path).read_text() or "{}")) if path else {}
-    except (OSError, json.JSONDecodeError):
+        text = Path(path).read_text().strip() if path else ""
+    except OSError:
+        return {}
+    if text in ("", "{}"):
+        return {}
+    import json
+
+    try:
+        return active_faults(json.loads(text))
+    except json.JSONDecodeError:
         return {}
 
 
@@ -83,6 +100,8 @@ def plan_steps(plan: Path) -> list[str]:
 def end_like(status: int) -> int:
     """The command's exit: the binary's code, or the binary's signal raised on this process, so the shell
     reports 128+N for a runner that a signal ended, as for any other device command."""
+    import signal
+
     if status < 0:
         signal.signal(-status, signal.SIG_DFL)
         os.kill(os.getpid(), -status)
@@ -96,6 +115,11 @@ class Runner:
         self.binary, self.env, self.pass_fds = binary, env, pass_fds
 
     def start(self, argv: list[str], stdout: int | None = None) -> subprocess.Popen[bytes]:
+        import subprocess
+
+        from harness.emulator import runner_client
+        from harness.process.lifetime import die_with_parent
+
         fds, tee, write_end = runner_client.logged_stderr({2: 2})
         process = subprocess.Popen(
             [self.binary, *argv],
@@ -110,6 +134,8 @@ class Runner:
 
     @staticmethod
     def wait(process: subprocess.Popen[bytes]) -> int:
+        from harness.emulator import runner_client
+
         status = process.wait()
         tee, write_end = process.tee  # type: ignore[attr-defined]
         if tee is not None:  # the runner has ended: its copy of the pipe is closed, so the tee reaches EOF
@@ -121,6 +147,9 @@ class Runner:
 def one_process_per_step(runner: Runner, argv: list[str], plan: Path, output_dir: Path) -> int:
     """The fault runner_reload_each_line: each step in a fresh runner process, so nothing a step leaves in
     the program's state reaches the next; outputs and step lines renumbered as one run's."""
+    import re
+    import subprocess
+
     for index, line in enumerate(plan_steps(plan)):
         step_plan = plan.with_name(f".{plan.name}.step{index}")
         step_plan.write_text(f"{PLAN_HEADER}\n{line}\n")
@@ -129,7 +158,7 @@ def one_process_per_step(runner: Runner, argv: list[str], plan: Path, output_dir
         step_argv = with_option(with_option(argv, "--plan_path", str(step_plan)), "--output_folder_path", str(step_dir))
         process = runner.start(step_argv, stdout=subprocess.PIPE)
         out, _ = process.communicate()
-        sys.stdout.buffer.write(STEP_LINE.sub(f"step {index} ".encode(), out))
+        sys.stdout.buffer.write(re.sub(rb"(?m)^step \d+ ", f"step {index} ".encode(), out))
         sys.stdout.flush()
         status = Runner.wait(process)
         if status != 0:
@@ -143,6 +172,8 @@ def one_process_per_step(runner: Runner, argv: list[str], plan: Path, output_dir
 
 def drop_last_outputs(output_dir: Path) -> None:
     """The fault runner_fewer_outputs: each step's last output goes, as a runner that wrote one too few."""
+    import re
+
     last: dict[str, tuple[int, str]] = {}
     for name in os.listdir(output_dir):
         match = re.fullmatch(r"output_(\d+)_(\d+)\.raw", name)
@@ -180,18 +211,47 @@ def through_pybindings(argv: list[str], plan: Path, here: Path) -> None:
     )
 
 
+def exec_with_device_log(binary: str, argv: list[str], env: dict[str, str]) -> None:
+    """Become the runner (exec: its exit status and signals are the command's, a timeout's kill reaches it),
+    its stderr through a pipe that a forked child copies to our stderr and into the device log until the
+    runner ends (device_log.tee). Without a device log, or when it cannot be opened, just exec."""
+    log_path = env.get("QNNSUITE_DEVICE_LOG")
+    try:
+        log = open(log_path, "a", encoding="utf-8", errors="backslashreplace") if log_path else None
+    except OSError:
+        log = None
+    if log is not None:
+        read_end, write_end = os.pipe()
+        runner_pid = os.getpid()
+        if os.fork() == 0:  # the copier: holds nothing of the runner's but the pipe's read end
+            try:
+                os.close(write_end)
+                for fd in (0, 1):
+                    os.close(fd)
+                from harness.emulator import device_log
+
+                device_log.tee(read_end, 2, log, runner_pid)
+            finally:
+                os._exit(0)
+        log.close()
+        os.close(read_end)
+        os.dup2(write_end, 2)
+        os.close(write_end)
+    os.execve(binary, [binary, *argv], env)
+
+
 # Faults that act on the started runner process: (the line it prints, the signal it is sent).
 SIGNAL_FAULTS = {
-    "runner_hang": ("hanging", signal.SIGSTOP),
-    "runner_crash": ("crashing", signal.SIGSEGV),
-    "runner_killed": ("killed", signal.SIGKILL),
+    "runner_hang": ("hanging", "SIGSTOP"),
+    "runner_crash": ("crashing", "SIGSEGV"),
+    "runner_killed": ("killed", "SIGKILL"),
 }
 
 
 def main(argv: list[str]) -> int:
     """argv: the payload folder (where the binary and the pybindings runner are), then the runner's own."""
     here, argv = Path(argv[0]), argv[1:]
-    faults = read_faults()
+    faults = {name: value for name, value in read_faults().items() if name in RUNNER_FAULTS and value is not None}
     plan_path, output = option(argv, "--plan_path"), option(argv, "--output_folder_path")
     if faults.get("runner_exit") is not None:
         print(f"runner: exiting {faults['runner_exit']} (fault switch)", flush=True)
@@ -212,15 +272,21 @@ def main(argv: list[str]) -> int:
         except FileExistsError:
             print(f"suite_runner: {Path(output) / TRACE_NAME} appeared while it was made; run again", file=sys.stderr)
             return 2
+        os.set_inheritable(trace, True)
         pass_fds = (trace,)
-    runner = Runner(str(here / BINARY_NAME), env, pass_fds)
+    binary = str(here / BINARY_NAME)
+    if not faults:
+        exec_with_device_log(binary, argv, env)
+    runner = Runner(binary, env, pass_fds)
     if faults.get("runner_reload_each_line") and plan_path and output:
         return end_like(one_process_per_step(runner, argv, Path(plan_path), Path(output)))
     process = runner.start(argv)
-    for fault, (doing, sig) in SIGNAL_FAULTS.items():
+    import signal
+
+    for fault, (doing, name) in SIGNAL_FAULTS.items():
         if faults.get(fault):
             print(f"runner: {doing} (fault switch)", flush=True)
-            process.send_signal(sig)
+            process.send_signal(getattr(signal, name))
     status = Runner.wait(process)
     if status == 0 and faults.get("runner_fewer_outputs") and output:
         drop_last_outputs(Path(output))
