@@ -175,4 +175,10 @@ class CaseStore:
             output_bytes=[[array.nbytes for array in row] for row in outcome.reference],
             runner=runner,
         )
-        return OtherRun(attempt.run, attempt.error, attempt.infrastructure, attempt.device_serial)
+        return OtherRun(
+            attempt.run,
+            attempt.error,
+            attempt.infrastructure,
+            attempt.device_serial,
+            attempt.timings_s.get("device_total"),
+        )

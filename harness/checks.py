@@ -472,6 +472,7 @@ def check_runner_parity(outcome: CaseOutcome) -> dict:
         "tolerance": "bit-equal",
         "steps": len(ours.outputs),
         "devices": devices,
+        "reference_run_s": other.seconds,
         "differences": differences[:64],
     }
     if len(other.run.outputs) != len(ours.outputs):

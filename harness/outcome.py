@@ -102,6 +102,7 @@ class OtherRun:
     error: str | None = None  # why there is no run
     infrastructure: bool = False  # the device or the lab failed, not the runner
     device_serial: str | None = None
+    seconds: float | None = None  # the second run's wall time (device wait, push, run, pull): what it cost
 
 
 @dataclass
