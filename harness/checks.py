@@ -381,9 +381,11 @@ PARITY_CARDS = ("kv_pair_gather_written", "kv_gather_written")
 def _parity_matrix(cards: list, dtypes: tuple[str, ...], socs: list[str]) -> list:
     """The few cases runner_parity runs on: one card in fp16 and in the run's first quantized dtype, in both
     buffer modes, on every SoC (4 cases a SoC in the default run). Why so few: the reference run is a second
-    device run per case, on an emulated device a fresh Python (measured 3.8-7.0 s wall, 2.2-2.8 s CPU a run
-    against 0.1-0.3 s for the compiled runner), holding the device meanwhile; four a SoC keep the check
-    within a few percent of a cold default run."""
+    device run per case that holds the device: measured 0.6-1.8 s (push, run, pull) on an emulated SM8650
+    through its runner server, and a fresh pybindings Python costs 3.8-7.0 s wall (2.2-2.8 s CPU) against
+    0.1-0.3 s for the compiled runner. Four a SoC add at most about 30 s of device time to a one-SoC run,
+    under a tenth of a cold one (PERFORMANCE.md: about 400 s a SoC); on a phone the reference is the user's
+    qnn_executor_runner, a process per run like the compiled one."""
     quantized = next((dtype for dtype in dtypes if dtype != FLOAT_DTYPE), None)
     kept = tuple(dtype for dtype in dtypes if dtype in (FLOAT_DTYPE, quantized))
     standard = cases.matrix(cards, kept, socs)
