@@ -5,6 +5,7 @@ content, and a phone's payload carries it as `suite_runner` with the build's sha
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -144,3 +145,57 @@ def test_emulated_phones_run_the_android_build_and_agree_with_the_users_runner(s
         assert case["timing"]["runner"] == SUITE_RUNNER_NAME and len(case["timing"]["steps_us"]) >= 1, case
         evidence = case["checks"]["runner_parity"]
         assert evidence["verdict"] == "passed", evidence
+
+
+# A user's qnn_executor_runner that runs like the emulated one, then changes one output element of step 2:
+# a reference runner whose outputs differ, on the real device path.
+PERTURBING_RUNNER = """#!/bin/sh
+# test runner: the emulated phone's qnn_executor_runner, then step 2's first output element changed
+"${QNNSUITE_PYTHON:?emulated phones only}" -m harness.emulator.runner_client "$@" || exit $?
+exec "$QNNSUITE_PYTHON" -c "
+import numpy as np
+import os
+path = 'outputs/output_2_0.raw'
+if os.path.exists(path):  # a plan of three steps or more (the health check's has fewer)
+    values = np.fromfile(path, dtype=np.float32)
+    values[0] += 1.0
+    values.tofile(path)
+"
+"""
+
+
+@pytest.mark.qnn
+def test_runner_parity_names_the_step_output_and_runners_where_the_reference_differs(served, tmp_path, cache):
+    """The same run with a user's runner that changes one element of step 2: runner_parity fails with its
+    own signature and names step 2, output 0, the difference of 1 and both runners; the state check, which
+    reads the suite's runner, still passes."""
+    ndk = phone.write_ndk(tmp_path / "ndk")
+    build = served.runner.parents[3]
+    runner = tmp_path / "user" / "qnn_executor_runner"
+    runner.parent.mkdir()
+    runner.write_text(PERTURBING_RUNNER)
+    runner.chmod(0o755)
+    completed, junit = _suite(
+        dataclasses.replace(served, runner=runner),
+        tmp_path,
+        cache,
+        "--backend-lib",
+        str(build / "backends" / "qualcomm" / BACKEND_LIBRARY),
+        "--android-ndk",
+        str(ndk),
+        "--executorch-android-build",
+        str(build),
+        "--soc",
+        "SM8650",
+        "-k",
+        "kv_pair_gather_written and delegate_mutbuf and (runner_parity or test_state)",
+    )
+    output = completed.stdout[-4000:] + completed.stderr[-2000:]
+    outcomes = _outcomes(junit)
+    (parity,) = [value for name, value in outcomes.items() if name.startswith("test_runner_parity")]
+    assert parity[0] == "failed", output
+    assert "[signature: runner_outputs_differ]" in parity[1] or "runner_outputs_differ" in parity[1], parity
+    assert "step 2 output 0: suite_runner (compiled, on " in parity[1], parity
+    assert "qnn_executor_runner (reference, on " in parity[1] and "max abs difference 1 " in parity[1], parity
+    state = [kind for name, (kind, _) in outcomes.items() if name.startswith("test_state[")]
+    assert state == ["passed"], output
