@@ -1,14 +1,16 @@
 """A cached case's device run on an emulated device: the compiled runner vs the pybindings runner (issue 31).
 
-    .venv/bin/python bench/device_run.py [--repeats 50] [--card fixtures.zoo:counter_add] [--dtype fp16]
+    .venv/bin/python bench/device_run.py [--repeats 50] [--reference N] [--card fixtures.zoo:counter_add]
+        [--dtype fp16]
 
 One emulated SM8650 device on the fleet's private adb server, started as a run starts it (the toolchain's
 environment, the heap settings); the case is lowered once, then run on the device through the device
 layer's run_case, alternating runner="suite_runner" (the suite's compiled runner, a fresh process in the
-device's jail) and runner="qnn_executor_runner" (the pybindings runner: through the device's runner server
-where the fleet starts one, else a fresh Python). Each sample is run_case's wall time: push of the program
+device's jail) and runner="qnn_executor_runner" (the pybindings runner, a fresh Python in the jail: --reference
+runs of it, default --repeats, as each costs seconds). Each sample is run_case's wall time: push of the program
 and inputs, the runner, the pull of the outputs and trace, i.e. a cached case's device run. The first run of
-each is left out (the payload's first push). Prints one JSON line with the medians and percentiles; not a
+each is left out (the payload's first push). Before the compiled runner the pybindings runner ran in a child
+forked from a per-device runner server; that comparison, made with this script, is in docs/PERFORMANCE.md. Prints one JSON line with the medians and percentiles; not a
 timed test (the machine's speed varies too much for a bound in a test: docs/PERFORMANCE.md).
 """
 
@@ -49,6 +51,7 @@ def percentile(samples: list[float], fraction: float) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--reference", type=int, help="runs of the pybindings runner (default: --repeats)")
     parser.add_argument("--card", default="fixtures.zoo:counter_add")
     parser.add_argument("--dtype", default="fp16")
     args = parser.parse_args()
@@ -72,6 +75,8 @@ def main() -> None:
             stages: dict[str, dict[str, list[float]]] = {runner: {} for runner in samples}
             for index in range(args.repeats + 1):
                 for runner in samples:
+                    if runner == RUNNER_NAME and index > (args.reference or args.repeats):
+                        continue
                     started = time.perf_counter()
                     run = run_case(
                         device,
@@ -89,12 +94,10 @@ def main() -> None:
                         samples[runner].append(elapsed)
                         for stage, seconds in run.timings_s.items():
                             stages[runner].setdefault(stage, []).append(seconds)
-            server = "runner server" if fleet.started_pids[len(fleet.devices) + 1 :] else "fresh Python"
     summary = {
         "card": args.card,
         "dtype": args.dtype,
         "repeats": args.repeats,
-        "pybindings_runner_via": server,
         **{
             runner: {
                 "median_s": round(statistics.median(values), 4),

@@ -88,8 +88,8 @@ class EmulatedKind:
 
     @staticmethod
     def heap_environment(env: dict[str, str]) -> dict[str, str]:
-        """env plus what makes every heap allocation start as heap_pattern, and huge pages for large blocks (for
-        the runner server's start)."""
+        """env plus what makes every heap allocation start as heap_pattern, and huge pages for large blocks (the
+        device commands' environment: every runner starts with it)."""
         ours = {tunable.partition("=")[0] for tunable in _OURS}
         tunables = [t for t in env.get("GLIBC_TUNABLES", "").split(":") if t and t.partition("=")[0] not in ours]
         return {

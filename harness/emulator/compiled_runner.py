@@ -13,7 +13,7 @@ harness need and the binary does not know of:
   nothing outside the device's own folders. Not on an emulated phone, which has a trace only where the
   harness pushed its interposer, as a phone;
 - the runner's stderr copied, line by line, into the device log that the device's logcat reads
-  (device_log.tee, as runner_client does for the pybindings runner);
+  (device_log.copy_stderr, as for the pybindings runner);
 - the fault switches of $EMULATED_FAULTS_FILE, acting on the compiled runner's own process where they can
   (runner_hang: it is stopped; runner_crash: SIGSEGV; runner_killed: SIGKILL; runner_exit: the command exits
   with that code before starting it; runner_fewer_outputs: each step's last output removed after it ran;
@@ -31,6 +31,7 @@ import os
 import sys
 from pathlib import Path
 
+from harness.emulator import device_log
 from harness.emulator.device_fs import active_faults
 from harness.emulator.phone_runtime import PHONE_ENV, NoQnnLibrary, runner_environment
 
@@ -103,13 +104,14 @@ def end_like(status: int) -> int:
     import signal
 
     if status < 0:
-        signal.signal(-status, signal.SIG_DFL)
+        if -status not in (signal.SIGKILL, signal.SIGSTOP):  # their action cannot be changed, nor need be
+            signal.signal(-status, signal.SIG_DFL)
         os.kill(os.getpid(), -status)
     return status
 
 
 class Runner:
-    """Starts the binary with the device's trace, log and faults in place."""
+    """Starts the binary with the device's trace in place and the faults' hold on it (the fault path)."""
 
     def __init__(self, binary: str, env: dict[str, str], pass_fds: tuple[int, ...]) -> None:
         self.binary, self.env, self.pass_fds = binary, env, pass_fds
@@ -117,31 +119,15 @@ class Runner:
     def start(self, argv: list[str], stdout: int | None = None) -> subprocess.Popen[bytes]:
         import subprocess
 
-        from harness.emulator import runner_client
         from harness.process.lifetime import die_with_parent
 
-        fds, tee, write_end = runner_client.logged_stderr({2: 2})
-        process = subprocess.Popen(
+        return subprocess.Popen(
             [self.binary, *argv],
             env=self.env,
             stdout=stdout,
-            stderr=fds[2],
             pass_fds=self.pass_fds,
             preexec_fn=die_with_parent,  # the command's end is the runner's (a timeout's kill, a hang-up)
         )
-        process.tee = (tee, write_end)  # type: ignore[attr-defined]
-        return process
-
-    @staticmethod
-    def wait(process: subprocess.Popen[bytes]) -> int:
-        from harness.emulator import runner_client
-
-        status = process.wait()
-        tee, write_end = process.tee  # type: ignore[attr-defined]
-        if tee is not None:  # the runner has ended: its copy of the pipe is closed, so the tee reaches EOF
-            os.close(write_end)
-            tee.join(runner_client.TEE_DRAIN_S)
-        return status
 
 
 def one_process_per_step(runner: Runner, argv: list[str], plan: Path, output_dir: Path) -> int:
@@ -160,9 +146,8 @@ def one_process_per_step(runner: Runner, argv: list[str], plan: Path, output_dir
         out, _ = process.communicate()
         sys.stdout.buffer.write(re.sub(rb"(?m)^step \d+ ", f"step {index} ".encode(), out))
         sys.stdout.flush()
-        status = Runner.wait(process)
-        if status != 0:
-            return status
+        if process.returncode != 0:
+            return process.returncode
         for produced in sorted(step_dir.iterdir()):
             produced.rename(output_dir / produced.name.replace("output_0_", f"output_{index}_", 1))
         step_dir.rmdir()
@@ -211,35 +196,6 @@ def through_pybindings(argv: list[str], plan: Path, here: Path) -> None:
     )
 
 
-def exec_with_device_log(binary: str, argv: list[str], env: dict[str, str]) -> None:
-    """Become the runner (exec: its exit status and signals are the command's, a timeout's kill reaches it),
-    its stderr through a pipe that a forked child copies to our stderr and into the device log until the
-    runner ends (device_log.tee). Without a device log, or when it cannot be opened, just exec."""
-    log_path = env.get("QNNSUITE_DEVICE_LOG")
-    try:
-        log = open(log_path, "a", encoding="utf-8", errors="backslashreplace") if log_path else None
-    except OSError:
-        log = None
-    if log is not None:
-        read_end, write_end = os.pipe()
-        runner_pid = os.getpid()
-        if os.fork() == 0:  # the copier: holds nothing of the runner's but the pipe's read end
-            try:
-                os.close(write_end)
-                for fd in (0, 1):
-                    os.close(fd)
-                from harness.emulator import device_log
-
-                device_log.tee(read_end, 2, log, runner_pid)
-            finally:
-                os._exit(0)
-        log.close()
-        os.close(read_end)
-        os.dup2(write_end, 2)
-        os.close(write_end)
-    os.execve(binary, [binary, *argv], env)
-
-
 # Faults that act on the started runner process: (the line it prints, the signal it is sent).
 SIGNAL_FAULTS = {
     "runner_hang": ("hanging", "SIGSTOP"),
@@ -258,6 +214,7 @@ def main(argv: list[str]) -> int:
         return int(faults["runner_exit"])
     if faults.get("runner_lose_delegate_state") and plan_path:
         through_pybindings(argv, Path(plan_path), here)
+    device_log.copy_stderr()  # before the trace is opened: the copier holds nothing of the runner's
     env = dict(os.environ)
     pass_fds: tuple[int, ...] = ()
     if PHONE_ENV in env:  # an emulated phone: the loader finds the pushed libraries, as the phone's would
@@ -275,8 +232,8 @@ def main(argv: list[str]) -> int:
         os.set_inheritable(trace, True)
         pass_fds = (trace,)
     binary = str(here / BINARY_NAME)
-    if not faults:
-        exec_with_device_log(binary, argv, env)
+    if not faults:  # become the runner: its exit status and signals are the command's
+        os.execve(binary, [binary, *argv], env)
     runner = Runner(binary, env, pass_fds)
     if faults.get("runner_reload_each_line") and plan_path and output:
         return end_like(one_process_per_step(runner, argv, Path(plan_path), Path(output)))
@@ -287,7 +244,7 @@ def main(argv: list[str]) -> int:
         if faults.get(fault):
             print(f"runner: {doing} (fault switch)", flush=True)
             process.send_signal(getattr(signal, name))
-    status = Runner.wait(process)
+    status = process.wait()
     if status == 0 and faults.get("runner_fewer_outputs") and output:
         drop_last_outputs(Path(output))
     return end_like(status)
