@@ -17,7 +17,7 @@ from harness import numerics
 from harness.check_registry import CheckFailure, InfrastructureError, NotApplicable, NotMeasured, check
 from harness.outcome import CaseOutcome, PatternReference
 from harness.pipeline import cases, mutbuf
-from harness.vocabulary import FLOAT_DTYPE
+from harness.vocabulary import FLOAT_DTYPE, Mode
 
 QNN_BACKEND = "QnnBackend"
 # The delegated buffer did not start from its registered value (docs/FINDINGS.md#F1: QnnManager allocates
@@ -379,16 +379,19 @@ PARITY_CARDS = ("kv_pair_gather_written", "kv_gather_written")
 
 
 def _parity_matrix(cards: list, dtypes: tuple[str, ...], socs: list[str]) -> list:
-    """The few cases runner_parity runs on: one card in fp16 and in the run's first quantized dtype, in both
-    buffer modes, on every SoC (4 cases a SoC in the default run). Why so few: the reference run is a second
-    device run per case that holds the device: measured 0.6-1.8 s (push, run, pull) on an emulated SM8650
-    through its runner server, and a fresh pybindings Python costs 3.8-7.0 s wall (2.2-2.8 s CPU) against
-    0.1-0.3 s for the compiled runner. Four a SoC add at most about 30 s of device time to a one-SoC run,
-    under a tenth of a cold one (PERFORMANCE.md: about 400 s a SoC); on a phone the reference is the user's
-    qnn_executor_runner, a process per run like the compiled one."""
+    """The few cases runner_parity runs on: one card, twice a SoC: fp16 with the buffer in the delegate (float,
+    bit-equal, the delegate's own state) and the run's first quantized dtype with the buffer outside it (the
+    copy and quantize ops then run in each runner's kernel libraries, where two runners may differ); a run
+    without one of the two dtypes takes the other. Why so few: the reference is a second device run per case
+    that holds the device, on an emulated device a fresh pybindings Python in its jail: measured 3.8-7.0 s
+    (2.2-2.8 s CPU) on a quiet machine and 7.1-13.0 s on a busy one, against 0.1-0.3 s for the compiled
+    runner. Four a SoC cost 44 s of device time on the busy machine, a tenth of a cold one-SoC run
+    (PERFORMANCE.md: about 400 s a SoC); two keep it near a twentieth. On a phone the reference is the
+    user's qnn_executor_runner, a process per run like the compiled one."""
     quantized = next((dtype for dtype in dtypes if dtype != FLOAT_DTYPE), None)
-    kept = tuple(dtype for dtype in dtypes if dtype in (FLOAT_DTYPE, quantized))
-    standard = cases.matrix(cards, kept, socs)
+    delegated = FLOAT_DTYPE if FLOAT_DTYPE in dtypes else quantized
+    wanted = {(delegated, Mode.DELEGATE), (quantized or FLOAT_DTYPE, Mode.SKIP)}
+    standard = [case for case in cases.matrix(cards, dtypes, socs) if (case.dtype, case.mode) in wanted]
     present = {case.card.name for case in standard}
     name = next((name for name in PARITY_CARDS if name in present), standard[0].card.name if standard else None)
     return [case for case in standard if case.card.name == name]

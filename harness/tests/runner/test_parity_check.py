@@ -151,11 +151,15 @@ def test_the_matrix_is_small_and_covers_both_modes_and_a_quantized_dtype():
     every = cards.cards()
     chosen = checks._parity_matrix(every, DTYPES, ["SM8650", "SM8750"])
     assert {case.card.name for case in chosen} == {checks.PARITY_CARDS[0]}
-    assert {case.mode for case in chosen} == set(MATRIX_MODES)
-    assert {case.dtype for case in chosen} == {"fp16", "16a8w"}
-    assert len(chosen) == 2 * 2 * 2  # dtypes x modes x SoCs
+    assert {(case.dtype, case.mode) for case in chosen} == {("fp16", Mode.DELEGATE), ("16a8w", Mode.SKIP)}
+    assert len(chosen) == 2 * 2  # (dtype, mode) pairs x SoCs
+    assert {(case.dtype, case.mode) for case in checks._parity_matrix(every, ("fp16",), ["SM8650"])} == {
+        ("fp16", mode) for mode in MATRIX_MODES
+    }
+    assert {(case.dtype, case.mode) for case in checks._parity_matrix(every, ("8a8w",), ["SM8650"])} == {
+        ("8a8w", mode) for mode in MATRIX_MODES
+    }
     fallback = [card for card in every if card.name != checks.PARITY_CARDS[0]]
     assert {case.card.name for case in checks._parity_matrix(fallback, DTYPES, ["SM8650"])} == {checks.PARITY_CARDS[1]}
-    assert {case.dtype for case in checks._parity_matrix(every, ("fp16",), ["SM8650"])} == {"fp16"}
     own = [card for card in every if card.name == "ring_buffer"]
     assert {case.card.name for case in checks._parity_matrix(own, DTYPES, ["SM8650"])} == {"ring_buffer"}
