@@ -148,10 +148,7 @@ def payload_inputs(
     Android build too the suite's runner (each once: they are cached by content)."""
     android_runner = None
     if android_ndk and executorch_android_build:
-        try:
-            android_runner = runner_build.build_for_android(android_ndk, executorch_android_build)
-        except runner_build.RunnerBuildError as error:
-            raise DeviceError(str(error)) from None
+        android_runner = build_android_runner(android_ndk, executorch_android_build)
     return PayloadInputs(
         sdk,
         runner,
@@ -159,6 +156,15 @@ def payload_inputs(
         interposer.build_for_android(android_ndk) if android_ndk else None,
         android_runner,
     )
+
+
+def build_android_runner(ndk: Path, folder: Path) -> runner_build.AndroidRunner:
+    """The suite's runner for phones, built with the NDK's clang++ at the interposer's API level; a build that
+    cannot be made is one DeviceError line (the run's start reports it)."""
+    try:
+        return runner_build.build_for_android(Path(f"{interposer.android_clang(ndk)}++"), folder)
+    except (runner_build.RunnerBuildError, interposer.InterposerBuildError) as error:
+        raise DeviceError(str(error)) from None
 
 
 def check_payloads(devices: list[tuple[str, str, int]], given: PayloadInputs) -> None:

@@ -252,16 +252,12 @@ def android_compile_command(compiler: str, folder: Path, torch_include: Path, ou
     ]
 
 
-def build_for_android(ndk: Path, folder: Path) -> AndroidRunner:
-    """The runner for aarch64-android, built with the NDK's clang++ against the user's executorch Android
-    build; cached by content (source, compiler, command, every header and library of the build)."""
-    from harness.qnn.interposer import InterposerBuildError, android_clang
-
+def build_for_android(clangxx: Path, folder: Path) -> AndroidRunner:
+    """The runner for aarch64-android, built with the NDK's clang++ (harness/device/kinds.py finds it in the
+    NDK, as for the interposer) against the user's executorch Android build; cached by content (source,
+    compiler, command, every header and library of the build)."""
     check_android_build(folder)
-    try:
-        compiler = str(android_clang(ndk)) + "++"
-    except InterposerBuildError as error:
-        raise RunnerBuildError(str(error)) from None
+    compiler = str(clangxx)
     torch_include = find_executorch().torch_include
     command = android_compile_command(compiler, folder, torch_include, Path("out"))
     key = hashlib.sha256(

@@ -61,7 +61,7 @@ def test_the_option_is_a_usage_error_without_an_ndk_or_with_a_bad_folder(tmp_pat
 
 def test_the_stand_in_ndk_builds_the_runner_once(stand_in):
     ndk, build = stand_in
-    built = runner_build.build_for_android(ndk, build)
+    built = kinds.build_android_runner(ndk, build)
     assert built.binary.is_file() and os.access(built.binary, os.X_OK)
     assert built.binary.parent.parent.name == runner_build.ANDROID_CACHE_FOLDER
     host = built.binary.with_name(built.binary.read_text().split()[-2].rsplit("/", 1)[-1])
@@ -69,7 +69,7 @@ def test_the_stand_in_ndk_builds_the_runner_once(stand_in):
     names = {path.name for path in built.libraries}
     assert {"libexecutorch.so", "libexecutorch_backend_qnn.so", "libexecutorch_threadpool.so"} <= names
     modified = built.binary.stat().st_mtime_ns
-    assert runner_build.build_for_android(ndk, build) == built and built.binary.stat().st_mtime_ns == modified
+    assert kinds.build_android_runner(ndk, build) == built and built.binary.stat().st_mtime_ns == modified
 
 
 def test_a_failing_compiler_is_one_line(tmp_path, stand_in):
@@ -77,8 +77,8 @@ def test_a_failing_compiler_is_one_line(tmp_path, stand_in):
     ndk = phone.write_ndk(tmp_path / "ndk")
     clangxx = next((ndk / "toolchains").rglob("*-clang++"))
     clangxx.write_text('#!/bin/sh\necho "fatal error: module.h: no such API" >&2\nexit 1\n')
-    with pytest.raises(runner_build.RunnerBuildError) as error:
-        runner_build.build_for_android(ndk, build)
+    with pytest.raises(DeviceError) as error:
+        kinds.build_android_runner(ndk, build)
     assert "\n" not in str(error.value) and "fatal error: module.h: no such API" in str(error.value)
     assert str(error.value).startswith("building the suite's runner for Android with ")
 
@@ -88,7 +88,7 @@ def test_a_phone_payload_carries_the_suite_runner_and_its_libraries(tmp_path, st
     runner, sdk = _build(tmp_path / "user-build"), _sdk(tmp_path / "sdk", 75)
     given = kinds.payload_inputs(sdk, runner, None, ndk, build)
     files = {item.remote_name: item for item in kinds.of("phone").payload("arm64-v8a", 75, given)}
-    built = runner_build.build_for_android(ndk, build)
+    built = kinds.build_android_runner(ndk, build)
     assert files[SUITE_RUNNER_NAME].local == built.binary and files[SUITE_RUNNER_NAME].mode == 0o755
     libraries = {path.name for path in built.libraries} - {BACKEND_LIBRARY}
     assert set(files) == upstream_files(75) | {"libQnnHtp.real.so", SUITE_RUNNER_NAME} | libraries
@@ -136,7 +136,7 @@ def test_emulated_phones_run_the_android_build_and_agree_with_the_users_runner(s
     parity = {name: kind for name, (kind, _) in outcomes.items() if name.startswith("test_runner_parity")}
     assert sorted(parity.values()) == ["passed"] * len(SOCS), output
     assert completed.returncode == 0, output
-    built = hashlib.sha256(runner_build.build_for_android(ndk, build).binary.read_bytes()).hexdigest()
+    built = hashlib.sha256(kinds.build_android_runner(ndk, build).binary.read_bytes()).hexdigest()
     context = _context(tmp_path / "reports")
     for soc in SOCS:
         assert _payload(served, context, soc)[SUITE_RUNNER_NAME] == built, "the built runner is what phones run"
@@ -199,3 +199,10 @@ def test_runner_parity_names_the_step_output_and_runners_where_the_reference_dif
     assert "qnn_executor_runner (reference, on " in parity[1] and "max abs difference 1 " in parity[1], parity
     state = [kind for name, (kind, _) in outcomes.items() if name.startswith("test_state[")]
     assert state == ["passed"], output
+
+
+def test_an_ndk_without_clang_is_one_line(tmp_path, stand_in):
+    _, build = stand_in
+    (tmp_path / "ndk").mkdir()
+    with pytest.raises(DeviceError, match=r"has no .*aarch64-linux-android<API>-clang for API 30 or newer .*: pass"):
+        kinds.build_android_runner(tmp_path / "ndk", build)
