@@ -18,7 +18,7 @@ from filelock import FileLock
 from harness.device import kinds
 from harness.device.pool import DevicePool
 from harness.device.retry import run_with_reconnects
-from harness.outcome import CaseOutcome
+from harness.outcome import CaseOutcome, OtherRun
 from harness.pipeline import references
 from harness.pipeline.lower import LoweredArtifact, lower_case
 from harness.pipeline.lowering_cache import lowering_directory, served
@@ -150,8 +150,35 @@ class CaseStore:
             attempt.error,
             attempt.infrastructure,
         )
+        outcome.run_error_is_not_measured = attempt.not_measured
         outcome.device_serial, outcome.device_kind = attempt.device_serial, attempt.device_kind
         outcome.device = kinds.of(attempt.device_kind) if attempt.device_kind else None
         outcome.retries = attempt.retries
         outcome.device_log = attempt.device_log
         outcome.timings_s.update(attempt.timings_s)
+        outcome.rerun = lambda runner: self._run_through(outcome, runner)
+
+    def _run_through(self, outcome: CaseOutcome, runner: str) -> OtherRun:
+        """The case's program and inputs through another runner of a device of its SoC (runner_parity)."""
+        case = outcome.case
+        attempt = run_with_reconnects(
+            self._pool,
+            case.soc,
+            f"{self._worker}:{case.id}:{runner}",
+            f"{case.id}.{runner}",
+            outcome.artifact.pte,
+            outcome.steps,
+            self._work_dir / "runs" / self._worker / f"{case.id}.{runner}",
+            output_count=len(outcome.reference[0]),
+            timeout_s=self._runner_timeout_s,
+            method_index=outcome.artifact.facts.method_index,
+            output_bytes=[[array.nbytes for array in row] for row in outcome.reference],
+            runner=runner,
+        )
+        return OtherRun(
+            attempt.run,
+            attempt.error,
+            attempt.infrastructure,
+            attempt.device_serial,
+            attempt.timings_s.get("device_total"),
+        )

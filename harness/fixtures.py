@@ -56,7 +56,11 @@ def worker_id_name() -> str:
 @pytest.fixture(scope="session")
 def device_pool(run_context, qnnsuite_options, toolchain, worker_id_name):
     given = kinds.payload_inputs(
-        toolchain.sdk, qnnsuite_options.runner, qnnsuite_options.backend_lib, qnnsuite_options.android_ndk
+        toolchain.sdk,
+        qnnsuite_options.runner,
+        qnnsuite_options.backend_lib,
+        qnnsuite_options.android_ndk,
+        qnnsuite_options.executorch_android_build,
     )  # built and checked by the controller already
     pool = DevicePool(
         list(run_context.devices),
@@ -66,6 +70,7 @@ def device_pool(run_context, qnnsuite_options, toolchain, worker_id_name):
         runner=given.runner,
         backend_lib=given.backend_lib,
         trace_interposer=given.trace_interposer,
+        android_runner=given.android_runner,
         quarantined=dict(run_context.quarantined),
         restore_server=restore_server,  # a dropped adb server: the provider brings it and its devices back
     )

@@ -107,6 +107,7 @@ class HealthCheck:
         pool = DevicePool(
             [spec], self._run_id, worker, self._toolchain.sdk, given.runner, given.backend_lib, given.trace_interposer
         )
+        pool.android_runner = given.android_runner  # a phone's health run takes the runner its cases take
         store = CaseStore(
             self._toolchain,
             pool,

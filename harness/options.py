@@ -20,6 +20,7 @@ from harness.files import unwritable_reason
 from harness.known_failures import MANIFEST
 from harness.paths import REPO_ROOT
 from harness.qnn import soc as soc_table
+from harness.runner import build as runner_build
 from harness.user_state import folder_problem
 from harness.vocabulary import DTYPES
 
@@ -90,6 +91,13 @@ def add_options(parser: pytest.Parser) -> None:
         metavar="PATH",
         help="Android NDK (else ANDROID_NDK_ROOT): build the interposer for phones and push it, so "
         "address sharing is measured there too",
+    )
+    group.addoption(
+        "--executorch-android-build",
+        default=None,
+        metavar="DIR",
+        help="your executorch Android build's install folder (DIR/include, DIR/lib): with --android-ndk the "
+        "suite's runner is built for phones and run there, qnn_executor_runner becoming the reference",
     )
     group.addoption(
         "--qnn-sdk",
@@ -163,6 +171,7 @@ class RunOptions:
     repro_all: bool = False  # reproduction bundles for passes too
     backend_lib: Path | None = None  # --backend-lib
     android_ndk: Path | None = None  # --android-ndk or ANDROID_NDK_ROOT
+    executorch_android_build: Path | None = None  # --executorch-android-build (with an NDK)
     shard: sharding.Shard | None = None  # --shard: this run's part of the cases
     adb_servers: tuple[adb.AdbServer, ...] = ()  # --adb-server (empty: the local default)
 
@@ -242,7 +251,8 @@ def parse(config: pytest.Config) -> RunOptions:
         cache_dir=None if config.getoption("--no-cache") else trusted_cache_dir(Path(config.getoption("--cache-dir"))),
         repro_all=config.getoption("--repro-all"),
         backend_lib=Path(backend_lib).resolve() if backend_lib else None,
-        android_ndk=_android_ndk(config.getoption("--android-ndk")),
+        android_ndk=(ndk := _android_ndk(config.getoption("--android-ndk"))),
+        executorch_android_build=_executorch_android_build(config.getoption("--executorch-android-build"), ndk),
     )
 
 
@@ -285,3 +295,26 @@ def _android_ndk(option: str | None) -> Path | None:
             f"unset (address sharing is then not measured on phones)"
         )
     return Path(value).resolve()
+
+
+def _executorch_android_build(option: str | None, ndk: Path | None) -> Path | None:
+    """--executorch-android-build, checked now (one line naming every header and library it lacks), and only
+    with an NDK to build the runner with."""
+    if not option:
+        return None
+    folder = Path(option).resolve()
+    if ndk is None:
+        raise pytest.UsageError(
+            f"--executorch-android-build {option} needs an NDK to build the suite's runner for phones: "
+            f"add --android-ndk PATH (or set ANDROID_NDK_ROOT), or drop --executorch-android-build"
+        )
+    if not folder.is_dir():
+        raise pytest.UsageError(
+            f"--executorch-android-build {option} is not a folder: pass the folder your executorch Android "
+            f"build installed into (it holds include/ and lib/)"
+        )
+    try:
+        runner_build.check_android_build(folder)
+    except runner_build.RunnerBuildError as error:
+        raise pytest.UsageError(str(error)) from None
+    return folder

@@ -12,6 +12,7 @@ the pure pipeline modules (eager, mutbuf, facts): a bundle carries exactly those
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -45,6 +46,9 @@ class DeviceOutputs(Protocol):
     outputs: list[list[np.ndarray]]  # [step][output index], flat arrays in the runner's byte layout
     trace: Path | None
     heap_pattern: int | None
+    runner: str  # which runner measured it: "suite_runner" or "qnn_executor_runner"
+    step_times_us: list[int]  # execute wall time per step, in plan order ([] when the runner gives none)
+    peak_rss_kb: int | None  # the runner process's peak resident memory (None when it gives none)
 
 
 class DeviceTraits(Protocol):
@@ -90,6 +94,17 @@ def _traced_buffers(trace: Path | None) -> dict[str, TracedBuffer]:
     return found
 
 
+@dataclass(frozen=True)
+class OtherRun:
+    """The case's program and inputs run again through another runner of a device of its SoC (runner_parity)."""
+
+    run: DeviceOutputs | None
+    error: str | None = None  # why there is no run
+    infrastructure: bool = False  # the device or the lab failed, not the runner
+    device_serial: str | None = None
+    seconds: float | None = None  # the second run's wall time (device wait, push, run, pull): what it cost
+
+
 @dataclass
 class CaseOutcome:
     case: Case
@@ -104,11 +119,30 @@ class CaseOutcome:
     # The run failed because of the device or the lab (lost, no space, push refused), not the program: its
     # checks are infrastructure errors. A runner that crashes, hangs or writes nothing is the program's failure.
     run_error_is_infrastructure: bool = False
+    # The run needs what this device lacks (a plan of several methods, no suite_runner there): not measured.
+    run_error_is_not_measured: bool = False
     device_log: str = ""  # a failed run's device log tail (ExecuTorch and QNN lines; whole in run_dir/device.log)
     retries: int = 0  # device runs repeated after a dropped connection
     run_dir: Path | None = None  # where the device run's inputs, outputs and log were put (in the run's work dir)
     timings_s: dict[str, float] = field(default_factory=dict)
     dependence: list[list[np.ndarray]] | None = None  # see initial_value_dependence (given by the CaseStore)
+    # Runs the same program and inputs through the named device runner (the CaseStore's; None where nothing
+    # can run a second runner, e.g. a reproduction bundle): what runner_parity compares the case's run with.
+    rerun: Callable[[str], OtherRun] | None = None
+
+    @property
+    def timing(self) -> dict | None:
+        """The run's per-step timing as a case record carries it (report.json `timing`); None without a run.
+        first_step_us apart: a runner's first execute includes work the later ones do not (graph set-up)."""
+        if self.run is None:
+            return None
+        steps = [int(micros) for micros in self.run.step_times_us]
+        return {
+            "runner": self.run.runner,
+            "steps_us": steps,
+            "first_step_us": steps[0] if steps else None,
+            "peak_rss_kb": self.run.peak_rss_kb,
+        }
 
     def device_outputs(self) -> list[list[np.ndarray]]:
         """Device outputs reinterpreted with the reference's dtypes and shapes."""

@@ -86,7 +86,13 @@ class RunSession:
                 self._spawn_lowering_server(socket_path)  # comes up while the devices do
             provided = self._provider.start()
             options = self._options
-            given = kinds.payload_inputs(toolchain.sdk, options.runner, options.backend_lib, options.android_ndk)
+            given = kinds.payload_inputs(
+                toolchain.sdk,
+                options.runner,
+                options.backend_lib,
+                options.android_ndk,
+                options.executorch_android_build,
+            )
             kinds.check_payloads([(d.kind, d.abi, d.htp_arch) for d in provided.devices], given)
             # Until the lowering server serves there, or without it, a client lowers in a fresh Python.
             server_pids = (self._lowering_server.pid,) if self._lowering_server else ()

@@ -7,6 +7,7 @@ An attached device is emulated when it runs host (x86_64) binaries: real phones 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -20,8 +21,10 @@ from harness.device.payload import (
     phone_files_missing,
     phone_payload,
 )
+from harness.files import say
 from harness.qnn import interposer
 from harness.qnn.sdk import WHEEL_ORIGIN, QnnSdk
+from harness.runner import build as runner_build
 
 HOST_ABI = "x86_64"
 # The byte every fresh heap allocation of an emulated device's runner holds: a delegated buffer that is
@@ -48,14 +51,20 @@ class PayloadInputs:
     runner: Path | None = None
     backend_lib: Path | None = None
     trace_interposer: Path | None = None  # built for aarch64-android with --android-ndk
+    # The suite's runner for phones (--android-ndk with --executorch-android-build): phones run it as
+    # `suite_runner`, the user's qnn_executor_runner stays the reference (runner_parity).
+    android_runner: runner_build.AndroidRunner | None = None
 
     def phone_files(self) -> PhoneFiles:
         # The wheel's SDK tree has host libraries only; a phone needs a full SDK's Android and Hexagon ones.
+        built = self.android_runner
         return PhoneFiles(
             self.runner,
             None if self.sdk.origin == WHEEL_ORIGIN else self.sdk.root,
             self.backend_lib,
             self.trace_interposer,
+            built.binary if built else None,
+            built.libraries if built else (),
         )
 
 
@@ -66,7 +75,7 @@ class EmulatedKind:
     heap_pattern: int | None = EMULATED_HEAP_PATTERN
 
     def payload(self, abi: str, htp_arch: int, given: PayloadInputs) -> list[PayloadFile]:
-        return emulated_payload(abi, given.runner)
+        return emulated_payload(abi, given.runner, emulated_suite_runner()[0])
 
     @staticmethod
     def host_libraries(sdk: QnnSdk) -> dict[str, Path]:
@@ -79,8 +88,8 @@ class EmulatedKind:
 
     @staticmethod
     def heap_environment(env: dict[str, str]) -> dict[str, str]:
-        """env plus what makes every heap allocation start as heap_pattern, and huge pages for large blocks (for
-        the runner server's start)."""
+        """env plus what makes every heap allocation start as heap_pattern, and huge pages for large blocks (the
+        device commands' environment: every runner starts with it)."""
         ours = {tunable.partition("=")[0] for tunable in _OURS}
         tunables = [t for t in env.get("GLIBC_TUNABLES", "").split(":") if t and t.partition("=")[0] not in ours]
         return {
@@ -88,6 +97,17 @@ class EmulatedKind:
             "MALLOC_PERTURB_": str(EMULATED_HEAP_PATTERN ^ 0xFF),
             "GLIBC_TUNABLES": ":".join([*tunables, *_OURS]),
         }
+
+
+@functools.cache
+def emulated_suite_runner() -> tuple[Path | None, str]:
+    """The suite's runner built for the host, which emulated devices run programs with, or None and the one
+    line that says why it cannot be built (they then run them through the pybindings qnn_executor_runner).
+    Built once (cached by content: harness/runner/build.py), so every worker after the controller finds it."""
+    try:
+        return runner_build.build(), ""
+    except runner_build.RunnerBuildError as error:
+        return None, str(error)
 
 
 class PhoneKind:
@@ -118,16 +138,44 @@ def of(name: str) -> DeviceKind:
 
 
 def payload_inputs(
-    sdk: QnnSdk, runner: Path | None, backend_lib: Path | None, android_ndk: Path | None
+    sdk: QnnSdk,
+    runner: Path | None,
+    backend_lib: Path | None,
+    android_ndk: Path | None,
+    executorch_android_build: Path | None = None,
 ) -> PayloadInputs:
-    """The run's payload inputs; with an NDK, the interposer is built for phones (once: it is cached)."""
-    return PayloadInputs(sdk, runner, backend_lib, interposer.build_for_android(android_ndk) if android_ndk else None)
+    """The run's payload inputs; with an NDK, the interposer is built for phones, and with the user's executorch
+    Android build too the suite's runner (each once: they are cached by content)."""
+    android_runner = None
+    if android_ndk and executorch_android_build:
+        android_runner = build_android_runner(android_ndk, executorch_android_build)
+    return PayloadInputs(
+        sdk,
+        runner,
+        backend_lib,
+        interposer.build_for_android(android_ndk) if android_ndk else None,
+        android_runner,
+    )
+
+
+def build_android_runner(ndk: Path, folder: Path) -> runner_build.AndroidRunner:
+    """The suite's runner for phones, built with the NDK's clang++ at the interposer's API level; a build that
+    cannot be made is one DeviceError line (the run's start reports it)."""
+    try:
+        return runner_build.build_for_android(Path(f"{interposer.android_clang(ndk)}++"), folder)
+    except (runner_build.RunnerBuildError, interposer.InterposerBuildError) as error:
+        raise DeviceError(str(error)) from None
 
 
 def check_payloads(devices: list[tuple[str, str, int]], given: PayloadInputs) -> None:
     """Once at the start of a run, for (kind, abi, htp arch) of every device: one DeviceError naming every
     file missing for any of them, not one error per case later; then each phone's payload is checked whole
-    (runner given, for its ABI, a full SDK)."""
+    (runner given, for its ABI, a full SDK). With an emulated device, the suite's runner is built here (once,
+    in the controller; the workers find it cached), or one line says why not and what runs instead."""
+    if any(kind == EmulatedKind.name for kind, _, _ in devices):
+        built, problem = emulated_suite_runner()
+        if built is None:
+            say(f"qnnsuite: emulated devices run programs through the pybindings qnn_executor_runner: {problem}")
     phones = sorted({(abi, htp_arch) for kind, abi, htp_arch in devices if kind == PhoneKind.name})
     files = given.phone_files()
     missing: list[str] = []

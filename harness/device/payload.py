@@ -17,7 +17,15 @@ from harness.device.device import DeviceError
 from harness.qnn.interposer import REAL_LIBRARY_NAME
 
 EMULATED_RUNNER = Path(__file__).resolve().parent.parent / "emulator" / "qnn_executor_runner"
+# The emulated device's suite_runner command, and the compiled runner it starts, pushed beside it
+# (harness/emulator/compiled_runner.py).
+EMULATED_SUITE_RUNNER = EMULATED_RUNNER.with_name("suite_runner")
+SUITE_RUNNER_BINARY_NAME = "suite_runner.bin"
 RUNNER_NAME = "qnn_executor_runner"
+# The suite's compiled runner (harness/runner/suite_runner.cpp): a step plan in one process, per-step times.
+SUITE_RUNNER_NAME = "suite_runner"
+# The payload's runner commands, the names run_case's `runner` takes.
+RUNNER_COMMANDS = (SUITE_RUNNER_NAME, RUNNER_NAME)
 BACKEND_LIBRARY = "libqnn_executorch_backend.so"
 # Where a standard executorch Android build (BUILD/) puts the runner and the backend library.
 RUNNER_BUILD_DIR = ("examples", "qualcomm", "executor_runner")
@@ -40,6 +48,10 @@ class PhoneFiles:
     sdk_root: Path | None  # None: only the host libraries are at hand, which a phone cannot use
     backend_lib: Path | None = None  # --backend-lib; else found from the runner's place
     trace_interposer: Path | None = None  # harness.qnn.interposer.build_for_android (--android-ndk)
+    # The suite's runner built for phones (harness.runner.build.build_for_android: --android-ndk with
+    # --executorch-android-build) and the shared libraries of the user's Android build it links.
+    suite_runner: Path | None = None
+    suite_runner_libraries: tuple[Path, ...] = ()
 
 
 def elf_abi(path: Path) -> str | None:
@@ -71,9 +83,16 @@ def backend_library_candidates(runner: Path) -> list[Path]:
     return candidates
 
 
-def emulated_payload(abi: str, runner: Path | None) -> list[PayloadFile]:
-    """An emulated device runs host binaries: the emulated runner, or the user's host-built one."""
-    return [_checked_runner(runner, abi)] if runner is not None else [PayloadFile(EMULATED_RUNNER, RUNNER_NAME, 0o755)]
+def emulated_payload(abi: str, runner: Path | None, suite_runner: Path | None = None) -> list[PayloadFile]:
+    """An emulated device runs host binaries: the emulated (pybindings) runner, or the user's host-built one,
+    and, when the suite's runner was built for the host (suite_runner: the binary), its command and binary."""
+    files = [_checked_runner(runner, abi)] if runner is not None else [PayloadFile(EMULATED_RUNNER, RUNNER_NAME, 0o755)]
+    if suite_runner is not None:
+        files += [
+            PayloadFile(EMULATED_SUITE_RUNNER, SUITE_RUNNER_NAME, 0o755),
+            PayloadFile(suite_runner, SUITE_RUNNER_BINARY_NAME, 0o755),
+        ]
+    return files
 
 
 def _sdk_libraries(sdk_root: Path, htp_arch: int) -> list[Path]:
@@ -135,4 +154,21 @@ def phone_payload(abi: str, htp_arch: int, given: PhoneFiles) -> list[PayloadFil
             PayloadFile(given.trace_interposer, real.remote_name),
             PayloadFile(real.local, REAL_LIBRARY_NAME),
         ]
-    return files + libraries + [PayloadFile(backend, BACKEND_LIBRARY)]
+    return files + libraries + [PayloadFile(backend, BACKEND_LIBRARY)] + suite_runner_payload(abi, given)
+
+
+def suite_runner_payload(abi: str, given: PhoneFiles) -> list[PayloadFile]:
+    """The suite's runner built for phones, pushed as `suite_runner`, and the shared libraries it links, each
+    under its own name (the backend library again when the build names it otherwise: the runner links it by
+    the build's name)."""
+    if given.suite_runner is None:
+        return []
+    runner_abi = elf_abi(given.suite_runner)
+    if runner_abi is not None and runner_abi != abi:
+        raise DeviceError(
+            f"the suite's runner {given.suite_runner} is built for {runner_abi} but the device is {abi}: "
+            f"pass an NDK whose clang targets {abi} with --android-ndk"
+        )
+    return [PayloadFile(given.suite_runner, SUITE_RUNNER_NAME, 0o755)] + [
+        PayloadFile(path, path.name) for path in given.suite_runner_libraries if path.name != BACKEND_LIBRARY
+    ]

@@ -23,6 +23,7 @@ from harness.device import kinds
 from harness.device.adb import AdbClient, AdbServer
 from harness.device.device import WORKSPACE_ROOT, Device, DeviceError, DeviceLost, device_label, shell_line
 from harness.device.execute import Workspace, prepare_workspace
+from harness.device.payload import RUNNER_COMMANDS
 from harness.qnn.interposer import REAL_LIBRARY_NAME
 from harness.qnn.sdk import QnnSdk
 
@@ -63,6 +64,7 @@ class DevicePool:
     runner: Path | None = None
     backend_lib: Path | None = None
     trace_interposer: Path | None = None  # built for phones with --android-ndk
+    android_runner: kinds.runner_build.AndroidRunner | None = None  # the suite's runner built for phones
     _devices: dict[str, Device] = field(default_factory=dict)  # by label (server/serial)
     _prepared: dict[str, Workspace] = field(default_factory=dict)  # label -> this worker's workspace
     _lost: dict[str, str] = field(default_factory=dict)  # label -> the line that said so
@@ -159,11 +161,16 @@ class DevicePool:
         if spec.label not in self._prepared:
             payload = f"{WORKSPACE_ROOT}/{self.run_id}/payload"
             device.shell(shell_line(["mkdir", "-p", payload]))
-            given = kinds.PayloadInputs(self.sdk, self.runner, self.backend_lib, self.trace_interposer)
+            given = kinds.PayloadInputs(
+                self.sdk, self.runner, self.backend_lib, self.trace_interposer, self.android_runner
+            )
             files = kinds.of(spec.kind).payload(spec.abi, spec.htp_arch, given)
             prepare_workspace(device, payload, files)
             traced = any(item.remote_name == REAL_LIBRARY_NAME for item in files)
-            self._prepared[spec.label] = Workspace(device.workspace(f"{self.run_id}/{self.worker}"), payload, traced)
+            runners = tuple(item.remote_name for item in files if item.remote_name in RUNNER_COMMANDS)
+            self._prepared[spec.label] = Workspace(
+                device.workspace(f"{self.run_id}/{self.worker}"), payload, traced, runners
+            )
         return self._prepared[spec.label]
 
     def close(self, keep: bool) -> list[str]:

@@ -9,21 +9,29 @@ the phone layout, whose "Android" libraries are the host's x86 QNN libraries und
 DSP-side Stub and Skel are stand-ins: the x86 simulator inside libQnnHtp.so does their work), and a standard
 executorch build folder whose runner is the emulated one and whose backend library is the host executorch's.
 Nothing is copied: Qualcomm's licence forbids redistributing the libraries, so the trees are links.
+The build folder is also an install tree (include/, lib/) for --executorch-android-build, and write_ndk makes a
+stand-in NDK whose compilers are the host's, so the suite's runner is "built for Android" and pushed to emulated
+phones as to real ones; `python -m harness.emulator.phone BINARY ARGS` starts such a runner as a phone's loader
+would, with the emulated phone's QNN adaptation in front of the pushed libQnnHtp.so.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import shlex
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 from harness.device.payload import BACKEND_BUILD_DIR, BACKEND_LIBRARY, EMULATED_RUNNER, RUNNER_BUILD_DIR, RUNNER_NAME
-from harness.emulator.phone_runtime import PHONE_ENV
+from harness.emulator.phone_runtime import PHONE_ENV, runner_environment
 from harness.paths import REPO_ROOT
 from harness.qnn import interposer, soc as soc_table
 from harness.qnn.sdk import HOST_LIB_DIR, WHEEL_RUNTIME_DIR, QnnSdk
 from harness.qnn.toolchain import Toolchain
+from harness.runner import build as runner_build
 from harness.user_state import folder_problem
 
 PHONE_ABI = "arm64-v8a"
@@ -173,6 +181,72 @@ def write_build(destination: Path) -> Path:
     spec = importlib.util.find_spec("executorch")  # a namespace package: no __file__
     if spec is None or not spec.submodule_search_locations:
         raise OSError("executorch is not installed in this Python: run the README's set-up command")
-    backend = Path(next(iter(spec.submodule_search_locations))) / "lib" / "libexecutorch_backend_qnn.so"
-    _link(destination / BACKEND_BUILD_DIR / BACKEND_LIBRARY, backend)
+    package = Path(next(iter(spec.submodule_search_locations)))
+    _link(destination / BACKEND_BUILD_DIR / BACKEND_LIBRARY, package / "lib" / "libexecutorch_backend_qnn.so")
+    # What executorch's CMake install step writes beside it, which --executorch-android-build reads: the headers
+    # and the libraries (the host executorch's, which the emulated phone runs).
+    _link(destination / "include", package / "include")
+    for library in (package / "lib").glob("libexecutorch*.so"):
+        _link(destination / "lib" / library.name, library)
     return runner
+
+
+# --- The stand-in NDK: how emulated phones get the suite's runner "built for Android" ------------------------
+# Its clang is the host cc (the interposer's build) and its clang++ compiles with the host g++: the emulated
+# phone runs host binaries. A phone's loader would then start the runner with the device's own QNN adaptation
+# in front of the pushed libQnnHtp.so (phone_runtime.runner_environment, as for the emulated
+# qnn_executor_runner); the emulated phone has no such loader for a pushed executable, so the stand-in
+# compiler writes the runner as a host binary beside its output and the output as the phone's start of it.
+STAND_IN_NOTE = "stand-in for the NDK's {name}: the emulated phones run host binaries"
+HOST_BINARY_SUFFIX = ".host-elf"
+
+
+def write_ndk(destination: Path) -> Path:
+    """A stand-in Android NDK (only what the suite uses of one: the aarch64 clang and clang++ drivers at the
+    lowest API level it accepts); `destination` must be new or an empty folder of the user's (fresh_folder)."""
+    destination = fresh_folder(destination, "--write-ndk")
+    prefix = f"{interposer.NDK_CLANG_PREFIX}{interposer.MIN_ANDROID_API}"
+    folder = destination / interposer.NDK_CLANG_DIR
+    folder.mkdir(parents=True)
+    clang = folder / f"{prefix}-clang"
+    clang.write_text(f'#!/bin/sh\n# {STAND_IN_NOTE.format(name=clang.name)}\nexec cc "$@"\n')
+    clangxx = folder / f"{prefix}-clang++"
+    clangxx.write_text(
+        f"#!{sys.executable}\n# {STAND_IN_NOTE.format(name=clangxx.name)}\nimport sys\n"
+        f"sys.path.insert(0, {str(REPO_ROOT)!r})\nfrom harness.emulator.phone import stand_in_compile\n"
+        f"sys.exit(stand_in_compile(sys.argv[1:]))\n"
+    )
+    for path in (clang, clangxx):
+        path.chmod(0o755)
+    return destination
+
+
+def stand_in_compile(arguments: list[str]) -> int:
+    """The stand-in clang++: the host g++ builds OUTPUT + HOST_BINARY_SUFFIX from the same arguments, and OUTPUT
+    becomes the emulated phone's start of it (`python -m harness.emulator.phone BINARY ARGS`)."""
+    if "-o" not in arguments or arguments.index("-o") + 1 >= len(arguments):
+        print("stand-in clang++: error: no -o OUTPUT", file=sys.stderr)
+        return 2
+    at = arguments.index("-o") + 1
+    output = Path(arguments[at])
+    binary = output.with_name(output.name + HOST_BINARY_SUFFIX)
+    compiler = runner_build.find_compiler()  # the host's, as the suite's host build of the runner uses
+    compiled = subprocess.run([compiler, *arguments[:at], str(binary), *arguments[at + 1 :]], check=False)
+    if compiled.returncode != 0:
+        return compiled.returncode
+    output.write_text(
+        f"#!/bin/sh\n# emulated phone: {binary.name} started as a phone's loader would (harness/emulator/phone.py)\n"
+        f'exec "${{QNNSUITE_PYTHON:?this runner only works on an emulated phone}}" -m harness.emulator.phone '
+        f'{shlex.quote(str(binary))} "$@"\n'
+    )
+    output.chmod(0o755)
+    return 0
+
+
+def start_runner(binary: str, arguments: list[str]) -> None:
+    """Start a runner built by the stand-in compiler with the emulated phone's QNN adaptation in front."""
+    os.execve(binary, [binary, *arguments], runner_environment(dict(os.environ)))
+
+
+if __name__ == "__main__":
+    start_runner(sys.argv[1], sys.argv[2:])

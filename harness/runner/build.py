@@ -170,3 +170,137 @@ def build(compiler: str | None = None) -> Path:
     partial.chmod(0o700)
     partial.rename(output)
     return output
+
+
+# --- The Android build: the same source for aarch64-android with the NDK's clang++, pushed to phones ----------
+# against the user's executorch Android build folder (--executorch-android-build: what CMake's install step
+# writes, DIR/include and DIR/lib), so a phone runs the suite's runner too (harness/device/payload.py pushes it
+# as `suite_runner`, with the shared libraries it links).
+ANDROID_CACHE_FOLDER = "runner-android"
+ANDROID_CXX_FLAGS = ("-std=c++17", "-O2", "-Wall", "-fPIE", "-pie", "-static-libstdc++")
+# Each library the host build links, by the file names an Android build may give it (shared or static; the QNN
+# backend as upstream's Android build names it too). Static registration libraries are linked whole: their
+# backends and kernels register from static initialisers that nothing references.
+ANDROID_LIBRARIES = {
+    "executorch": ("libexecutorch.so", "libexecutorch.a"),
+    "executorch_backend_qnn": (
+        "libexecutorch_backend_qnn.so",
+        "libqnn_executorch_backend.so",
+        "libqnn_executorch_backend.a",
+    ),
+    "executorch_kernels_optimized": (
+        "libexecutorch_kernels_optimized.so",
+        "liboptimized_native_cpu_ops_lib.a",
+    ),
+    "executorch_kernels_quantized": ("libexecutorch_kernels_quantized.so", "libquantized_ops_lib.a"),
+}
+# What a static libexecutorch.a needs beside it (in the shared library these are inside libexecutorch.so).
+ANDROID_STATIC_HELPERS = ("libexecutorch_core.a", "libextension_*.a")
+
+
+@dataclass(frozen=True)
+class AndroidRunner:
+    """The runner built for phones and the shared libraries of the Android build, pushed beside it."""
+
+    binary: Path
+    libraries: tuple[Path, ...]
+
+
+def android_build_problems(folder: Path) -> list[str]:
+    """What the executorch Android build folder lacks for the runner, each naming the file looked for."""
+    problems = []
+    if not (folder / "include" / PROBE_HEADER).is_file():
+        problems.append(f"the headers ({folder / 'include' / PROBE_HEADER})")
+    for role, names in ANDROID_LIBRARIES.items():
+        if not any((folder / "lib" / name).is_file() for name in names):
+            problems.append(f"{role} ({' or '.join(str(folder / 'lib' / name) for name in names)})")
+    return problems
+
+
+def check_android_build(folder: Path) -> None:
+    """One line naming everything the folder lacks (at the start of a run, not at the first phone case)."""
+    problems = android_build_problems(folder)
+    if problems:
+        raise RunnerBuildError(
+            f"--executorch-android-build {folder} lacks {'; '.join(problems)}: pass the folder executorch's "
+            f"Android build installed into (cmake --install, with EXECUTORCH_BUILD_QNN=ON and the module extension)"
+        )
+
+
+def android_compile_command(compiler: str, folder: Path, torch_include: Path, output: Path) -> list[str]:
+    """The one command that builds the runner for phones; also what a repro bundle would record."""
+    lib = folder / "lib"
+    found = [next(lib / name for name in names if (lib / name).is_file()) for names in ANDROID_LIBRARIES.values()]
+    shared = [path for path in found if path.suffix == ".so"]
+    whole = [path for path in found if path.suffix == ".a"]
+    helpers = sorted({path for pattern in ANDROID_STATIC_HELPERS for path in lib.glob(pattern)}) if whole else []
+    includes = [folder / "include", folder / "include" / C10_INCLUDE, torch_include]
+    return [
+        compiler,
+        *ANDROID_CXX_FLAGS,
+        *(f"-isystem{path}" for path in includes),
+        "-o",
+        str(output),
+        str(SOURCE),
+        f"-L{lib}",
+        "-Wl,--no-as-needed",
+        *(f"-l:{path.name}" for path in shared),
+        *(["-Wl,--whole-archive", *map(str, whole), "-Wl,--no-whole-archive"] if whole else []),
+        *(["-Wl,--start-group", *map(str, helpers), "-Wl,--end-group"] if helpers else []),
+        "-Wl,--as-needed",
+        "-ldl",
+    ]
+
+
+def build_for_android(clangxx: Path, folder: Path) -> AndroidRunner:
+    """The runner for aarch64-android, built with the NDK's clang++ (harness/device/kinds.py finds it in the
+    NDK, as for the interposer) against the user's executorch Android build; cached by content (source,
+    compiler, command, every header and library of the build)."""
+    check_android_build(folder)
+    compiler = str(clangxx)
+    torch_include = find_executorch().torch_include
+    command = android_compile_command(compiler, folder, torch_include, Path("out"))
+    key = hashlib.sha256(
+        "\n\0".join(
+            [
+                SOURCE.read_text(),
+                _compiler_identity(compiler),
+                " ".join(command),
+                _tree_identity(folder / "include", "*.h"),
+                _tree_identity(folder / "lib", "*.so"),
+                _tree_identity(folder / "lib", "*.a"),
+                _tree_identity(torch_include / "c10" / "util", "*.h"),
+            ]
+        ).encode()
+    ).hexdigest()[:16]
+    cache = state_dir() / ANDROID_CACHE_FOLDER / key
+    output = cache / BINARY_NAME
+    # Every shared library of the build goes with it: the linked ones need others of the folder (measured with
+    # the wheel's: the kernel libraries need libexecutorch_threadpool.so), pushed once per run.
+    runner = AndroidRunner(output, tuple(sorted((folder / "lib").glob("*.so"))))
+    if output.is_file():
+        return runner
+    cache.mkdir(parents=True, exist_ok=True, mode=0o700)
+    partial = cache / f"{BINARY_NAME}.{os.getpid()}.partial"
+    try:
+        result = subprocess.run(
+            android_compile_command(compiler, folder, torch_include, partial),
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=COMPILE_TIMEOUT_S,
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise RunnerBuildError(
+            f"cannot run {compiler} ({error}): pass the root of an Android NDK r23 or newer with --android-ndk"
+        ) from error
+    if result.returncode != 0:
+        partial.unlink(missing_ok=True)
+        first_error = next((line for line in result.stderr.splitlines() if "error" in line), result.stderr.strip())
+        raise RunnerBuildError(
+            f"building the suite's runner for Android with {compiler} against {folder} failed: "
+            f"{first_error[:300]} (the executorch Android build may not match suite_runner.cpp's API)"
+        )
+    partial.chmod(0o700)
+    partial.rename(output)
+    return runner

@@ -12,7 +12,8 @@
  *
  * Step plan (a strict, line-based text file; '#' starts a comment line, blank lines are ignored):
  *   qnnsuite-plan 1                      first meaningful line: the format and its version
- *   step METHOD [INPUT_FILE ...]         one line per execute, in order; METHOD is a method of the program,
+ *   step METHOD [INPUT_FILE ...]         one line per execute, in order; METHOD is a method of the program
+ *                                        (or @N: its Nth method in program order, as upstream's --method_index),
  *                                        each INPUT_FILE holds one input's raw bytes (the tensor's dtype, in
  *                                        its dim order, little-endian), as many files as the method has inputs.
  * Relative input paths are resolved against the plan file's folder. File names cannot hold whitespace.
@@ -24,6 +25,7 @@
  * written as int64 (Int), float64 (Double) or one byte (Bool).
  *
  * Stdout, one line each:
+ *   runner: heap pattern 0xNN|none              first: the byte this process's fresh heap allocations hold (below)
  *   runner: load method METHOD load_us N        once per distinct method of the plan, before the first step
  *   step S method METHOD execute_us N            per execute (wall time of Module::execute, inputs included)
  *   runner: peak_rss_kb N                        at the end (getrusage(RUSAGE_SELF).ru_maxrss)
@@ -36,6 +38,10 @@
  *   8 load_method failed                         9 execute failed
  *  10 an output could not be written            11 a backend option was rejected or is unavailable
  *
+ * Heap pattern: what a delegated buffer that is never initialised reads (docs/FINDINGS.md#F1). glibc fills
+ * fresh allocations with MALLOC_PERTURB_ ^ 0xff (the emulated device starts its commands so); the runner reports
+ * that byte only when every probe allocation (64 B, 4 KB, 1 MB) holds nothing else, else "none" (a zero heap
+ * without the switch is luck, not a pattern). The same rule as harness/emulator/host_runner.py heap_pattern.
  * QNN backend options: executorch 1.5.1 exposes runtime options through the public
  * executorch::runtime::set_option("QnnBackend", ...) (runtime/backend/interface.h). The QNN backend reads the
  * int keys "qnn_runtime_log_level" (0 off .. 5 debug) and "qnn_runtime_htp_performance_mode" (0 default ..
@@ -184,6 +190,28 @@ long file_size(const std::string& path) {
   return file ? static_cast<long>(file.tellg()) : -1;
 }
 
+// A step's "@N" becomes the program's Nth method name (program order, Program::get_method_name, as upstream's
+// --method_index counts: Module::method_names is unordered).
+void resolve_method_indices(Module& module, std::vector<Step>& steps) {
+  for (size_t index = 0; index < steps.size(); ++index) {
+    Step& step = steps[index];
+    if (step.method.empty() || step.method[0] != '@') continue;
+    std::string digits = step.method.substr(1);
+    char* end = nullptr;
+    long method_index = std::strtol(digits.c_str(), &end, 10);
+    size_t count = module.program()->num_methods();
+    // Checked here: executorch logs an index beyond the program as an error line of its own.
+    bool valid = !digits.empty() && *end == '\0' && method_index >= 0 && static_cast<size_t>(method_index) < count;
+    auto name = valid ? module.program()->get_method_name(static_cast<size_t>(method_index))
+                      : executorch::runtime::Result<const char*>(Error::InvalidArgument);
+    if (!name.ok()) {
+      fail(kUnknownMethod, "step " + std::to_string(index) + ": " + step.method + " names no method of the program (it has " +
+                               std::to_string(count) + "): fix the plan");
+    }
+    step.method = *name;
+  }
+}
+
 // Every step checked against the program's methods and input metas, before any method is loaded.
 void check_plan(Module& module, const std::vector<Step>& steps) {
   auto names = module.method_names();
@@ -274,6 +302,26 @@ void write_output(const std::string& path, const EValue& value) {
   if (!file) fail(kOutputFailed, "cannot write " + path + ": check that the output folder exists and is writable");
 }
 
+// See the header: the byte every probe allocation holds, -1 when they are not all MALLOC_PERTURB_'s fill.
+int heap_pattern() {
+  const char* requested = std::getenv("MALLOC_PERTURB_");
+  if (requested == nullptr || *requested == '\0') return -1;
+  char* end = nullptr;
+  long value = std::strtol(requested, &end, 10);
+  if (*end != '\0' || value <= 0 || value >= 256) return -1;
+  const int fill = static_cast<int>(value) ^ 0xff;
+  for (size_t size : {size_t{64}, size_t{4096}, size_t{1} << 20}) {
+    // volatile: the bytes of a fresh allocation are read as they are, not assumed by the optimiser
+    volatile unsigned char* bytes = static_cast<volatile unsigned char*>(std::malloc(size));
+    if (bytes == nullptr) return -1;
+    bool same = true;
+    for (size_t index = 0; index < size && same; ++index) same = bytes[index] == fill;
+    std::free(const_cast<unsigned char*>(bytes));
+    if (!same) return -1;
+  }
+  return fill;
+}
+
 long long micros_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start).count();
 }
@@ -281,6 +329,11 @@ long long micros_since(std::chrono::steady_clock::time_point start) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // First, before any library logs: a line of its own that nothing else writes into.
+  int pattern = heap_pattern();
+  char pattern_text[8] = "none";
+  if (pattern >= 0) std::snprintf(pattern_text, sizeof(pattern_text), "0x%02x", pattern);
+  std::cout << "runner: heap pattern " << pattern_text << std::endl;
   Options options = parse_args(argc, argv);
   executorch::runtime::runtime_init();
   std::vector<Step> steps = read_plan(options.plan);
@@ -291,6 +344,7 @@ int main(int argc, char** argv) {
 
   Module module(options.model, Module::LoadMode::File, nullptr, nullptr, nullptr, options.share_memory_arenas);
   if (module.load() != Error::Ok) fail(kBadProgram, "cannot load the program " + options.model + ": is it a .pte?");
+  resolve_method_indices(module, steps);
   check_plan(module, steps);
   set_backend_options(options);
 
