@@ -31,7 +31,7 @@ SESSION = pytest.StashKey[RunSession]()
 REPORTER = pytest.StashKey[ConformanceReporter]()
 WORKERINPUT_KEY = "qnnsuite_context"
 REPORTER_NAME = "qnnsuite-reporter"
-DEFAULT_CARD_MODULES = ("fixtures.zoo", "fixtures.llama")
+DEFAULT_CARD_MODULES = ("fixtures.zoo", "fixtures.llama", "fixtures.multi_method")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
