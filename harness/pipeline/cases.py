@@ -18,16 +18,17 @@ def matrix(cards: list[ModelCard], dtypes: tuple[str, ...], socs: list[str]) -> 
     return [
         case
         for mode in MATRIX_MODES
+        for share in (False, True)
         for card in cards
-        if not card.tags & {META_LLAMA_TAG, HEALTH_CHECK_TAG}
-        for share in _share_variants(card)
+        if not card.tags & {META_LLAMA_TAG, HEALTH_CHECK_TAG} and share in _share_variants(card)
         for case in _card_cases(card, mode, dtypes, socs, share)
     ]
 
 
 def _share_variants(card: ModelCard) -> tuple[bool, ...]:
     """A multi-method card is lowered without and with share_mutable_buffers (what upstream's multi-method
-    LLM export offers, #17496); a single-method program has nothing to share across methods."""
+    LLM export offers, #17496); a single-method program has nothing to share across methods. The variants
+    are an outer loop of the matrix, as the modes are, so a card's neighbours keep differing in SoC and dtype."""
     return (False, True) if card.multi_method else (False,)
 
 

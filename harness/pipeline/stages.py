@@ -236,10 +236,10 @@ def buffer_encodings(converted: torch.fx.GraphModule, buffers: tuple[str, ...]) 
 def quantize_multi(
     card: ModelCard, model: torch.nn.Module, dtype: str, per_method: dict[str, list[tuple]]
 ) -> tuple[dict[str, torch.nn.Module], dict, dict[str, dict[str, dict[str, str]]]]:
-    """Each method quantized with its own calibration (its own steps of the plan, run in plan order on the
-    shared model, so a reader calibrates on the state the writers left), as a user quantizing a prefill and
-    a decode program separately does; returns the converted methods, their facts merged (each entry names
-    its method) and each method's buffer encodings."""
+    """Each method quantized with its own calibration (its own steps of the plan, from the registered state),
+    as a user quantizing a prefill and a decode program separately does: nothing in executorch's flow makes
+    the methods agree on a shared buffer's encoding, which cross_method_state then checks. Returns the
+    converted methods, their facts merged (each entry names its method) and each method's buffer encodings."""
     initial = {name: buffer.detach().clone() for name, buffer in model.named_buffers()}
     converted, merged, encodings = (
         {},
