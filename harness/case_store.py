@@ -150,6 +150,7 @@ class CaseStore:
             attempt.error,
             attempt.infrastructure,
         )
+        outcome.run_error_is_not_measured = attempt.not_measured
         outcome.device_serial, outcome.device_kind = attempt.device_serial, attempt.device_kind
         outcome.device = kinds.of(attempt.device_kind) if attempt.device_kind else None
         outcome.retries = attempt.retries

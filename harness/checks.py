@@ -38,6 +38,8 @@ def _require_run(outcome: CaseOutcome) -> None:
     _require_lowered(outcome)
     if outcome.run is None and outcome.run_error_is_infrastructure:
         raise InfrastructureError(outcome.run_error)
+    if outcome.run is None and outcome.run_error_is_not_measured:
+        raise NotMeasured(outcome.run_error)
     if outcome.run is None:
         raise CheckFailure(
             outcome.run_error or "the case was not run on a device",

@@ -45,6 +45,9 @@ class DeviceOutputs(Protocol):
     outputs: list[list[np.ndarray]]  # [step][output index], flat arrays in the runner's byte layout
     trace: Path | None
     heap_pattern: int | None
+    runner: str  # which runner measured it: "suite_runner" or "qnn_executor_runner"
+    step_times_us: list[int]  # execute wall time per step, in plan order ([] when the runner gives none)
+    peak_rss_kb: int | None  # the runner process's peak resident memory (None when it gives none)
 
 
 class DeviceTraits(Protocol):
@@ -104,11 +107,27 @@ class CaseOutcome:
     # The run failed because of the device or the lab (lost, no space, push refused), not the program: its
     # checks are infrastructure errors. A runner that crashes, hangs or writes nothing is the program's failure.
     run_error_is_infrastructure: bool = False
+    # The run needs what this device lacks (a plan of several methods, no suite_runner there): not measured.
+    run_error_is_not_measured: bool = False
     device_log: str = ""  # a failed run's device log tail (ExecuTorch and QNN lines; whole in run_dir/device.log)
     retries: int = 0  # device runs repeated after a dropped connection
     run_dir: Path | None = None  # where the device run's inputs, outputs and log were put (in the run's work dir)
     timings_s: dict[str, float] = field(default_factory=dict)
     dependence: list[list[np.ndarray]] | None = None  # see initial_value_dependence (given by the CaseStore)
+
+    @property
+    def timing(self) -> dict | None:
+        """The run's per-step timing as a case record carries it (report.json `timing`); None without a run.
+        first_step_us apart: a runner's first execute includes work the later ones do not (graph set-up)."""
+        if self.run is None:
+            return None
+        steps = [int(micros) for micros in self.run.step_times_us]
+        return {
+            "runner": self.run.runner,
+            "steps_us": steps,
+            "first_step_us": steps[0] if steps else None,
+            "peak_rss_kb": self.run.peak_rss_kb,
+        }
 
     def device_outputs(self) -> list[list[np.ndarray]]:
         """Device outputs reinterpreted with the reference's dtypes and shapes."""

@@ -36,6 +36,8 @@ class CheckRecord:
     cached_lowering: bool = False
     work: dict[str, int] = field(default_factory=dict)  # the case's exports, quantizations, lowerings in this run
     timings_s: dict[str, float] = field(default_factory=dict)
+    # The case's device run timing: {runner, steps_us, first_step_us, peak_rss_kb} (None: not run)
+    timing: dict[str, Any] | None = None
     duration_s: float = 0.0
     check_s: float | None = None
     repro: str = ""  # the case's reproduction bundle, relative to its SoC's report folder (harness/repro/layout.py)

@@ -124,6 +124,7 @@ def judge(
         cached_lowering=outcome.artifact.cached,
         work=outcome.artifact.work,
         timings_s={**outcome.timings_s, "lower_wall": round(outcome.artifact.wall_s, 3)},
+        timing=outcome.timing,
         check_s=check_s,
     )
     signature = error.signature if isinstance(error, CheckFailure) else (entry.signature if entry else "")

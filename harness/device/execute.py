@@ -1,7 +1,14 @@
 """Running one lowered case on a device: push the program and inputs, run N steps, pull what came out.
 
-Follows the runner contract of DESIGN.md: an input list with one line per step, outputs named
-outputs/output_{step}_{index}.raw; the interposer's trace (emulated devices) comes back too.
+Two runner commands a device's payload may have (harness/device/payload.py RUNNER_COMMANDS):
+- `suite_runner`, the suite's compiled runner (harness/runner/suite_runner.cpp): a step plan (per step a
+  method and its input files) run in one process, so state crosses steps and methods; one line per execute
+  with its wall time, and the process's peak RSS;
+- `qnn_executor_runner`, upstream's flags: an input list with one line per step, one method per process
+  (--method_index), an average time at most.
+Both write outputs/output_{step}_{index}.raw; the interposer's trace (emulated devices) comes back too.
+A device without `suite_runner` (a phone without the Android build) runs single-method plans through
+`qnn_executor_runner`; a plan of several methods cannot run there (RunnerUnavailable).
 """
 
 from __future__ import annotations
@@ -14,8 +21,9 @@ from pathlib import Path
 import numpy as np
 
 from harness.device.device import Device, DeviceError, RunResult, shell_line
-from harness.device.payload import RUNNER_NAME, PayloadFile
+from harness.device.payload import RUNNER_NAME, SUITE_RUNNER_NAME, PayloadFile
 from harness.device.sync import Oversized
+from harness.runner import run as plan_format
 
 RUNNER_TIMEOUT_S = 300
 TRACE_VARIABLE = "QNNSUITE_TRACE"  # read by the interposer (harness/qnn/interposer.c)
@@ -39,6 +47,7 @@ class Workspace:
     cases: str  # this worker's folder
     payload: str  # shared by the run's workers
     traced: bool = False  # the payload has the trace interposer in front of a phone's libQnnHtp.so
+    runners: tuple[str, ...] = (RUNNER_NAME,)  # the runner commands the payload has (payload.RUNNER_COMMANDS)
 
 
 class RunnerFailed(DeviceError):
@@ -50,6 +59,12 @@ class RunnerFailed(DeviceError):
         self.device_log = device_log
 
 
+class RunnerUnavailable(Exception):
+    """The plan needs a runner this device's payload does not have (several methods in one process need
+    `suite_runner`): the case cannot be measured here, which is neither executorch's failure nor the lab's.
+    The message is one line naming the device and the fix."""
+
+
 @dataclass
 class DeviceRun:
     outputs: list[list[np.ndarray]]  # [step][output index], flat arrays in the runner's byte layout
@@ -59,6 +74,9 @@ class DeviceRun:
     timings_s: dict[str, float] = field(default_factory=dict)
     pushed_bytes: int = 0
     heap_pattern: int | None = None  # the byte the runner's fresh allocations held, when it measured one
+    runner: str = RUNNER_NAME  # the payload command that ran the plan (and measured what follows)
+    step_times_us: list[int] = field(default_factory=list)  # execute wall time per step, plan order; [] if none
+    peak_rss_kb: int | None = None  # the runner process's peak resident memory, when it reports it
 
 
 def prepare_workspace(device: Device, folder: str, payload: list[PayloadFile]) -> int:
@@ -170,6 +188,54 @@ def pull_limits(output_count: int, steps: int, output_bytes: list[list[int]] | N
     return {**limits, TRACE_NAME: TRACE_MAX_BYTES}
 
 
+PLAN_NAME = "plan.txt"  # suite_runner's step plan, beside the inputs in the case folder
+INPUT_LIST_NAME = "input_list.txt"  # qnn_executor_runner's
+
+
+def choose_runner(workspace: Workspace, runner: str, methods: list[str] | None, serial: str) -> str:
+    """The payload command that runs this plan: `runner`, or qnn_executor_runner for a single-method plan on
+    a device without suite_runner; RunnerUnavailable when the plan has several methods and suite_runner is not
+    there (qnn_executor_runner runs one method per process, so state could not cross them)."""
+    if runner not in (SUITE_RUNNER_NAME, RUNNER_NAME):
+        raise ValueError(f"unknown runner {runner!r}: use {SUITE_RUNNER_NAME!r} or {RUNNER_NAME!r}")
+    distinct = sorted(set(methods or ()))
+    chosen = runner if runner in workspace.runners else RUNNER_NAME
+    if chosen == RUNNER_NAME and len(distinct) > 1:
+        why = (
+            f"this device has no {SUITE_RUNNER_NAME}"
+            if runner == SUITE_RUNNER_NAME
+            else f"{RUNNER_NAME} runs one method per process"
+        )
+        raise RunnerUnavailable(
+            f"device {serial}: {why}, and the plan runs {len(distinct)} methods ({', '.join(distinct)}) in one "
+            f"process: push the suite's runner built for the device (--android-ndk)"
+        )
+    return chosen
+
+
+def _runner_command(
+    runner: str,
+    workspace: Workspace,
+    local_dir: Path,
+    input_files: list[list[Path]],
+    methods: list[str] | None,
+    method_index: int,
+) -> tuple[list[str], Path]:
+    """The runner's argv (paths relative to the case folder) and the plan or input list it reads."""
+    if runner == SUITE_RUNNER_NAME:
+        # Without methods, the program's method by index (program order, as upstream's --method_index).
+        names = methods or [f"{plan_format.METHOD_INDEX_PREFIX}{int(method_index)}"] * len(input_files)
+        plan = plan_format.write_plan(
+            [(name, [path.name for path in row]) for name, row in zip(names, input_files)], local_dir / PLAN_NAME
+        )
+        argv = ["--model_path", "model.pte", "--plan_path", PLAN_NAME, "--output_folder_path", "outputs"]
+        return [f"{workspace.payload}/{SUITE_RUNNER_NAME}", *argv], plan
+    input_list = local_dir / INPUT_LIST_NAME
+    input_list.write_text("".join(" ".join(path.name for path in row) + "\n" for row in input_files))
+    argv = ["--model_path", "model.pte", "--input_list_path", INPUT_LIST_NAME, "--output_folder_path", "outputs"]
+    return [f"{workspace.payload}/{RUNNER_NAME}", *argv, "--method_index", str(int(method_index))], input_list
+
+
 def run_case(
     device: Device,
     workspace: Workspace,
@@ -181,15 +247,21 @@ def run_case(
     timeout_s: float = RUNNER_TIMEOUT_S,
     method_index: int = 0,
     output_bytes: list[list[int]] | None = None,
+    methods: list[str] | None = None,
+    runner: str = SUITE_RUNNER_NAME,
 ) -> DeviceRun:
-    """output_bytes: eager's byte size of each output [step][index]; a larger file fails the case unpulled."""
+    """output_bytes: eager's byte size of each output [step][index]; a larger file fails the case unpulled.
+    methods: the method of each step (None: the program's method at method_index, every step); runner: the
+    payload command to run the plan with (see the module's docstring; choose_runner says which one runs)."""
+    if methods is not None and len(methods) != len(steps):
+        raise ValueError(f"{len(methods)} method(s) for {len(steps)} step(s): give one method per step")
+    chosen = choose_runner(workspace, runner, methods, device.serial)
     timings: dict[str, float] = {}
     started = time.perf_counter()
     remote = f"{workspace.cases}/{case_dir_name}"
     input_files = write_inputs(steps, local_dir / "inputs")
-    input_list = local_dir / "input_list.txt"
-    input_list.write_text("".join(" ".join(path.name for path in row) + "\n" for row in input_files))
-    files = [pte, input_list, *(path for row in input_files for path in row)]
+    argv, plan = _runner_command(chosen, workspace, local_dir, input_files, methods, method_index)
+    files = [pte, plan, *(path for row in input_files for path in row)]
     # A folder of this run's: nothing on the device to compare hashes with; all in one sync session (a retry
     # writes over the same names).
     pushed = device.push_files([(path, f"{remote}/{'model.pte' if path == pte else path.name}") for path in files])
@@ -200,17 +272,7 @@ def run_case(
     if workspace.traced:  # the interposer appends a line per graph execute; pulled with the outputs
         env[TRACE_VARIABLE] = f"{remote}/outputs/{TRACE_NAME}"
     result = device.run(
-        [
-            f"{workspace.payload}/{RUNNER_NAME}",
-            "--model_path",
-            "model.pte",
-            "--input_list_path",
-            "input_list.txt",
-            "--output_folder_path",
-            "outputs",
-            "--method_index",
-            str(int(method_index)),
-        ],
+        argv,
         cwd=remote,
         timeout_s=timeout_s,
         env=env,
@@ -281,6 +343,16 @@ def run_case(
     trace = local_dir / "outputs" / TRACE_NAME if TRACE_NAME in present else None
     timings["pull"] = time.perf_counter() - started
     pattern = HEAP_PATTERN.search(result.output)
+    measured = plan_format.parse(result.exit_code, result.output, result.stderr)
     return DeviceRun(
-        outputs, files, trace, result.output, timings, pushed, int(pattern.group(1), 16) if pattern else None
+        outputs,
+        files,
+        trace,
+        result.output,
+        timings,
+        pushed,
+        int(pattern.group(1), 16) if pattern else None,
+        runner=chosen,
+        step_times_us=[step.execute_us for step in measured.steps],
+        peak_rss_kb=measured.peak_rss_kb,
     )

@@ -18,6 +18,10 @@ from harness.qnn.interposer import REAL_LIBRARY_NAME
 
 EMULATED_RUNNER = Path(__file__).resolve().parent.parent / "emulator" / "qnn_executor_runner"
 RUNNER_NAME = "qnn_executor_runner"
+# The suite's compiled runner (harness/runner/suite_runner.cpp): a step plan in one process, per-step times.
+SUITE_RUNNER_NAME = "suite_runner"
+# The payload's runner commands, the names run_case's `runner` takes.
+RUNNER_COMMANDS = (SUITE_RUNNER_NAME, RUNNER_NAME)
 BACKEND_LIBRARY = "libqnn_executorch_backend.so"
 # Where a standard executorch Android build (BUILD/) puts the runner and the backend library.
 RUNNER_BUILD_DIR = ("examples", "qualcomm", "executor_runner")

@@ -23,6 +23,7 @@ from harness.device import kinds
 from harness.device.adb import AdbClient, AdbServer
 from harness.device.device import WORKSPACE_ROOT, Device, DeviceError, DeviceLost, device_label, shell_line
 from harness.device.execute import Workspace, prepare_workspace
+from harness.device.payload import RUNNER_COMMANDS
 from harness.qnn.interposer import REAL_LIBRARY_NAME
 from harness.qnn.sdk import QnnSdk
 
@@ -163,7 +164,10 @@ class DevicePool:
             files = kinds.of(spec.kind).payload(spec.abi, spec.htp_arch, given)
             prepare_workspace(device, payload, files)
             traced = any(item.remote_name == REAL_LIBRARY_NAME for item in files)
-            self._prepared[spec.label] = Workspace(device.workspace(f"{self.run_id}/{self.worker}"), payload, traced)
+            runners = tuple(item.remote_name for item in files if item.remote_name in RUNNER_COMMANDS)
+            self._prepared[spec.label] = Workspace(
+                device.workspace(f"{self.run_id}/{self.worker}"), payload, traced, runners
+            )
         return self._prepared[spec.label]
 
     def close(self, keep: bool) -> list[str]:

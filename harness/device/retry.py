@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.device.device import DeviceError, DeviceFrozen, DeviceLost
-from harness.device.execute import DeviceRun, RunnerFailed, run_case
+from harness.device.execute import DeviceRun, RunnerFailed, RunnerUnavailable, run_case
+from harness.device.payload import SUITE_RUNNER_NAME
 from harness.device.pool import DevicePool
 
 MAX_RETRIES = 2
@@ -28,6 +29,7 @@ class Attempt:
     error: str | None = None
     # The device or the lab failed (lost, no space, push refused, quarantined), not the program.
     infrastructure: bool = False
+    not_measured: bool = False  # the plan needs a runner the device lacks (execute.RunnerUnavailable)
     device_log: str = ""  # a failed runner's device log tail
     device_serial: str | None = None  # the pool's label of the device that ran it (server/serial)
     device_kind: str | None = None
@@ -47,6 +49,8 @@ def run_with_reconnects(
     timeout_s: float,
     method_index: int,
     output_bytes: list[list[int]] | None = None,
+    methods: list[str] | None = None,
+    runner: str = SUITE_RUNNER_NAME,
 ) -> Attempt:
     """Run the case on a device of its SoC; every failure is one line in the result, never an exception."""
     attempt = Attempt()
@@ -68,6 +72,8 @@ def run_with_reconnects(
                     timeout_s=timeout_s,
                     method_index=method_index,
                     output_bytes=output_bytes,
+                    methods=methods,
+                    runner=runner,
                 )
                 attempt.timings_s.update(attempt.run.timings_s)
             break
@@ -80,6 +86,9 @@ def run_with_reconnects(
             if label:
                 pool.mark_lost(label, str(lost))
             attempt.error, attempt.infrastructure = str(lost), True
+            break
+        except RunnerUnavailable as unavailable:
+            attempt.error, attempt.not_measured = str(unavailable), True
             break
         except RunnerFailed as failed:
             attempt.error, attempt.device_log = str(failed), failed.device_log

@@ -16,7 +16,7 @@ from harness.record import CheckRecord
 from harness.vocabulary import DTYPES, MODE_ORDER, VERDICTS
 
 SCHEMA_VERSION = 1
-CASE_FIELDS = ("case_id", "card", "tags", "dtype", "mode", "soc", "device_serial", "delegates", "work")
+CASE_FIELDS = ("case_id", "card", "tags", "dtype", "mode", "soc", "device_serial", "delegates", "work", "timing")
 CHECK_FIELDS = ("verdict", "message", "known_failure", "evidence", "duration_s", "nodeid")
 Column = dict[str, str]  # {"name": check name, "short": its column label}
 

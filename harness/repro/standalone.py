@@ -34,7 +34,7 @@ import re
 import shlex
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 BUNDLE = Path(__file__).resolve().parent
@@ -346,6 +346,9 @@ class BundleRun:
     outputs: list[list]
     trace: Path | None
     heap_pattern: int | None
+    runner: str = "qnn_executor_runner"  # the outcome protocol's (harness/outcome.py DeviceOutputs)
+    step_times_us: list[int] = field(default_factory=list)
+    peak_rss_kb: int | None = None
 
 
 @dataclass(frozen=True)

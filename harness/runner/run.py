@@ -33,10 +33,15 @@ EXIT_CODES = {
 }
 ERROR_PREFIX = "suite_runner: error: "
 RUN_TIMEOUT_S = 300
-METHOD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-STEP_LINE = re.compile(r"^step (\d+) method (\S+) execute_us (\d+)$", re.MULTILINE)
-LOAD_LINE = re.compile(r"^runner: load method (\S+) load_us (\d+)$", re.MULTILINE)
-PEAK_LINE = re.compile(r"^runner: peak_rss_kb (\d+)$", re.MULTILINE)
+# A step's method: its name, or "@N", the program's Nth method in program order (upstream's --method_index).
+METHOD_INDEX_PREFIX = "@"
+METHOD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|@[0-9]{1,4}")
+# Not anchored at the line's start: where stdout and stderr reach one stream (a device shell's combined
+# output), QNN's logger writes its "[INFO] [Qnn ExecuTorch]: " prefix apart from its message, so a line of
+# the runner's can follow one (as host_runner's heap pattern line, harness/device/execute.py).
+STEP_LINE = re.compile(r"\bstep (\d+) method (\S+) execute_us (\d+)$", re.MULTILINE)
+LOAD_LINE = re.compile(r"\brunner: load method (\S+) load_us (\d+)$", re.MULTILINE)
+PEAK_LINE = re.compile(r"\brunner: peak_rss_kb (\d+)$", re.MULTILINE)
 
 
 class PlanError(ValueError):
@@ -75,7 +80,10 @@ def write_plan(steps: list[tuple[str, list[Path]]], path: Path) -> Path:
     lines = [PLAN_HEADER]
     for index, (method, inputs) in enumerate(steps):
         if not METHOD_NAME.fullmatch(method):
-            raise PlanError(f"step {index}: method name {method!r} is not an identifier: use the program's method name")
+            raise PlanError(
+                f"step {index}: method name {method!r} is not an identifier: use the program's method name "
+                f"(or {METHOD_INDEX_PREFIX}N, its Nth method)"
+            )
         for name in map(str, inputs):
             if any(character.isspace() for character in name):
                 raise PlanError(f"step {index}: input file name {name!r} holds whitespace: rename the file")

@@ -12,7 +12,8 @@
  *
  * Step plan (a strict, line-based text file; '#' starts a comment line, blank lines are ignored):
  *   qnnsuite-plan 1                      first meaningful line: the format and its version
- *   step METHOD [INPUT_FILE ...]         one line per execute, in order; METHOD is a method of the program,
+ *   step METHOD [INPUT_FILE ...]         one line per execute, in order; METHOD is a method of the program
+ *                                        (or @N: its Nth method in program order, as upstream's --method_index),
  *                                        each INPUT_FILE holds one input's raw bytes (the tensor's dtype, in
  *                                        its dim order, little-endian), as many files as the method has inputs.
  * Relative input paths are resolved against the plan file's folder. File names cannot hold whitespace.
@@ -184,6 +185,28 @@ long file_size(const std::string& path) {
   return file ? static_cast<long>(file.tellg()) : -1;
 }
 
+// A step's "@N" becomes the program's Nth method name (program order, Program::get_method_name, as upstream's
+// --method_index counts: Module::method_names is unordered).
+void resolve_method_indices(Module& module, std::vector<Step>& steps) {
+  for (size_t index = 0; index < steps.size(); ++index) {
+    Step& step = steps[index];
+    if (step.method.empty() || step.method[0] != '@') continue;
+    std::string digits = step.method.substr(1);
+    char* end = nullptr;
+    long method_index = std::strtol(digits.c_str(), &end, 10);
+    size_t count = module.program()->num_methods();
+    // Checked here: executorch logs an index beyond the program as an error line of its own.
+    bool valid = !digits.empty() && *end == '\0' && method_index >= 0 && static_cast<size_t>(method_index) < count;
+    auto name = valid ? module.program()->get_method_name(static_cast<size_t>(method_index))
+                      : executorch::runtime::Result<const char*>(Error::InvalidArgument);
+    if (!name.ok()) {
+      fail(kUnknownMethod, "step " + std::to_string(index) + ": " + step.method + " names no method of the program (it has " +
+                               std::to_string(count) + "): fix the plan");
+    }
+    step.method = *name;
+  }
+}
+
 // Every step checked against the program's methods and input metas, before any method is loaded.
 void check_plan(Module& module, const std::vector<Step>& steps) {
   auto names = module.method_names();
@@ -291,6 +314,7 @@ int main(int argc, char** argv) {
 
   Module module(options.model, Module::LoadMode::File, nullptr, nullptr, nullptr, options.share_memory_arenas);
   if (module.load() != Error::Ok) fail(kBadProgram, "cannot load the program " + options.model + ": is it a .pte?");
+  resolve_method_indices(module, steps);
   check_plan(module, steps);
   set_backend_options(options);
 

@@ -29,6 +29,7 @@ OUTCOME = SimpleNamespace(
     device_serial="host:5037/S",
     retries=1,
     timings_s={"run": 0.5},
+    timing={"runner": "suite_runner", "steps_us": [9, 4], "first_step_us": 9, "peak_rss_kb": 64000},
     artifact=SimpleNamespace(delegate_count=1, cached=True, work={"lower": 0}, wall_s=1.23456),
 )
 STATE_MISMATCH = KnownFailure(pattern="test_state[*]", signature="state_mismatch", reason="made up", reference="F9")
@@ -67,6 +68,7 @@ def test_a_pass_is_passed_and_the_record_carries_the_case():
     )
     assert record.evidence == {"max": 0.0} and record.tags == ("a", "b") and record.mode == "delegate_mutbuf"
     assert record.timings_s == {"run": 0.5, "lower_wall": 1.235} and record.retries == 1 and record.cached_lowering
+    assert record.timing == OUTCOME.timing
 
 
 def test_a_pass_where_a_failure_is_expected_is_a_strict_xpass_unless_every_entry_is_flaky():

@@ -305,6 +305,7 @@ BAD_INPUTS = {
     "bad_step_word": ("qnnsuite-plan 1\nrun write {x}\n", (), 3, "expected 'step METHOD"),
     "empty_plan": ("qnnsuite-plan 1\n# nothing\n", (), 3, "has no step"),
     "unknown_method": ("qnnsuite-plan 1\nstep forward {x}\n", (), 5, "no such method (it has: "),
+    "method_index_beyond": ("qnnsuite-plan 1\nstep @7 {x}\n", (), 5, "@7 names no method of the program (it has 2)"),
     "missing_input_file": ("qnnsuite-plan 1\nstep write {x}.gone\n", (), 6, "cannot read input file"),
     "input_count": ("qnnsuite-plan 1\nstep write {x} {x}\n", (), 7, "2 input file(s) given, the method takes 1"),
     "input_size": ("qnnsuite-plan 1\nstep write {short}\n", (), 7, "has 12 bytes, input 0 takes 32"),
@@ -348,6 +349,20 @@ def test_good_plan_gives_no_error_line(runner_binary, two_method_program, ones_i
 
 
 @pytest.mark.qnn
+def test_a_method_by_index_is_the_programs_method_in_program_order(
+    runner_binary, two_method_program, ones_input, toolchain, tmp_path
+):
+    """"@N" (what the device run writes when a case names no method: upstream's --method_index) runs the
+    program's Nth method; both indices resolve, to the two methods, and the step line names the method."""
+    plan = runner_run.write_plan([("@0", [ones_input]), ("@1", [ones_input])], tmp_path / "plan.txt")
+    ran = runner_run.run_plan(
+        runner_binary, two_method_program, plan, tmp_path / "out", runner_run.runner_env(toolchain)
+    )
+    assert ran.exit_code == 0 and ran.error_line is None, ran.stderr[-2000:]
+    assert sorted(step.method for step in ran.steps) == ["read", "write"]
+
+
+@pytest.mark.qnn
 def test_backend_options_reach_the_qnn_backend(runner_binary, two_method_program, ones_input, toolchain, tmp_path):
     """--log_level and --performance_mode go through executorch's set_option to the QNN backend, which logs
     what it applied; without them it logs neither (the compile spec's level 1 hides the mode line)."""
@@ -376,6 +391,8 @@ def test_backend_options_reach_the_qnn_backend(runner_binary, two_method_program
         ("write", ["a b.raw"], "whitespace"),
         ("write", ["a.raw\nstep read b.raw"], "whitespace"),
         ("write\nstep", ["a.raw"], "not an identifier"),
+        ("@x", ["a.raw"], "not an identifier"),
+        ("@1 read", ["a.raw"], "not an identifier"),
     ],
 )
 def test_write_plan_refuses_what_would_break_a_line(method, inputs, words, tmp_path):
