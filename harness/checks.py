@@ -374,6 +374,7 @@ CROSS_METHOD_SIGNATURES = (
     "state_per_method",  # each method kept its own copy of the state, started from the registered values
     "state_not_shared",  # mismatches only where a step reads what another method wrote (its own copy, not zeros)
     "cross_method_mismatch",  # anything else
+    UNINITIALISED_DELEGATED_BUFFER,  # state crossed methods, but the delegated buffer started from the heap (F1)
 )
 
 
@@ -440,21 +441,29 @@ def check_cross_method_state(outcome: CaseOutcome) -> dict:
         f"{len(bad)}/{len(plan)} step(s), first at step {bad[0].step} ({plan[bad[0].step]}, max abs error "
         f"{bad[0].max_abs_error:.4g})"
     )
-    fresh = eager.run_plan_isolated(card, outcome.steps, fresh_each_step=True)
     isolated = eager.run_plan_isolated(card, outcome.steps, fresh_each_step=False)
-    if _equal(device, fresh, dtype):
-        raise CheckFailure(
-            where + "; the device equals every step run on a freshly loaded program: no state survived a step",
-            evidence,
-            "state_reset_between_steps",
-        )
-    if _equal(device, isolated, dtype):
-        raise CheckFailure(
-            where + "; the device equals each method run on its own copy of the registered state: "
-            "no method saw another's writes",
-            evidence,
-            "state_per_method",
-        )
+    for start, initial in _starts(outcome):
+        if initial and _equal(device, eager.run_steps(card, outcome.steps, initial=initial), dtype):
+            raise CheckFailure(
+                where + f"; the device equals eager running the plan on one module from {start}: state crossed "
+                "methods, the delegated buffer started uninitialised (docs/FINDINGS.md#F1)",
+                evidence,
+                UNINITIALISED_DELEGATED_BUFFER,
+            )
+        if _equal(device, eager.run_plan_isolated(card, outcome.steps, True, initial), dtype):
+            raise CheckFailure(
+                where + f"; the device equals every step run on a freshly loaded program from {start}: "
+                "no state survived a step",
+                evidence,
+                "state_reset_between_steps",
+            )
+        if _equal(device, eager.run_plan_isolated(card, outcome.steps, False, initial), dtype):
+            raise CheckFailure(
+                where + f"; the device equals each method run on its own copy of the state, started from {start}: "
+                "no method saw another's writes",
+                evidence,
+                "state_per_method",
+            )
     crossing = numerics.compare(isolated, outcome.reference, dtype).masks  # elements that read another method's writes
     if numerics.count(comparison.masks) and not numerics.count(
         numerics.only_where(comparison.masks, _negated(crossing))
@@ -466,6 +475,19 @@ def check_cross_method_state(outcome: CaseOutcome) -> dict:
             "state_not_shared",
         )
     raise CheckFailure(where, evidence, "cross_method_mismatch")
+
+
+def _starts(outcome: CaseOutcome) -> list[tuple[str, dict | None]]:
+    """What a method's copy of the state may have started from: the registered values, and, for delegated
+    buffers on a device whose heap pattern is known, that pattern in a float graph (docs/FINDINGS.md#F1; a
+    quantized delegate decodes it through an encoding the check does not know, so it is not tried there)."""
+    starts: list[tuple[str, dict | None]] = [("the registered values", None)]
+    pattern, buffers = outcome.run.heap_pattern, outcome.delegated_buffers
+    if pattern is not None and buffers and outcome.case.dtype == FLOAT_DTYPE:
+        initial = eager.pattern_initial(outcome.case.card, pattern, buffers)
+        if all(value.is_floating_point() for value in initial.values()):
+            starts.append((f"the heap pattern 0x{pattern:02x} in {', '.join(buffers)}", initial))
+    return starts
 
 
 def _negated(masks: numerics.Outputs) -> numerics.Outputs:
