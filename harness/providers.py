@@ -90,7 +90,7 @@ class EmulatedFleet:
     def start(self) -> ProvidedDevices:
         from harness.emulator.launcher import EmulatorFleet
 
-        # The runner server's start-time environment is every runner's (harness/process/fork_server.py): MALLOC_* there.
+        # Every device command, each runner included, starts with it: MALLOC_* (the heap pattern) there.
         device_env = kinds.EmulatedKind.heap_environment(self._toolchain.child_env())
         device_env["QNNSUITE_PYTHON"] = sys.executable
         self._fleet = fleet = EmulatorFleet(

@@ -34,6 +34,9 @@ RUNNER_EXECUTION = re.compile(r"^runner: .* in ([0-9.]+) ms$", re.MULTILINE)
 # anchored: stderr is merged write by write, and QNN's logger writes its "[INFO] [Qnn ExecuTorch]: "
 # prefix apart from its message, so the line can follow one (measured).
 HEAP_PATTERN = re.compile(r"runner: heap pattern 0x([0-9a-f]{2})\b")
+# An emulated suite_runner that handed the plan to the pybindings runner (a fault switch that must act inside
+# the runner's process: harness/emulator/compiled_runner.py) says so: the run was measured by that one.
+ROUTED = re.compile(r"\brunner: measured by (qnn_executor_runner)\b")
 # The most a pulled file may hold when its size is not known in advance: an output file (without eager's
 # sizes) and the interposer's trace (a line per graph execute). A larger one fails the case, unpulled.
 OUTPUT_FILE_MAX_BYTES = 256 * 1024 * 1024
@@ -282,9 +285,15 @@ def run_case(
         first=BEFORE_RUNNER,
     )
     timings["run"] = time.perf_counter() - started
+    measured = plan_format.parse(result.exit_code, result.output, result.stderr)
     executed = RUNNER_EXECUTION.search(result.output)
-    if executed:  # the emulated runner reports its own execution time, imports excluded
+    if measured.steps:  # the suite's runner times each execute
+        timings["runner_exec"] = sum(step.execute_us for step in measured.steps) / 1e6
+    elif executed:  # the emulated pybindings runner reports its own execution time, imports excluded
         timings["runner_exec"] = float(executed.group(1)) / 1000
+    routed = ROUTED.search(result.output)
+    if routed:
+        chosen = routed.group(1)
     (local_dir / "runner.log").write_text(result.output)
     if result.timed_out(timeout_s):
         raise _failed(
@@ -345,7 +354,6 @@ def run_case(
     trace = local_dir / "outputs" / TRACE_NAME if TRACE_NAME in present else None
     timings["pull"] = time.perf_counter() - started
     pattern = HEAP_PATTERN.search(result.output)
-    measured = plan_format.parse(result.exit_code, result.output, result.stderr)
     return DeviceRun(
         outputs,
         files,

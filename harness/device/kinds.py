@@ -7,6 +7,7 @@ An attached device is emulated when it runs host (x86_64) binaries: real phones 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -20,8 +21,10 @@ from harness.device.payload import (
     phone_files_missing,
     phone_payload,
 )
+from harness.files import say
 from harness.qnn import interposer
 from harness.qnn.sdk import WHEEL_ORIGIN, QnnSdk
+from harness.runner import build as runner_build
 
 HOST_ABI = "x86_64"
 # The byte every fresh heap allocation of an emulated device's runner holds: a delegated buffer that is
@@ -66,7 +69,7 @@ class EmulatedKind:
     heap_pattern: int | None = EMULATED_HEAP_PATTERN
 
     def payload(self, abi: str, htp_arch: int, given: PayloadInputs) -> list[PayloadFile]:
-        return emulated_payload(abi, given.runner)
+        return emulated_payload(abi, given.runner, emulated_suite_runner()[0])
 
     @staticmethod
     def host_libraries(sdk: QnnSdk) -> dict[str, Path]:
@@ -79,8 +82,8 @@ class EmulatedKind:
 
     @staticmethod
     def heap_environment(env: dict[str, str]) -> dict[str, str]:
-        """env plus what makes every heap allocation start as heap_pattern, and huge pages for large blocks (for
-        the runner server's start)."""
+        """env plus what makes every heap allocation start as heap_pattern, and huge pages for large blocks (the
+        device commands' environment: every runner starts with it)."""
         ours = {tunable.partition("=")[0] for tunable in _OURS}
         tunables = [t for t in env.get("GLIBC_TUNABLES", "").split(":") if t and t.partition("=")[0] not in ours]
         return {
@@ -88,6 +91,17 @@ class EmulatedKind:
             "MALLOC_PERTURB_": str(EMULATED_HEAP_PATTERN ^ 0xFF),
             "GLIBC_TUNABLES": ":".join([*tunables, *_OURS]),
         }
+
+
+@functools.cache
+def emulated_suite_runner() -> tuple[Path | None, str]:
+    """The suite's runner built for the host, which emulated devices run programs with, or None and the one
+    line that says why it cannot be built (they then run them through the pybindings qnn_executor_runner).
+    Built once (cached by content: harness/runner/build.py), so every worker after the controller finds it."""
+    try:
+        return runner_build.build(), ""
+    except runner_build.RunnerBuildError as error:
+        return None, str(error)
 
 
 class PhoneKind:
@@ -127,7 +141,12 @@ def payload_inputs(
 def check_payloads(devices: list[tuple[str, str, int]], given: PayloadInputs) -> None:
     """Once at the start of a run, for (kind, abi, htp arch) of every device: one DeviceError naming every
     file missing for any of them, not one error per case later; then each phone's payload is checked whole
-    (runner given, for its ABI, a full SDK)."""
+    (runner given, for its ABI, a full SDK). With an emulated device, the suite's runner is built here (once,
+    in the controller; the workers find it cached), or one line says why not and what runs instead."""
+    if any(kind == EmulatedKind.name for kind, _, _ in devices):
+        built, problem = emulated_suite_runner()
+        if built is None:
+            say(f"qnnsuite: emulated devices run programs through the pybindings qnn_executor_runner: {problem}")
     phones = sorted({(abi, htp_arch) for kind, abi, htp_arch in devices if kind == PhoneKind.name})
     files = given.phone_files()
     missing: list[str] = []

@@ -17,6 +17,10 @@ from harness.device.device import DeviceError
 from harness.qnn.interposer import REAL_LIBRARY_NAME
 
 EMULATED_RUNNER = Path(__file__).resolve().parent.parent / "emulator" / "qnn_executor_runner"
+# The emulated device's suite_runner command, and the compiled runner it starts, pushed beside it
+# (harness/emulator/compiled_runner.py).
+EMULATED_SUITE_RUNNER = EMULATED_RUNNER.with_name("suite_runner")
+SUITE_RUNNER_BINARY_NAME = "suite_runner.bin"
 RUNNER_NAME = "qnn_executor_runner"
 # The suite's compiled runner (harness/runner/suite_runner.cpp): a step plan in one process, per-step times.
 SUITE_RUNNER_NAME = "suite_runner"
@@ -75,9 +79,16 @@ def backend_library_candidates(runner: Path) -> list[Path]:
     return candidates
 
 
-def emulated_payload(abi: str, runner: Path | None) -> list[PayloadFile]:
-    """An emulated device runs host binaries: the emulated runner, or the user's host-built one."""
-    return [_checked_runner(runner, abi)] if runner is not None else [PayloadFile(EMULATED_RUNNER, RUNNER_NAME, 0o755)]
+def emulated_payload(abi: str, runner: Path | None, suite_runner: Path | None = None) -> list[PayloadFile]:
+    """An emulated device runs host binaries: the emulated (pybindings) runner, or the user's host-built one,
+    and, when the suite's runner was built for the host (suite_runner: the binary), its command and binary."""
+    files = [_checked_runner(runner, abi)] if runner is not None else [PayloadFile(EMULATED_RUNNER, RUNNER_NAME, 0o755)]
+    if suite_runner is not None:
+        files += [
+            PayloadFile(EMULATED_SUITE_RUNNER, SUITE_RUNNER_NAME, 0o755),
+            PayloadFile(suite_runner, SUITE_RUNNER_BINARY_NAME, 0o755),
+        ]
+    return files
 
 
 def _sdk_libraries(sdk_root: Path, htp_arch: int) -> list[Path]:

@@ -3,14 +3,13 @@
 On a phone, the runner's libraries log through liblog into logd (ExecuTorch under the tag `ExecuTorch`,
 the QNN backend under `[Qnn ExecuTorch]`, as upstream's backends/qualcomm/runtime/Logging.cpp names it),
 and `logcat` reads them back. The emulated runner cannot reach liblog, but the same messages reach its
-stderr, so the runner client copies its stderr lines here (tee), each with its time, pid, priority and tag
+stderr, so the runner commands copy its stderr lines here (copy_stderr), each with its time, pid, priority and tag
 read from the line's own prefix. One JSON object per line in $QNNSUITE_DEVICE_LOG, a device path.
-Imported by the runner client on every run: os, re, json and time only (not even typing: 12 ms a run).
+Imported by the runner commands on every run: os, re and time only at import (json in the copier; not even typing).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
@@ -71,7 +70,38 @@ def tee(source: int, copy_to: int, log: TextIO, pid: int) -> None:
     os.close(source)
 
 
+def copy_stderr() -> None:
+    """From now on this process's stderr (and that of what it execs or starts) goes through a pipe that a
+    forked copier tees to the real stderr and into the device log ($QNNSUITE_DEVICE_LOG) until every writer
+    has ended: a runner that execs after this keeps its own exit status and signals, and loses none of its
+    last words when it crashes. Nothing changes without a device log, or when it cannot be opened: the run
+    itself must not depend on its log. Call it before opening anything the copier should not hold."""
+    log_path = os.environ.get(LOG_ENV)
+    try:
+        log = open(log_path, "a", encoding="utf-8", errors="backslashreplace") if log_path else None
+    except OSError:
+        return
+    if log is None:
+        return
+    read_end, write_end = os.pipe()
+    writer = os.getpid()  # the runner, once it execs
+    if os.fork() == 0:  # the copier: holds the real stderr and the pipe's read end, nothing else of ours
+        try:
+            os.close(write_end)
+            for fd in (0, 1):
+                os.close(fd)
+            tee(read_end, 2, log, writer)
+        finally:
+            os._exit(0)
+    log.close()
+    os.close(read_end)
+    os.dup2(write_end, 2)
+    os.close(write_end)
+
+
 def _append(log: TextIO, lines: list[bytes], pid: int) -> None:
+    import json  # in the copier only: the runner's start does not wait for it
+
     try:
         for line in lines:
             log.write(json.dumps(entry(line.decode(errors="replace").rstrip("\r"), pid, time.time())) + "\n")

@@ -169,7 +169,10 @@ def main(argv: list[str]) -> int:
         except FileExistsError:
             print(f"runner: {output_dir / 'trace.jsonl'} appeared while the runner made it; run again", file=sys.stderr)
             return 2
-        os.environ["QNNSUITE_TRACE"] = f"/proc/self/fd/{trace}"
+        # A jailed device command has no /proc (harness/emulator/jail.py): there the path, which inside the jail
+        # reaches nothing outside the device's own folders.
+        proc = os.path.isdir("/proc/self/fd")
+        os.environ["QNNSUITE_TRACE"] = f"/proc/self/fd/{trace}" if proc else str(output_dir / "trace.jsonl")
 
     import numpy as np
     import torch

@@ -6,7 +6,7 @@ dropped) the device's top directories are the sandbox's, bound read-write at /da
 /vendor, and the host's other top directories are bound read-only at their own paths, so the venv and the
 QNN libraries are still there. Not /proc (its /proc/PID/root would lead back to the host's writable file
 system), and neither /run nor /tmp: unix sockets there (an ssh agent, docker, a session bus) accept
-connections through a read-only mount, so only the device's own folder (its runner socket, properties) and
+connections through a read-only mount, so only the device's own folder (its properties, faults) and
 the paths the device's environment names are bound from them.
 Measured on the CI machine: bwrap works as root and as an unprivileged user (Debian package bubblewrap);
 where it does not, adbd falls back to harness.emulator.shell_paths (quote-proof path rewriting and refusal
@@ -31,7 +31,6 @@ NOT_FROM_HOST = {"proc", "dev", "run", "tmp", "lost+found", *DEVICE_TOP_DIRS}
 DEVICE_NODES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 # Variables whose paths a device command needs to read even when they lie under /tmp or /run.
 NEEDED_PATH_VARIABLES = (
-    "QNNSUITE_RUNNER_SOCKET",
     "QNNSUITE_PYTHON",
     "PYTHONPATH",
     "LD_LIBRARY_PATH",

@@ -228,18 +228,14 @@ class EmulatorFleet:
         as_phone: bool = False,
         user_server: AdbServer | None = None,
     ) -> None:
-        """device_env: the environment device commands run in (the QNN toolchain's, for the host runner).
-        With it, each device also gets a runner server (harness/process/services.py RUNNER), so a run costs a
-        fork instead of a fresh Python with torch and executorch to import; not a phone (as_phone), whose
-        runner loads the pushed libraries in a fresh process (harness/emulator/phone_runtime.py).
+        """device_env: the environment device commands run in (the QNN toolchain's, for the runners: the suite's
+        compiled runner and the pybindings one, each a fresh process in the device's jail).
         user_server: serve the devices on the user's TCP adb server there (started if none answers on its
         loopback port); without it the fleet's own server listens on a unix socket in `workdir`."""
         self.socs = list(socs)
         self.device_env = device_env
         self.as_phone = as_phone
         self.user_server = user_server
-        self._runner_servers: dict[str, subprocess.Popen[bytes]] = {}
-        self._starting_runner_servers: list[tuple[subprocess.Popen[bytes], Path]] = []
         self.workdir = Path(workdir).resolve()
         self.server = user_server or AdbServer.unix(private_socket_path(self.workdir))
         self.devices: list[EmulatedDeviceInfo] = []
@@ -256,7 +252,7 @@ class EmulatorFleet:
     def started_pids(self) -> list[int]:
         """Every process this fleet started (the adb server first), kept after stop() for leak checks."""
         processes = [self._server] if self._server else []
-        processes += list(self._device_processes.values()) + list(self._runner_servers.values())
+        processes += list(self._device_processes.values())
         return [process.pid for process in processes]
 
     def __enter__(self) -> EmulatorFleet:
@@ -270,9 +266,8 @@ class EmulatorFleet:
         atexit.register(self.stop)
         try:
             self._start_server()
-            for soc in self.socs:  # the runner servers import torch meanwhile, in parallel
+            for soc in self.socs:
                 self._add_device(soc, {})
-            self._wait_for_runner_servers()
         except BaseException:
             self.stop()
             raise
@@ -362,12 +357,9 @@ class EmulatorFleet:
 
     def add_device(self, soc: str, **faults: Any) -> EmulatedDeviceInfo:
         """Start one more device, with faults already set (e.g. unauthorized=True), and connect it."""
-        info = self._add_device(soc, faults)
-        self._wait_for_runner_servers()
-        return info
+        return self._add_device(soc, faults)
 
     def _add_device(self, soc: str, faults: dict[str, Any]) -> EmulatedDeviceInfo:
-        """add_device, except that its runner server may still be starting."""
         name, index = soc.lower(), 1
         while name in self._device_processes:  # a second device of one SoC gets its own directory
             index += 1
@@ -380,7 +372,7 @@ class EmulatorFleet:
         write_atomically(props_file, json.dumps(properties, indent=1))
         faults_file = root / ".faults.json"
         write_atomically(faults_file, json.dumps(faults))
-        env = self._device_environment(name, device_dir, root)
+        env = self.device_env
         log = open(device_dir / "adbd.log", "wb")
         process = subprocess.Popen(
             [
@@ -429,29 +421,6 @@ class EmulatorFleet:
         self.devices.append(info)
         return info
 
-    def _device_environment(self, name: str, device_dir: Path, root: Path) -> dict[str, str] | None:
-        """The device's command environment, with its own runner server when there is a device_env."""
-        if self.device_env is None or self.as_phone:
-            return self.device_env
-        from harness.process.fork_server import spawn_server
-        from harness.process.services import RUNNER
-
-        socket_path = device_dir / "runner.sock"
-        # ANDROID_ROOT_SANDBOX marks the server as the device's: pulling the plug kills it too.
-        server_env = {**self.device_env, "ANDROID_ROOT_SANDBOX": str(root.resolve())}
-        self._runner_servers[name] = spawn_server(RUNNER, socket_path, server_env)
-        self._starting_runner_servers.append((self._runner_servers[name], socket_path))
-        return {**self.device_env, "QNNSUITE_RUNNER_SOCKET": str(socket_path)}
-
-    def _wait_for_runner_servers(self) -> None:
-        from harness.process.fork_server import ForkServerError, wait_until_serving
-
-        while self._starting_runner_servers:
-            try:
-                wait_until_serving(*self._starting_runner_servers.pop())
-            except ForkServerError as error:
-                raise FleetError(f"runner server of an emulated device: {error}") from error
-
     def device_states(self) -> dict[str, str]:
         """serial -> state (device, offline, unauthorized, ...) as the adb server lists them."""
         listing = host_request(self.server, "host:devices")
@@ -478,12 +447,8 @@ class EmulatorFleet:
         self.devices.remove(info)
 
     def stop(self) -> None:
-        """Stop every device (and its runner server), then the adb server; idempotent."""
-        from harness.process.fork_server import stop_server
-
+        """Stop every device, then the adb server; idempotent."""
         for name, process in self._device_processes.items():
-            if name in self._runner_servers:
-                stop_server(self._runner_servers[name])
             end_process(process)
             kill_sandbox_processes(self.workdir / name / "root")
         if self.user_server is not None and self._server is None:  # the user's server goes on, without them

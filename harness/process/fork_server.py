@@ -1,8 +1,7 @@
 """A fork server: heavy modules imported once, a fresh forked child per request.
 
-Two things in this suite pay seconds of `import torch, executorch` per invocation while doing well under a
-second of work: the emulated device's runner and the lowering of a case (both declared in
-harness/process/services.py). Each gets a server built from this module: it imports its modules once,
+The lowering of a case pays seconds of `import torch, executorch` per invocation while doing a few seconds
+of work (declared in harness/process/services.py). It gets a server built from this module: it imports its modules once,
 then forks a child per request that takes the client's argv, cwd, umask, environment (os.environ replaced)
 and stdin/stdout/stderr (received as descriptors, SCM_RIGHTS), runs the service's entry point and _exits.
 The client (harness.process.fork_client) gets the child's exit status, 128+N if signal N killed it; if the client

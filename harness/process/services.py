@@ -1,4 +1,4 @@
-"""The suite's two fork services, declared once: what each keeps imported and what each request runs.
+"""The suite's fork service, declared once: what it keeps imported and what each request runs.
 
 - lowering_server: at most one per run, started by the controller (harness/session.py) with the toolchain's
   child_env once collection shows a case the artifact cache lacks. A fresh `python -m harness.pipeline.lower_job` spent about 5 s importing torch, executorch's exir,
@@ -7,14 +7,12 @@
   lowering that starts from it, instead of each of its four lowerings reading it (up to 1.7 s for a llama
   slice). Every case still gets a process of its own (a crash fails one case; the QNN log printed by C++
   to fd 2 is captured per case; no program is run in the process that lowered it), it just starts imported.
-- runner_server: one per emulated device, started by the launcher with the device commands' environment. A
-  fresh `python -m harness.emulator.host_runner` spends seconds importing torch and executorch before it runs
-  anything; each run is a child with the client's argv, cwd and descriptors, the server's environment plus an
-  allowlist of the client's variables, and only a run whose files are inside its device's sandbox is served,
-  those files opened there without following links (harness/emulator/runner_confinement.py).
+
+The emulated devices had a runner server too, until their programs ran through the suite's compiled runner,
+a fresh process in the device's jail that costs less than a forked Python child did (docs/PERFORMANCE.md).
 
 No QNN library is loaded by these imports (fork_server checks); each child dlopens its own. Only names here:
-importing this module costs nothing, as the runner's client needs.
+importing this module costs nothing.
 """
 
 from __future__ import annotations
@@ -58,10 +56,3 @@ LOWERING = Service(
     server_entry="harness.pipeline.lower_job:server_entry",  # torch.export warmed up before any fork
     prepare="harness.pipeline.lower_job:prepare_in_server",
 )  # a card's quantized program read once, not per case
-RUNNER = Service(
-    "runner_server",
-    "harness.emulator.host_runner",
-    ("numpy", "torch"),
-    # imports ExecuTorch's runtime (host_runner.runtime); requests stay inside the device
-    server_entry="harness.emulator.runner_confinement:server_entry",
-)

@@ -37,6 +37,7 @@ from harness.paths import REPO_ROOT
 from harness.qnn.toolchain import Toolchain
 from harness.record import CheckRecord
 from harness.repro import exports, issue, layout, standalone
+from harness.runner import build as runner_build
 from harness.versions import package_version
 
 PTE_LIMIT_BYTES = 2 * 1024 * 1024  # a larger .pte is left out: repro.py makes it again
@@ -191,7 +192,22 @@ class BundleWriter:
             # simulator run the same way, so an uninitialised buffer reads the same bytes.
             "heap_pattern": outcome.run.heap_pattern if outcome.run is not None else None,
             "method_index": artifact.facts.method_index,
+            "runner": _runner(outcome),
         }
+
+
+def _runner(outcome: CaseOutcome) -> dict:
+    """Which runner ran the case (repro.py runs the same one: the compiled runner from the bundle's source,
+    built by the bundle's copy of harness/runner/build.py) and the command that builds it, for a reader."""
+    name = outcome.run.runner if outcome.run is not None else standalone.SUITE_RUNNER
+    try:
+        compiler = runner_build.find_compiler()
+        install = runner_build.find_executorch()
+        command = runner_build.compile_command(compiler, install, Path(runner_build.BINARY_NAME))
+        command = [standalone.RUNNER_SOURCE if word == str(runner_build.SOURCE) else word for word in command]
+    except runner_build.RunnerBuildError as error:
+        command = [f"(not buildable where the run was: {error})"]
+    return {"name": name, "source": standalone.RUNNER_SOURCE, "build_command": command}
 
 
 def _write_suite(folder: Path, card_module: str, card_file: Path) -> None:
@@ -207,6 +223,8 @@ def _write_suite(folder: Path, card_module: str, card_file: Path) -> None:
     for name, source in sources.items():
         shutil.copyfile(source, folder / "suite" / f"{name}.py")
         modules[name] = _manifest_entry(f"suite/{name}.py", source)
+    # The compiled runner's source, where the carried harness.runner.build looks for it (its SOURCE).
+    shutil.copyfile(runner_build.SOURCE, folder / standalone.RUNNER_SOURCE)
     modules[card_module] = _manifest_entry(f"card/{card_file.name}", card_file)
     manifest = {"schema_version": SCHEMA_VERSION, "modules": modules, "checks": checks}
     (folder / standalone.MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")

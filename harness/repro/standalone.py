@@ -58,7 +58,14 @@ SUITE_MODULES = (
     "harness.outcome",
     "harness.checks",
     "harness.emulator.host_runner",
+    "harness.paths",
+    "harness.runner.build",
+    "harness.runner.run",
 )
+# The suite's compiled runner: its source beside harness.runner.build's copy (build.SOURCE), built by that
+# module's build() into the bundle's own .qnn/ folder (harness.paths.state_dir, here the bundle's).
+RUNNER_SOURCE = "suite/suite_runner.cpp"
+SUITE_RUNNER = "suite_runner"
 SHIM = "harness.pipeline.card"  # what card modules import ModelCard and register from
 MANIFEST = "suite/manifest.json"
 MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -246,10 +253,52 @@ def heap_environment(env: dict[str, str], pattern: int | None) -> dict[str, str]
     return {**env, "MALLOC_PERTURB_": str(pattern ^ 0xFF), "GLIBC_TUNABLES": "glibc.malloc.tcache_count=0"}
 
 
+def compiled_runner() -> Path | None:
+    """The suite's runner built for this machine from the bundle's source (cached in the bundle's .qnn/), or
+    None, with one line saying why and what runs instead, when it cannot be built (e.g. no g++)."""
+    build = importlib.import_module("harness.runner.build")
+    try:
+        return build.build()
+    except build.RunnerBuildError as error:
+        print(
+            f"repro.py: the steps run with the pybindings runner: the suite's runner cannot be built: {error}",
+            file=sys.stderr,
+        )
+        return None
+
+
+def run_compiled(
+    binary: Path,
+    pte: Path,
+    inputs: Path,
+    outputs: Path,
+    env: dict[str, str],
+    heap_pattern: int | None,
+    method_index: int,
+) -> tuple[int, str]:
+    """The suite's compiled runner, as the emulated device runs it: the steps as a plan in one process, on the
+    HTP simulator, with the interposer's trace in outputs/trace.jsonl."""
+    plan_format = importlib.import_module("harness.runner.run")
+    rows = [line.split() for line in (inputs / "input_list.txt").read_text().splitlines() if line.strip()]
+    plan = plan_format.write_plan([(f"@{int(method_index)}", row) for row in rows], inputs / "plan.txt")
+    outputs.mkdir(parents=True, exist_ok=True)
+    (outputs / "trace.jsonl").unlink(missing_ok=True)
+    completed = subprocess.run(
+        [str(binary), "--model_path", str(pte), "--plan_path", str(plan), "--output_folder_path", str(outputs)],
+        cwd=inputs,
+        env={**heap_environment(env, heap_pattern), "QNNSUITE_TRACE": str(outputs / "trace.jsonl")},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+    )
+    return completed.returncode, completed.stdout + completed.stderr
+
+
 def run_on_simulator(
     pte: Path, inputs: Path, outputs: Path, env: dict[str, str], heap_pattern: int | None = None, method_index: int = 0
 ) -> tuple[int, str]:
-    """The suite's emulated qnn_executor_runner: every step on one loaded method, on the HTP simulator."""
+    """The suite's emulated qnn_executor_runner (the pybindings runner): every step on one loaded method, on
+    the HTP simulator."""
     completed = subprocess.run(
         [
             sys.executable,
@@ -518,9 +567,15 @@ def run_device(args: argparse.Namespace, case: dict, outcome, out: Path, env: di
     pte = outcome.artifact.pte
     if args.serial:
         status, log = run_on_phone(args, case["case_id"], pte, inputs, outputs)
-        device = BundleDevice("phone", False, None)
+        device, runner = BundleDevice("phone", False, None), "qnn_executor_runner"
     else:
-        status, log = run_on_simulator(pte, inputs, outputs, env, case.get("heap_pattern"), case.get("method_index", 0))
+        binary = compiled_runner() if case.get("runner", {}).get("name") == SUITE_RUNNER else None
+        runner = SUITE_RUNNER if binary is not None else "qnn_executor_runner"
+        pattern, method_index = case.get("heap_pattern"), case.get("method_index", 0)
+        if binary is not None:
+            status, log = run_compiled(binary, pte, inputs, outputs, env, pattern, method_index)
+        else:
+            status, log = run_on_simulator(pte, inputs, outputs, env, pattern, method_index)
         device = BundleDevice("emulated", True, case.get("heap_pattern"))
     (out / "runner.log").write_text(log)
     outcome.device_kind, outcome.device = device.name, device
@@ -534,7 +589,15 @@ def run_device(args: argparse.Namespace, case: dict, outcome, out: Path, env: di
         return
     pattern = HEAP_PATTERN.search(log)
     trace = outputs / "trace.jsonl"
-    outcome.run = BundleRun(raw, trace if trace.is_file() else None, int(pattern.group(1), 16) if pattern else None)
+    measured = importlib.import_module("harness.runner.run").parse(status, log, "")
+    outcome.run = BundleRun(
+        raw,
+        trace if trace.is_file() else None,
+        int(pattern.group(1), 16) if pattern else None,
+        runner,
+        [step.execute_us for step in measured.steps],
+        measured.peak_rss_kb,
+    )
 
 
 def main(argv: list[str]) -> int:

@@ -13,8 +13,7 @@ import re
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-
-from harness.qnn.toolchain import Toolchain
+from typing import Protocol
 
 PLAN_HEADER = "qnnsuite-plan 1"
 # suite_runner.cpp's exit codes (its header and its `constexpr int` line); test_compiled_runner checks that
@@ -42,6 +41,13 @@ METHOD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|@[0-9]{1,4}")
 STEP_LINE = re.compile(r"\bstep (\d+) method (\S+) execute_us (\d+)$", re.MULTILINE)
 LOAD_LINE = re.compile(r"\brunner: load method (\S+) load_us (\d+)$", re.MULTILINE)
 PEAK_LINE = re.compile(r"\brunner: peak_rss_kb (\d+)$", re.MULTILINE)
+
+
+class Toolchain(Protocol):
+    """What runner_env needs of harness/qnn/toolchain.py's Toolchain (not imported: a repro bundle carries this
+    module to write its plan, and no toolchain)."""
+
+    def child_env(self, trace: Path | None = None, base: dict[str, str] | None = None) -> dict[str, str]: ...
 
 
 class PlanError(ValueError):

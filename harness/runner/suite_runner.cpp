@@ -25,6 +25,7 @@
  * written as int64 (Int), float64 (Double) or one byte (Bool).
  *
  * Stdout, one line each:
+ *   runner: heap pattern 0xNN|none              first: the byte this process's fresh heap allocations hold (below)
  *   runner: load method METHOD load_us N        once per distinct method of the plan, before the first step
  *   step S method METHOD execute_us N            per execute (wall time of Module::execute, inputs included)
  *   runner: peak_rss_kb N                        at the end (getrusage(RUSAGE_SELF).ru_maxrss)
@@ -37,6 +38,10 @@
  *   8 load_method failed                         9 execute failed
  *  10 an output could not be written            11 a backend option was rejected or is unavailable
  *
+ * Heap pattern: what a delegated buffer that is never initialised reads (docs/FINDINGS.md#F1). glibc fills
+ * fresh allocations with MALLOC_PERTURB_ ^ 0xff (the emulated device starts its commands so); the runner reports
+ * that byte only when every probe allocation (64 B, 4 KB, 1 MB) holds nothing else, else "none" (a zero heap
+ * without the switch is luck, not a pattern). The same rule as harness/emulator/host_runner.py heap_pattern.
  * QNN backend options: executorch 1.5.1 exposes runtime options through the public
  * executorch::runtime::set_option("QnnBackend", ...) (runtime/backend/interface.h). The QNN backend reads the
  * int keys "qnn_runtime_log_level" (0 off .. 5 debug) and "qnn_runtime_htp_performance_mode" (0 default ..
@@ -297,6 +302,26 @@ void write_output(const std::string& path, const EValue& value) {
   if (!file) fail(kOutputFailed, "cannot write " + path + ": check that the output folder exists and is writable");
 }
 
+// See the header: the byte every probe allocation holds, -1 when they are not all MALLOC_PERTURB_'s fill.
+int heap_pattern() {
+  const char* requested = std::getenv("MALLOC_PERTURB_");
+  if (requested == nullptr || *requested == '\0') return -1;
+  char* end = nullptr;
+  long value = std::strtol(requested, &end, 10);
+  if (*end != '\0' || value <= 0 || value >= 256) return -1;
+  const int fill = static_cast<int>(value) ^ 0xff;
+  for (size_t size : {size_t{64}, size_t{4096}, size_t{1} << 20}) {
+    // volatile: the bytes of a fresh allocation are read as they are, not assumed by the optimiser
+    volatile unsigned char* bytes = static_cast<volatile unsigned char*>(std::malloc(size));
+    if (bytes == nullptr) return -1;
+    bool same = true;
+    for (size_t index = 0; index < size && same; ++index) same = bytes[index] == fill;
+    std::free(const_cast<unsigned char*>(bytes));
+    if (!same) return -1;
+  }
+  return fill;
+}
+
 long long micros_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start).count();
 }
@@ -304,6 +329,11 @@ long long micros_since(std::chrono::steady_clock::time_point start) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // First, before any library logs: a line of its own that nothing else writes into.
+  int pattern = heap_pattern();
+  char pattern_text[8] = "none";
+  if (pattern >= 0) std::snprintf(pattern_text, sizeof(pattern_text), "0x%02x", pattern);
+  std::cout << "runner: heap pattern " << pattern_text << std::endl;
   Options options = parse_args(argc, argv);
   executorch::runtime::runtime_init();
   std::vector<Step> steps = read_plan(options.plan);

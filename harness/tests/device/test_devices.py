@@ -24,7 +24,14 @@ from harness.device import discovery, kinds
 from harness.device.adb import AdbClient, AdbServer
 from harness.device.device import PROBE_TIMEOUT_S, WORKSPACE_ROOT, Device, DeviceError, DeviceLost
 from harness.device.execute import RunnerFailed, Workspace, run_case
-from harness.device.payload import EMULATED_RUNNER, RUNNER_NAME
+from harness.device.payload import (
+    EMULATED_RUNNER,
+    EMULATED_SUITE_RUNNER,
+    RUNNER_COMMANDS,
+    RUNNER_NAME,
+    SUITE_RUNNER_BINARY_NAME,
+    SUITE_RUNNER_NAME,
+)
 from harness.device.pool import DevicePool, DeviceSpec, remove_run_folders
 from harness.emulator.launcher import EmulatorFleet
 from harness.paths import REPO_ROOT
@@ -103,11 +110,14 @@ def test_bad_devices_each_get_one_line(fleet):
         discovery.client(AdbServer("127.0.0.1", 1))
 
 
-def _failed_run(fleet, device, tmp_path, fault: str, timeout_s: float) -> str:
-    """The RunnerFailed line of a run on the emulated runner with one fault switch on."""
-    workspace = device.workspace(fault)
-    for item in kinds.of("emulated").payload("x86_64", 75, kinds.PayloadInputs(WHEEL_SDK)):
+def _failed_run(fleet, device, tmp_path, fault: str, timeout_s: float, runner: str = SUITE_RUNNER_NAME) -> str:
+    """The RunnerFailed line of a run on the emulated device's runner with one fault switch on."""
+    workspace = device.workspace(f"{fault}-{runner}")
+    payload = kinds.of("emulated").payload("x86_64", 75, kinds.PayloadInputs(WHEEL_SDK))
+    for item in payload:
         device.push(item.local, f"{workspace}/{item.remote_name}", mode=item.mode)
+    runners = tuple(item.remote_name for item in payload if item.remote_name in RUNNER_COMMANDS)
+    assert runner in runners
     fleet.set_faults(device.serial, **{fault: True})
     pte = tmp_path / "model.pte"
     pte.write_bytes(b"not reached: the fault comes first")
@@ -115,35 +125,50 @@ def _failed_run(fleet, device, tmp_path, fault: str, timeout_s: float) -> str:
         with pytest.raises(RunnerFailed) as failure:
             run_case(
                 device,
-                Workspace(workspace, workspace),
+                Workspace(workspace, workspace, runners=runners),
                 "case",
                 pte,
                 [()],
                 tmp_path / "local",
                 output_count=1,
                 timeout_s=timeout_s,
+                runner=runner,
             )
     finally:
         fleet.set_faults(device.serial, **{fault: None})
     return str(failure.value)
 
 
-def test_hung_runner_is_killed_and_its_log_pulled(fleet, device, tmp_path):
+@pytest.mark.parametrize("runner", [SUITE_RUNNER_NAME, RUNNER_NAME])
+def test_hung_runner_is_killed_and_its_log_pulled(fleet, device, tmp_path, runner):
+    """The compiled runner (stopped by the fault) and the pybindings runner: both killed with the command."""
     started = time.perf_counter()
-    message = _failed_run(fleet, device, tmp_path, "runner_hang", timeout_s=3)
+    message = _failed_run(fleet, device, tmp_path, "runner_hang", timeout_s=3, runner=runner)
     assert time.perf_counter() - started < 30
     assert "hung and was killed after 3 s" in message and "runner: hanging (fault switch)" in message
-    # The runner runs as a child of the device's runner server (or of its shell without one).
-    alive = [
-        pid for pid in _descendants(fleet.started_pids) if "host_runner" in _cmdline(pid) or _runner_child(pid, fleet)
-    ]
+    # Wherever the runner's process went (a killed parent's child is reparented), none is left of this run.
+    deadline = time.monotonic() + 10
+    while (alive := _runners_of(f"runner_hang-{runner}")) and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert alive == [], "the hung runner must be killed on the device"
     device.remove_workspaces()
 
 
-def test_an_early_sigkill_is_killed_not_hung(fleet, device, tmp_path):
+def _runners_of(workspace_name: str) -> list[int]:
+    """Processes running a runner of that workspace (the binary, the wrappers, host_runner)."""
+    pids = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]
+    return [
+        pid
+        for pid in pids
+        if workspace_name in _cmdline(pid)
+        and any(name in _cmdline(pid) for name in (SUITE_RUNNER_BINARY_NAME, "compiled_runner", "host_runner"))
+    ]
+
+
+@pytest.mark.parametrize("runner", [SUITE_RUNNER_NAME, RUNNER_NAME])
+def test_an_early_sigkill_is_killed_not_hung(fleet, device, tmp_path, runner):
     """Exit 137 long before the timeout is something else's SIGKILL (Android's low-memory killer), not a hang."""
-    message = _failed_run(fleet, device, tmp_path, "runner_killed", timeout_s=120)
+    message = _failed_run(fleet, device, tmp_path, "runner_killed", timeout_s=120, runner=runner)
     assert "was killed (SIGKILL, exit 137) after" in message and "well before its 120 s timeout" in message
     assert "low-memory killer" in message and "hung" not in message and "runner: killed (fault switch)" in message
     device.remove_workspaces()
@@ -154,8 +179,13 @@ WHEEL_SDK = QnnSdk(root=Path("/nonexistent-sdk"), origin=WHEEL_ORIGIN)
 
 def test_emulated_runner_is_the_payload_of_an_x86_device():
     assert kinds.kind_for_abi("x86_64") == "emulated" and kinds.kind_for_abi("arm64-v8a") == "phone"
-    assert [item.local for item in kinds.of("emulated").payload("x86_64", 75, kinds.PayloadInputs(WHEEL_SDK))] == [
-        EMULATED_RUNNER
+    payload = kinds.of("emulated").payload("x86_64", 75, kinds.PayloadInputs(WHEEL_SDK))
+    built = kinds.emulated_suite_runner()[0]
+    assert built is not None, kinds.emulated_suite_runner()[1]
+    assert [(item.local, item.remote_name) for item in payload] == [
+        (EMULATED_RUNNER, RUNNER_NAME),
+        (EMULATED_SUITE_RUNNER, SUITE_RUNNER_NAME),
+        (built, SUITE_RUNNER_BINARY_NAME),
     ]
     with pytest.raises(DeviceError, match="needs its Android qnn_executor_runner: pass --runner PATH"):
         kinds.of("phone").payload("arm64-v8a", 75, kinds.PayloadInputs(WHEEL_SDK))
@@ -176,23 +206,6 @@ def _cmdline(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return ""
-
-
-def _parent(pid: int) -> int:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-def _descendants(roots: list[int]) -> list[int]:
-    pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
-    found, frontier = [], set(roots)
-    while frontier:
-        children = [pid for pid in pids if _parent(pid) in frontier]
-        found += children
-        frontier = set(children)
-    return found
 
 
 def test_payload_goes_to_a_device_once_per_run(fleet):
@@ -219,11 +232,6 @@ def test_payload_goes_to_a_device_once_per_run(fleet):
     assert runner.exists(), "workers leave the shared payload to the controller"
     assert remove_run_folders(specs, "payload-run") == []
     assert not runner.parent.parent.exists()
-
-
-def _runner_child(pid: int, fleet: EmulatorFleet) -> bool:
-    """A forked child of a runner server (its command line is the server's)."""
-    return "runner_server" in _cmdline(pid) and pid not in fleet.started_pids
 
 
 # --- child pytest runs of scenarios/scenario_devices.py ------------------------------------------

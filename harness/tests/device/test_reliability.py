@@ -119,6 +119,10 @@ def _assert_healthy(run: SuiteRun, soc: str = HEALTHY) -> None:
     assert (
         sum(c["verdict"] == "passed" for c in checks.values()) == 4
     )  # annotation (fp16) and initial state (reads only written rows) skip
+    # The emulated device ran the case through the suite's compiled runner, which timed every step.
+    timing = run.report(soc)["cases"][0]["timing"]
+    assert timing["runner"] == "suite_runner" and len(timing["steps_us"]) >= 2, timing
+    assert timing["first_step_us"] == timing["steps_us"][0] and timing["peak_rss_kb"] > 10_000, timing
 
 
 @pytest.mark.parametrize("stage", ["push", "pull"])
@@ -156,7 +160,7 @@ def test_device_frozen_during_the_run_is_lost_within_30_s(tmp_path, shared_cache
         ({"runner_exit": 3}, "exited 3", "failed"),
         ({"runner_fewer_outputs": True}, "wrote no output_0_0.raw", "failed"),
         ({"storage_full": True}, "no space left on device pushing", "infra_error"),
-        ({"corrupt_pte": True}, "exited 3 (last words: runner: cannot load", "failed"),
+        ({"corrupt_pte": True}, "exited 4 (last words: suite_runner: error: cannot load the program", "failed"),
     ],
 )
 def test_runner_and_device_faults(tmp_path, shared_cache, faults, expected, verdict):

@@ -178,6 +178,29 @@ def test_failing_bundle_reproduces_alone(runs, tmp_path):
     assert f"max abs error {result['steps'][0]['max_abs_error']!r}" in completed.stdout
     assert "verdict: REPRODUCED (initial_state, state fail as recorded)" in completed.stdout.splitlines()
     assert result["verdict"] == "REPRODUCED"
+    # The run's runner ran it: the suite's compiled runner, built from the bundle's source into the bundle's own
+    # folder (no harness importable here), its per-step lines in the runner's log.
+    assert json.loads((runs.soc_folder / layout.REPRO_DIR / FAILING / "case.json").read_text())["runner"]["name"] == (
+        "suite_runner"
+    )
+    assert list((tmp_path / "empty" / ".qnn" / "runner").glob("*/suite_runner")), "built in the bundle's folder"
+    assert "step 0 method forward execute_us " in (tmp_path / "empty" / "repro-out" / "runner.log").read_text()
+    assert "pybindings" not in completed.stderr
+
+
+def test_without_a_compiler_the_bundle_runs_the_pybindings_runner_and_says_so(runs, tmp_path):
+    completed = _run_alone(
+        runs.soc_folder / layout.REPRO_DIR / FAILING, tmp_path / "empty", extra_env={"CXX": str(tmp_path / "no-g++")}
+    )
+    assert completed.returncode == 1, completed.stdout[-3000:] + completed.stderr[-3000:]
+    said = [line for line in completed.stderr.splitlines() if "pybindings" in line]
+    assert said == [
+        f"repro.py: the steps run with the pybindings runner: the suite's runner cannot be built: cannot run "
+        f"{tmp_path / 'no-g++'} ([Errno 2] No such file or directory: '{tmp_path / 'no-g++'}'): check that it is "
+        f"an executable C++ compiler, or install g++ (`apt-get install g++`)"
+    ], completed.stderr[-2000:]
+    assert "verdict: REPRODUCED (initial_state, state fail as recorded)" in completed.stdout.splitlines()
+    assert "execute_us" not in (tmp_path / "empty" / "repro-out" / "runner.log").read_text()
 
 
 def test_failing_bundle_without_the_bridge_is_a_different_failure(runs, tmp_path):

@@ -352,7 +352,7 @@ def test_good_plan_gives_no_error_line(runner_binary, two_method_program, ones_i
 def test_a_method_by_index_is_the_programs_method_in_program_order(
     runner_binary, two_method_program, ones_input, toolchain, tmp_path
 ):
-    """"@N" (what the device run writes when a case names no method: upstream's --method_index) runs the
+    """ "@N" (what the device run writes when a case names no method: upstream's --method_index) runs the
     program's Nth method; both indices resolve, to the two methods, and the step line names the method."""
     plan = runner_run.write_plan([("@0", [ones_input]), ("@1", [ones_input])], tmp_path / "plan.txt")
     ran = runner_run.run_plan(

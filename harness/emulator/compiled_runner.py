@@ -1,0 +1,254 @@
+"""The emulated device's suite_runner command: the suite's compiled runner, in a fresh process on the device.
+
+    suite_runner --model_path M.pte --plan_path plan.txt --output_folder_path out [runner options]
+
+The payload's `suite_runner` (harness/emulator/suite_runner, a shell line) runs this module with the binary
+pushed beside it (`suite_runner.bin`, built on the host by harness/runner/build.py against the executorch
+under test). It runs as any device command does, in the device's jail (harness/emulator/jail.py), so the
+runner reads and writes only what a device command may. Around the binary it does what the device and the
+harness need and the binary does not know of:
+- the interposer's execute trace: out/trace.jsonl made here, never through a link and only if it is new
+  (O_EXCL|O_NOFOLLOW), and named to the interposer by descriptor (/proc/self/fd/N) where the device has a
+  /proc; the jail has none (jail.py), and there the file's device path is named instead, which reaches
+  nothing outside the device's own folders. Not on an emulated phone, which has a trace only where the
+  harness pushed its interposer, as a phone;
+- the runner's stderr copied, line by line, into the device log that the device's logcat reads
+  (device_log.copy_stderr, as for the pybindings runner);
+- the fault switches of $EMULATED_FAULTS_FILE, acting on the compiled runner's own process where they can
+  (runner_hang: it is stopped; runner_crash: SIGSEGV; runner_killed: SIGKILL; runner_exit: the command exits
+  with that code before starting it; runner_fewer_outputs: each step's last output removed after it ran;
+  runner_reload_each_line: a broken runner that loses state between steps, one process per step).
+  runner_lose_delegate_state refills the delegate's buffers inside the runner process between two steps,
+  which cannot be done from outside it: that fault runs the plan through the pybindings runner
+  (qnn_executor_runner beside this one, harness/emulator/host_runner.py) and says so on its first line.
+The binary ends as the command ends: killed with it (PR_SET_PDEATHSIG), and its signal or exit code is the
+command's, so the harness tells a crash from a hang as it does for a phone's runner.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from harness.emulator import device_log
+from harness.emulator.device_fs import active_faults
+from harness.emulator.phone_runtime import PHONE_ENV, NoQnnLibrary, runner_environment
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up counts: device_log.py)
+if TYPE_CHECKING:
+    import subprocess
+
+BINARY_NAME = "suite_runner.bin"  # beside the payload's suite_runner (harness/device/payload.py)
+PYBINDINGS_RUNNER = "qnn_executor_runner"  # beside it too: the reference runner, and the fault route below
+TRACE_NAME = "trace.jsonl"
+TRACE_VARIABLE = "QNNSUITE_TRACE"
+ROUTED_LINE = "runner: measured by qnn_executor_runner"  # harness/device/execute.py reads which runner ran
+PLAN_HEADER = "qnnsuite-plan 1"
+
+
+RUNNER_FAULTS = (
+    "runner_hang",
+    "runner_crash",
+    "runner_killed",
+    "runner_exit",
+    "runner_fewer_outputs",
+    "runner_reload_each_line",
+    "runner_lose_delegate_state",
+)
+
+
+def read_faults() -> dict:
+    """The device's fault switches in force (json is imported only when the file holds any: start-up counts)."""
+    path = os.environ.get("EMULATED_FAULTS_FILE")
+    try:
+        text = Path(path).read_text().strip() if path else ""
+    except OSError:
+        return {}
+    if text in ("", "{}"):
+        return {}
+    import json
+
+    try:
+        return active_faults(json.loads(text))
+    except json.JSONDecodeError:
+        return {}
+
+
+def option(argv: list[str], flag: str) -> str | None:
+    return argv[argv.index(flag) + 1] if flag in argv and argv.index(flag) + 1 < len(argv) else None
+
+
+def with_option(argv: list[str], flag: str, value: str) -> list[str]:
+    index = argv.index(flag)
+    return [*argv[: index + 1], value, *argv[index + 2 :]]
+
+
+def open_trace(output_dir: Path) -> tuple[int, str]:
+    """A new trace file in output_dir and the name the interposer gets for it (see the module's docstring)."""
+    path = output_dir / TRACE_NAME
+    path.unlink(missing_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    return descriptor, f"/proc/self/fd/{descriptor}" if os.path.isdir("/proc/self/fd") else str(path)
+
+
+def plan_steps(plan: Path) -> list[str]:
+    """The plan's step lines (the binary checks them; here only to split the plan for one fault)."""
+    lines = [line.strip() for line in plan.read_text().splitlines()]
+    return [line for line in lines if line.startswith("step ")]
+
+
+def end_like(status: int) -> int:
+    """The command's exit: the binary's code, or the binary's signal raised on this process, so the shell
+    reports 128+N for a runner that a signal ended, as for any other device command."""
+    import signal
+
+    if status < 0:
+        if -status not in (signal.SIGKILL, signal.SIGSTOP):  # their action cannot be changed, nor need be
+            signal.signal(-status, signal.SIG_DFL)
+        os.kill(os.getpid(), -status)
+    return status
+
+
+class Runner:
+    """Starts the binary with the device's trace in place and the faults' hold on it (the fault path)."""
+
+    def __init__(self, binary: str, env: dict[str, str], pass_fds: tuple[int, ...]) -> None:
+        self.binary, self.env, self.pass_fds = binary, env, pass_fds
+
+    def start(self, argv: list[str], stdout: int | None = None) -> subprocess.Popen[bytes]:
+        import subprocess
+
+        from harness.process.lifetime import die_with_parent
+
+        return subprocess.Popen(
+            [self.binary, *argv],
+            env=self.env,
+            stdout=stdout,
+            pass_fds=self.pass_fds,
+            preexec_fn=die_with_parent,  # the command's end is the runner's (a timeout's kill, a hang-up)
+        )
+
+
+def one_process_per_step(runner: Runner, argv: list[str], plan: Path, output_dir: Path) -> int:
+    """The fault runner_reload_each_line: each step in a fresh runner process, so nothing a step leaves in
+    the program's state reaches the next; outputs and step lines renumbered as one run's."""
+    import re
+    import subprocess
+
+    for index, line in enumerate(plan_steps(plan)):
+        step_plan = plan.with_name(f".{plan.name}.step{index}")
+        step_plan.write_text(f"{PLAN_HEADER}\n{line}\n")
+        step_dir = output_dir / f".step{index}"
+        step_dir.mkdir(exist_ok=True)
+        step_argv = with_option(with_option(argv, "--plan_path", str(step_plan)), "--output_folder_path", str(step_dir))
+        process = runner.start(step_argv, stdout=subprocess.PIPE)
+        out, _ = process.communicate()
+        sys.stdout.buffer.write(re.sub(rb"(?m)^step \d+ ", f"step {index} ".encode(), out))
+        sys.stdout.flush()
+        if process.returncode != 0:
+            return process.returncode
+        for produced in sorted(step_dir.iterdir()):
+            produced.rename(output_dir / produced.name.replace("output_0_", f"output_{index}_", 1))
+        step_dir.rmdir()
+        step_plan.unlink()
+    return 0
+
+
+def drop_last_outputs(output_dir: Path) -> None:
+    """The fault runner_fewer_outputs: each step's last output goes, as a runner that wrote one too few."""
+    import re
+
+    last: dict[str, tuple[int, str]] = {}
+    for name in os.listdir(output_dir):
+        match = re.fullmatch(r"output_(\d+)_(\d+)\.raw", name)
+        if match and int(match.group(2)) >= last.get(match.group(1), (-1, ""))[0]:
+            last[match.group(1)] = (int(match.group(2)), name)
+    for _, name in last.values():
+        os.unlink(output_dir / name)
+
+
+def through_pybindings(argv: list[str], plan: Path, here: Path) -> None:
+    """runner_lose_delegate_state: the plan as upstream's input list, run by the pybindings runner (exec)."""
+    print(f"{ROUTED_LINE} (fault switch runner_lose_delegate_state: it writes into the runner's memory)", flush=True)
+    steps = [line.split()[1:] for line in plan_steps(plan)]
+    methods = {words[0] for words in steps}
+    index = next(iter(methods))
+    if len(methods) != 1 or not index.startswith("@"):
+        print("suite_runner: error: the fault runner_lose_delegate_state takes one method by index", file=sys.stderr)
+        sys.exit(3)
+    input_list = plan.with_name(f".{plan.name}.input_list")
+    input_list.write_text("".join(" ".join(words[1:]) + "\n" for words in steps))
+    output_dir = option(argv, "--output_folder_path") or "."
+    os.execv(
+        str(here / PYBINDINGS_RUNNER),
+        [
+            PYBINDINGS_RUNNER,
+            "--model_path",
+            option(argv, "--model_path") or "",
+            "--input_list_path",
+            str(input_list),
+            "--output_folder_path",
+            output_dir,
+            "--method_index",
+            index[1:],
+        ],
+    )
+
+
+# Faults that act on the started runner process: (the line it prints, the signal it is sent).
+SIGNAL_FAULTS = {
+    "runner_hang": ("hanging", "SIGSTOP"),
+    "runner_crash": ("crashing", "SIGSEGV"),
+    "runner_killed": ("killed", "SIGKILL"),
+}
+
+
+def main(argv: list[str]) -> int:
+    """argv: the payload folder (where the binary and the pybindings runner are), then the runner's own."""
+    here, argv = Path(argv[0]), argv[1:]
+    faults = {name: value for name, value in read_faults().items() if name in RUNNER_FAULTS and value is not None}
+    plan_path, output = option(argv, "--plan_path"), option(argv, "--output_folder_path")
+    if faults.get("runner_exit") is not None:
+        print(f"runner: exiting {faults['runner_exit']} (fault switch)", flush=True)
+        return int(faults["runner_exit"])
+    if faults.get("runner_lose_delegate_state") and plan_path:
+        through_pybindings(argv, Path(plan_path), here)
+    device_log.copy_stderr()  # before the trace is opened: the copier holds nothing of the runner's
+    env = dict(os.environ)
+    pass_fds: tuple[int, ...] = ()
+    if PHONE_ENV in env:  # an emulated phone: the loader finds the pushed libraries, as the phone's would
+        try:
+            env = runner_environment(env)
+        except NoQnnLibrary as missing:
+            print(f"suite_runner: {missing}", file=sys.stderr, flush=True)
+            return 1
+    elif output and Path(output).is_dir():
+        try:
+            trace, env[TRACE_VARIABLE] = open_trace(Path(output))
+        except FileExistsError:
+            print(f"suite_runner: {Path(output) / TRACE_NAME} appeared while it was made; run again", file=sys.stderr)
+            return 2
+        os.set_inheritable(trace, True)
+        pass_fds = (trace,)
+    binary = str(here / BINARY_NAME)
+    if not faults:  # become the runner: its exit status and signals are the command's
+        os.execve(binary, [binary, *argv], env)
+    runner = Runner(binary, env, pass_fds)
+    if faults.get("runner_reload_each_line") and plan_path and output:
+        return end_like(one_process_per_step(runner, argv, Path(plan_path), Path(output)))
+    process = runner.start(argv)
+    import signal
+
+    for fault, (doing, name) in SIGNAL_FAULTS.items():
+        if faults.get(fault):
+            print(f"runner: {doing} (fault switch)", flush=True)
+            process.send_signal(getattr(signal, name))
+    status = process.wait()
+    if status == 0 and faults.get("runner_fewer_outputs") and output:
+        drop_last_outputs(Path(output))
+    return end_like(status)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
