@@ -144,6 +144,7 @@ class CaseStore:
             timeout_s=self._runner_timeout_s,
             method_index=outcome.artifact.facts.method_index,
             output_bytes=[[array.nbytes for array in row] for row in outcome.reference],
+            methods=case.card.step_methods(len(outcome.steps)) if case.card.multi_method else None,
         )
         outcome.run, outcome.run_error, outcome.run_error_is_infrastructure = (
             attempt.run,

@@ -16,7 +16,7 @@ import numpy as np
 from harness import numerics
 from harness.check_registry import CheckFailure, InfrastructureError, NotApplicable, NotMeasured, check
 from harness.outcome import CaseOutcome, PatternReference
-from harness.pipeline import cases, mutbuf
+from harness.pipeline import cases, eager, mutbuf
 from harness.vocabulary import FLOAT_DTYPE, Mode
 
 QNN_BACKEND = "QnnBackend"
@@ -155,6 +155,7 @@ def check_partitions(outcome: CaseOutcome) -> dict:
 )
 def check_address_sharing(outcome: CaseOutcome) -> dict:
     """Each delegated buffer's input and output share one address, the same at every execute."""
+    not_multi_method(outcome, "address_sharing")
     _require_run(outcome)
     if outcome.run.trace is None:
         device = outcome.device
@@ -271,6 +272,7 @@ def _only_where_initial_value_matters(outcome: CaseOutcome, masks: numerics.Outp
 )
 def check_state(outcome: CaseOutcome) -> dict:
     """Step by step the device matches eager within the dtype's tolerance."""
+    not_multi_method(outcome, "state")
     _require_run(outcome)
     comparison = outcome.comparison
     if comparison.mismatched:
@@ -288,6 +290,7 @@ def check_state(outcome: CaseOutcome) -> dict:
 def check_initial_state(outcome: CaseOutcome) -> dict:
     """Output elements that depend on the registered initial value match eager (the buffer started
     from that value on the device)."""
+    not_multi_method(outcome, "initial_state")
     _require_run(outcome)
     dependence = outcome.initial_value_dependence
     if not numerics.count(dependence):
@@ -501,3 +504,131 @@ def check_runner_parity(outcome: CaseOutcome) -> dict:
             "runner_outputs_differ",
         )
     return evidence
+
+# Multi-method programs (issue 32) --------------------------------------------------------------------------
+# How state was lost between methods, each decided by comparing the device with eager run another way
+# (harness/pipeline/eager.py run_plan_isolated): exact where the device equals that other run at every step.
+CROSS_METHOD_SIGNATURES = (
+    "buffer_encoding_mismatch",  # two methods of a quantized program encode one shared buffer differently
+    "state_reset_between_steps",  # every step started from the registered values (the program reloaded)
+    "state_per_method",  # each method kept its own copy of the state, started from the registered values
+    "state_not_shared",  # mismatches only where a step reads what another method wrote (its own copy, not zeros)
+    "cross_method_mismatch",  # anything else
+    UNINITIALISED_DELEGATED_BUFFER,  # state crossed methods, but the delegated buffer started from the heap (F1)
+)
+
+
+def not_multi_method(outcome: CaseOutcome, check_name: str) -> None:
+    """For a check that judges a single-method run only (one graph, one plan of forward steps): NotApplicable
+    for a multi-method case, which cross_method_state judges instead, rather than a wrong verdict."""
+    if outcome.case.card.multi_method:
+        raise NotApplicable(
+            f"{check_name} judges single-method programs; this case's methods {list(outcome.case.card.methods)} "
+            f"are judged by cross_method_state"
+        )
+
+
+def _shared_buffer_encodings(outcome: CaseOutcome) -> None:
+    """Every method of a quantized program reads each shared buffer through one encoding and writes it with
+    one encoding (read from the lowered program's facts: harness/pipeline/stages.py buffer_encodings)."""
+    per_method = outcome.artifact.facts.buffer_encodings
+    for buffer in outcome.case.card.mutated_buffers:
+        for kind in ("read", "write"):
+            found = [
+                (method, enc[buffer][kind]) for method, enc in sorted(per_method.items()) if kind in enc.get(buffer, {})
+            ]
+            differing = [(method, encoding) for method, encoding in found if encoding != found[0][1]]
+            if differing:
+                (first, first_encoding), (other, other_encoding) = found[0], differing[0]
+                raise CheckFailure(
+                    f"shared buffer {buffer}: method {first} {kind}s it as {first_encoding} but method {other} "
+                    f"{kind}s it as {other_encoding}: one buffer's bytes through two encodings",
+                    {"buffer_encodings": per_method},
+                    "buffer_encoding_mismatch",
+                )
+
+
+def _equal(device: numerics.Outputs, other: numerics.Outputs, dtype: str) -> bool:
+    return not numerics.compare(device, other, dtype).mismatched
+
+
+@check(
+    "cross_method_state",
+    short="xmeth",
+    needs_device=True,
+    signatures=CROSS_METHOD_SIGNATURES,
+    matrix=cases.multi_method_matrix,
+)
+def check_cross_method_state(outcome: CaseOutcome) -> dict:
+    """What one method writes, the next method reads: the device matches eager running the same step plan on
+    ONE module at every step (never silent garbage); a quantized program's methods encode a shared buffer
+    alike. Single-method cases: NotApplicable."""
+    card = outcome.case.card
+    if not card.multi_method:
+        raise NotApplicable("a single-method program: no state crosses methods")
+    _require_lowered(outcome)
+    _shared_buffer_encodings(outcome)
+    _require_run(outcome)
+    plan = card.step_methods(len(outcome.steps))
+    device, dtype = outcome.device_outputs(), outcome.case.dtype
+    comparison = outcome.comparison
+    evidence = {"plan": plan, **_evidence(comparison.errors)}
+    if not comparison.mismatched:
+        return evidence
+    bad = [e for e in comparison.errors if e.mismatches]
+    where = (
+        f"{sum(e.mismatches for e in bad)} element(s) differ from eager running the plan on one module in "
+        f"{len(bad)}/{len(plan)} step(s), first at step {bad[0].step} ({plan[bad[0].step]}, max abs error "
+        f"{bad[0].max_abs_error:.4g})"
+    )
+    isolated = eager.run_plan_isolated(card, outcome.steps, fresh_each_step=False)
+    for start, initial in _starts(outcome):
+        if initial and _equal(device, eager.run_steps(card, outcome.steps, initial=initial), dtype):
+            raise CheckFailure(
+                where + f"; the device equals eager running the plan on one module from {start}: state crossed "
+                "methods, the delegated buffer started uninitialised (docs/FINDINGS.md#F1)",
+                evidence,
+                UNINITIALISED_DELEGATED_BUFFER,
+            )
+        if _equal(device, eager.run_plan_isolated(card, outcome.steps, True, initial), dtype):
+            raise CheckFailure(
+                where + f"; the device equals every step run on a freshly loaded program from {start}: "
+                "no state survived a step",
+                evidence,
+                "state_reset_between_steps",
+            )
+        if _equal(device, eager.run_plan_isolated(card, outcome.steps, False, initial), dtype):
+            raise CheckFailure(
+                where + f"; the device equals each method run on its own copy of the state, started from {start}: "
+                "no method saw another's writes",
+                evidence,
+                "state_per_method",
+            )
+    crossing = numerics.compare(isolated, outcome.reference, dtype).masks  # elements that read another method's writes
+    if numerics.count(comparison.masks) and not numerics.count(
+        numerics.only_where(comparison.masks, _negated(crossing))
+    ):
+        raise CheckFailure(
+            where + "; every mismatch is in an element that reads what another method wrote, and the device "
+            "does not equal registered state either: the reading method used a state of its own",
+            evidence,
+            "state_not_shared",
+        )
+    raise CheckFailure(where, evidence, "cross_method_mismatch")
+
+
+def _starts(outcome: CaseOutcome) -> list[tuple[str, dict | None]]:
+    """What a method's copy of the state may have started from: the registered values, and, for delegated
+    buffers on a device whose heap pattern is known, that pattern in a float graph (docs/FINDINGS.md#F1; a
+    quantized delegate decodes it through an encoding the check does not know, so it is not tried there)."""
+    starts: list[tuple[str, dict | None]] = [("the registered values", None)]
+    pattern, buffers = outcome.run.heap_pattern, outcome.delegated_buffers
+    if pattern is not None and buffers and outcome.case.dtype == FLOAT_DTYPE:
+        initial = eager.pattern_initial(outcome.case.card, pattern, buffers)
+        if all(value.is_floating_point() for value in initial.values()):
+            starts.append((f"the heap pattern 0x{pattern:02x} in {', '.join(buffers)}", initial))
+    return starts
+
+
+def _negated(masks: numerics.Outputs) -> numerics.Outputs:
+    return [[~mask for mask in row] for row in masks]

@@ -23,7 +23,7 @@ from harness.report.gate import BaselineError, load
 from harness.reporter import ConformanceReporter
 from harness.session import RunSession, RunStartError
 from harness.stash import CASE_ORDER, CONTEXT, OPTIONS
-from harness.vocabulary import Case
+from harness.vocabulary import DEFAULT_CARD_MODULES, Case
 
 pytest_plugins = ["harness.fixtures"]
 
@@ -31,7 +31,6 @@ SESSION = pytest.StashKey[RunSession]()
 REPORTER = pytest.StashKey[ConformanceReporter]()
 WORKERINPUT_KEY = "qnnsuite_context"
 REPORTER_NAME = "qnnsuite-reporter"
-DEFAULT_CARD_MODULES = ("fixtures.zoo", "fixtures.llama", "fixtures.families")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

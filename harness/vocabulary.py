@@ -16,6 +16,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # only for the card contract's annotations: importing this module never imports torch
     import torch
 
+# The suite's own card modules, always registered (a run adds the user's with --models); named once here for the
+# plugin and for `python -m harness repro`, which must not import a card module a run folder names.
+DEFAULT_CARD_MODULES = ("fixtures.zoo", "fixtures.llama", "fixtures.families", "fixtures.multi_method")
 DTYPES = ("fp16", "16a8w", "8a8w", "16a4w")
 FLOAT_DTYPE = "fp16"
 
@@ -48,7 +51,8 @@ class Mode(StrEnum):
         return self is not Mode.DELEGATE
 
 
-MATRIX_MODES = (Mode.DELEGATE, Mode.SKIP)  # what every card is run in
+MATRIX_MODES = (Mode.DELEGATE, Mode.SKIP)
+SHARED_SUFFIX = "shared"  # in a case id after the mode: lowered with share_mutable_buffers  # what every card is run in
 MODE_ORDER = tuple(mode.value for mode in Mode)  # report order
 
 
@@ -66,10 +70,36 @@ class ModelCard:
     tags: frozenset[str] = field(default_factory=frozenset)
     module: str = ""  # where the card is registered, so a child process can find it again
     dtypes: tuple[str, ...] = DTYPES  # where the card is meaningful (the matrix skips the others)
+    # A multi-method card (issue 32): build() returns a module with these methods (no forward needed), and
+    # plan(n) names the method each of n steps runs; steps(n) gives that method's inputs. The methods share
+    # the module's buffers: eager runs the plan on ONE module. Empty: a single-method card (forward).
+    methods: tuple[str, ...] = ()
+    plan: Callable[[int], list[str]] | None = None
 
     @property
     def reference(self) -> str:
         return f"{self.module}:{self.name}"
+
+    @property
+    def multi_method(self) -> bool:
+        return bool(self.methods)
+
+    def step_methods(self, n: int) -> list[str]:
+        """The method each of n steps runs (forward for a single-method card); ValueError for a plan that
+        names a method the card does not declare, or has another length."""
+        if not self.methods:
+            return ["forward"] * n
+        if self.plan is None:
+            raise ValueError(f"model card {self.name!r} declares methods but no plan: give plan=")
+        methods = list(self.plan(n))
+        unknown = sorted(set(methods) - set(self.methods))
+        if unknown or len(methods) != n:
+            raise ValueError(
+                f"model card {self.name!r}: its plan for {n} steps names {len(methods)} step(s)"
+                + (f" and undeclared method(s) {unknown}" if unknown else "")
+                + f": a plan names one of {list(self.methods)} per step"
+            )
+        return methods
 
 
 @dataclass(frozen=True)
@@ -80,6 +110,9 @@ class Case:
     dtype: str
     mode: Mode
     soc: str
+    # Lowered with share_mutable_buffers (executorch's MemoryPlanningPass: one allocation per mutable buffer
+    # for every method): a multi-method card's matrix has it on and off; single-method cases never set it.
+    share_mutable_buffers: bool = False
 
     @property
     def skip_mutable_buffer(self) -> bool:
@@ -87,4 +120,5 @@ class Case:
 
     @property
     def id(self) -> str:
-        return f"{self.card.name}-{self.dtype}-{self.mode.value}-{self.soc}"
+        shared = f"-{SHARED_SUFFIX}" if self.share_mutable_buffers else ""
+        return f"{self.card.name}-{self.dtype}-{self.mode.value}{shared}-{self.soc}"

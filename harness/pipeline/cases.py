@@ -18,10 +18,23 @@ def matrix(cards: list[ModelCard], dtypes: tuple[str, ...], socs: list[str]) -> 
     return [
         case
         for mode in MATRIX_MODES
+        for share in (False, True)
         for card in cards
-        if not card.tags & {META_LLAMA_TAG, HEALTH_CHECK_TAG}
-        for case in _card_cases(card, mode, dtypes, socs)
+        if not card.tags & {META_LLAMA_TAG, HEALTH_CHECK_TAG} and share in _share_variants(card)
+        for case in _card_cases(card, mode, dtypes, socs, share)
     ]
+
+
+def _share_variants(card: ModelCard) -> tuple[bool, ...]:
+    """A multi-method card is lowered without and with share_mutable_buffers (what upstream's multi-method
+    LLM export offers, #17496); a single-method program has nothing to share across methods. The variants
+    are an outer loop of the matrix, as the modes are, so a card's neighbours keep differing in SoC and dtype."""
+    return (False, True) if card.multi_method else (False,)
+
+
+def multi_method_matrix(cards: list[ModelCard], dtypes: tuple[str, ...], socs: list[str]) -> list[Case]:
+    """The standard matrix's multi-method cases (what cross_method_state judges)."""
+    return [case for case in matrix(cards, dtypes, socs) if case.card.multi_method]
 
 
 def meta_llama_matrix(cards: list[ModelCard], dtypes: tuple[str, ...], socs: list[str]) -> list[Case]:
@@ -34,7 +47,9 @@ def meta_llama_matrix(cards: list[ModelCard], dtypes: tuple[str, ...], socs: lis
     ]
 
 
-def _card_cases(card: ModelCard, mode: Mode, dtypes: tuple[str, ...], socs: list[str]) -> list[Case]:
+def _card_cases(
+    card: ModelCard, mode: Mode, dtypes: tuple[str, ...], socs: list[str], share: bool = False
+) -> list[Case]:
     """A card's cases in one mode, in the order xdist hands them out: each the first one left that differs
     from the one before in SoC and dtype (else in SoC, else any), from its dtypes in turn on rotating SoCs.
 
@@ -56,7 +71,7 @@ def _card_cases(card: ModelCard, mode: Mode, dtypes: tuple[str, ...], socs: list
         )
         left.remove(chosen)
         order.append(chosen)
-    return [Case(card, dtype, mode, soc) for dtype, soc in order]
+    return [Case(card, dtype, mode, soc, share) for dtype, soc in order]
 
 
 def with_meta_llama(cards: list[ModelCard], dtypes: tuple[str, ...], socs: list[str]) -> list[Case]:

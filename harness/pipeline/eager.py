@@ -72,10 +72,42 @@ def run_steps(card: ModelCard, steps: list[tuple], initial: dict[str, torch.Tens
             with torch.no_grad():
                 for name, value in initial.items():
                     buffers[name].copy_(value)
+        methods = card.step_methods(len(steps))
         with torch.no_grad():
-            outputs = [[t.detach().clone().numpy() for t in _flat_outputs(model(*inputs))] for inputs in steps]
+            outputs = [
+                [t.detach().clone().numpy() for t in _flat_outputs(_call(model, method, inputs))]
+                for method, inputs in zip(methods, steps)
+            ]
         _OUTPUTS[key] = read_only(outputs)
     return _OUTPUTS[key]
+
+
+def _call(model: torch.nn.Module, method: str, inputs: tuple):
+    """One step: forward through the module's call (hooks included), another method by name."""
+    return model(*inputs) if method == "forward" else getattr(model, method)(*inputs)
+
+
+def run_plan_isolated(
+    card: ModelCard, steps: list[tuple], fresh_each_step: bool, initial: dict[str, torch.Tensor] | None = None
+) -> Outputs:
+    """Eager as a runtime that does NOT carry state across methods would compute it: each method on its own
+    copy of the registered buffers (fresh_each_step=False: every method's state persists only within that
+    method), or every step starting from the registered values (True: the program reloaded before each
+    step). `initial` overrides registered buffer values in every copy (a delegated copy that started from the
+    heap's bytes). Not a reference of correctness: the cross_method_state check compares a device that differs
+    from eager with these, to name how the state was lost."""
+    methods = card.step_methods(len(steps))
+    models: dict[str, torch.nn.Module] = {}
+    outputs = []
+    with torch.no_grad():
+        for method, inputs in zip(methods, steps):
+            if fresh_each_step or method not in models:
+                models[method] = build_model(card)
+                buffers = dict(models[method].named_buffers())
+                for name, value in (initial or {}).items():
+                    buffers[name].copy_(value)
+            outputs.append([t.detach().clone().numpy() for t in _flat_outputs(_call(models[method], method, inputs))])
+    return read_only(outputs)
 
 
 def initial_value_dependence(card: ModelCard, steps: list[tuple], reference: Outputs) -> Outputs:

@@ -58,6 +58,7 @@ class LoweringRequest:
     # facts, and the card x dtype's quantized program; "": this case's own, made in memory
     exported_dir: str = ""
     prepared_dir: str = ""
+    share_mutable_buffers: bool = False  # the case's variant (multi-method cards): memory planning shares them
     schema_version: int = SCHEMA_VERSION
 
     def write(self, path: Path) -> None:
@@ -156,6 +157,11 @@ class LoweringFacts:
     # card (and dtype) did, and this one read them from the shared entry); what a run's work counts sum.
     exported: bool = False
     quantized: bool = False
+    # A multi-method program (issue 32): its methods in the program's order (empty: a single-method program),
+    # and, quantized, each method's encodings of each mutated buffer: method -> buffer -> {"read", "write"}
+    # (harness/pipeline/stages.py buffer_encodings), what the cross_method_state check compares.
+    methods: list[str] = field(default_factory=list)
+    buffer_encodings: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -186,6 +192,8 @@ class LoweringFacts:
                 method_index=int(data.get("method_index", 0)),
                 exported=bool(data.get("exported", False)),
                 quantized=bool(data.get("quantized", False)),
+                methods=[str(method) for method in data.get("methods", [])],
+                buffer_encodings=dict(data.get("buffer_encodings", {})),
                 program=ProgramFacts(**data["program"]) if data["program"] else None,
             ),
         )

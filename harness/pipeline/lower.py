@@ -85,7 +85,15 @@ def lower_case(
         quantized = cache.prepared_key(case, steps)
         prepared = str(shared_root / quantized) if quantized else ""
     LoweringRequest(
-        case.card.reference, case.dtype, case.mode, case.soc, steps, str(directory), exported, prepared
+        case.card.reference,
+        case.dtype,
+        case.mode,
+        case.soc,
+        steps,
+        str(directory),
+        exported,
+        prepared,
+        case.share_mutable_buffers,
     ).write(request_path)
     for stale in ("model.pte", "facts.json"):
         (directory / stale).unlink(missing_ok=True)

@@ -18,11 +18,13 @@ from pathlib import Path
 
 from harness.files import write_bytes_atomically
 from harness.pipeline.facts import (
+    ExportFacts,
     LoweringFacts,
     LoweringRequest,
     PartitionFacts,
     ProgramFacts,
     QuantizationFailed,
+    QuantizeFacts,
     lowering_error,
     quantizes,
 )
@@ -51,24 +53,27 @@ def main(argv: list[str]) -> int:
         calibration = card.steps(request.steps)
         example = calibration[0]
         stage_done("import_and_build")
-        facts.export, facts.exported = prepared.export_facts(
-            _path(request.exported_dir), card, model, example, stage_done
-        )
-        if quantizes(request.dtype, request.mode):
-            shared = prepared.quantized(
-                _path(request.prepared_dir), card, model, request.dtype, calibration, stage_done
-            )
-            facts.quantize, facts.quantized, model = shared.facts, shared.made, shared.module
-        if request.mode is Mode.META_LLAMA:
-            _lower_meta_llama(request, card, len(model.layers), facts)
-            stage_done("export_llama")
+        if card.multi_method:
+            _lower_multi(request, card, model, calibration, facts, stage_done)
         else:
-            edge = stages.lower(model, example, request.soc, request.dtype, request.mode.skip_mutable_buffer)
-            facts.partitions = PartitionFacts.of(stages.partition_facts(edge, card.mutated_buffers))
-            stage_done("lower")
-            write_bytes_atomically(out_dir / "model.pte", edge.to_executorch(stages.backend_config(card)).buffer)
-            stage_done("serialize")
-        program = (out_dir / "model.pte").read_bytes()  # either way: what the cache checks before serving it
+            facts.export, facts.exported = prepared.export_facts(
+                _path(request.exported_dir), card, model, example, stage_done
+            )
+            if quantizes(request.dtype, request.mode):
+                shared = prepared.quantized(
+                    _path(request.prepared_dir), card, model, request.dtype, calibration, stage_done
+                )
+                facts.quantize, facts.quantized, model = shared.facts, shared.made, shared.module
+            if request.mode is Mode.META_LLAMA:
+                _lower_meta_llama(request, card, len(model.layers), facts)
+                stage_done("export_llama")
+            else:
+                edge = stages.lower(model, example, request.soc, request.dtype, request.mode.skip_mutable_buffer)
+                facts.partitions = PartitionFacts.of(stages.partition_facts(edge, card.mutated_buffers))
+                stage_done("lower")
+                write_bytes_atomically(out_dir / "model.pte", edge.to_executorch(stages.backend_config(card)).buffer)
+                stage_done("serialize")
+        program = (out_dir / "model.pte").read_bytes()  # every path: what the cache checks before serving it
         facts.program = ProgramFacts(hashlib.sha256(program).hexdigest(), len(program))
     except QuantizationFailed as failed:  # here, or in the case that made the card and dtype's entry
         facts.error, facts.quantized = failed.error, failed.made
@@ -76,6 +81,34 @@ def main(argv: list[str]) -> int:
         facts.error = lowering_error(error, traceback.format_exc())
     facts.write(out_dir / "facts.json")
     return 0
+
+
+def _lower_multi(
+    request: LoweringRequest, card, model, calibration: list[tuple], facts: LoweringFacts, stage_done
+) -> None:
+    """A multi-method card (issue 32): every method exported, quantized with its own calibration (as users
+    do, which is where two encodings of one buffer come from) and lowered together with a dict, then
+    serialized with share_mutable_buffers as the case says. Export and quantization are not shared with
+    other cases here (prepared.py keeps one program per card and dtype): these cards are tiny."""
+    from harness.pipeline import stages
+
+    per_method = stages.method_calibration(card, calibration)
+    examples = {method: rows[0] for method, rows in per_method.items()}
+    facts.export = ExportFacts(**stages.export_facts_multi(card, model, examples))
+    facts.exported = True
+    stage_done("export")
+    methods = {method: stages.method_view(model, method) for method in card.methods}
+    if quantizes(request.dtype, request.mode):
+        methods, quantize_facts, facts.buffer_encodings = stages.quantize_multi(card, model, request.dtype, per_method)
+        facts.quantize, facts.quantized = QuantizeFacts(**quantize_facts), True
+        stage_done("quantize")
+    edge = stages.lower_multi(methods, examples, request.soc, request.dtype, request.mode.skip_mutable_buffer)
+    facts.partitions = PartitionFacts.of(stages.partition_facts_multi(edge, card.methods, card.mutated_buffers))
+    stage_done("lower")
+    program = edge.to_executorch(stages.backend_config_multi(card, request.share_mutable_buffers))
+    facts.methods = [plan.name for plan in program.executorch_program.execution_plan]
+    write_bytes_atomically(Path(request.out_dir) / "model.pte", program.buffer)
+    stage_done("serialize")
 
 
 def _path(text: str) -> Path | None:

@@ -134,7 +134,10 @@ def lower(model: torch.nn.Module, example: tuple, soc_name: str, dtype: str, ski
 
 def partition_facts(edge_manager, buffers: tuple[str, ...]) -> dict[str, Any]:
     """Delegates in the lowered top-level graph, and which mutated buffers stayed outside them."""
-    program = edge_manager.exported_program()
+    return _partition_facts_of(edge_manager.exported_program(), buffers)
+
+
+def _partition_facts_of(program, buffers: tuple[str, ...]) -> dict[str, Any]:
     graph_module = program.graph_module
     delegates = []
     for node in graph_module.graph.nodes:
@@ -168,3 +171,138 @@ def backend_config(card: ModelCard):
     # The pass matches placeholder names, where an FQN's dots are underscores (b_layers_0_..._k_cache).
     patterns = [name.replace(".", "_") for name in card.mutated_buffers]
     return ExecutorchBackendConfig(passes=[InitializedMutableBufferPass(patterns)])
+
+
+# Multi-method cards (issue 32) ----------------------------------------------------------------------------
+def method_view(model: torch.nn.Module, method: str) -> torch.nn.Module:
+    """The model with `method` as its forward, sharing the model's state (its __dict__: parameters and
+    buffers are the same tensors, under the same names), so every method exports the buffer under one FQN,
+    which is what share_mutable_buffers pairs across methods."""
+    cls = type(model)
+    view_class = type(f"{cls.__name__}_{method}", (cls,), {"forward": getattr(cls, method)})
+    view = view_class.__new__(view_class)
+    view.__dict__ = model.__dict__
+    return view
+
+
+def method_calibration(card: ModelCard, calibration: list[tuple]) -> dict[str, list[tuple]]:
+    """Each method's inputs from the card's plan, in the card's method order; the first is its example."""
+    plan = card.step_methods(len(calibration))
+    per_method = {
+        method: [inputs for name, inputs in zip(plan, calibration) if name == method] for method in card.methods
+    }
+    missing = [method for method, rows in per_method.items() if not rows]
+    if missing:
+        raise ValueError(
+            f"model card {card.name!r}: its plan for {len(calibration)} steps never runs {missing}: "
+            f"a plan must run every declared method"
+        )
+    return per_method
+
+
+def export_facts_multi(card: ModelCard, model: torch.nn.Module, examples: dict[str, tuple]) -> dict[str, Any]:
+    """The union of what the methods mutate (a buffer written by one method and read by another is mutated
+    in the writer's program only)."""
+    mutated: set[str] = set()
+    for method, example in examples.items():
+        program = torch.export.export(copy.deepcopy(method_view(model, method)), example).run_decompositions({})
+        mutated |= set(program.graph_signature.buffers_to_mutate.values())
+    return {"buffers_to_mutate": sorted(mutated), "expected": sorted(card.mutated_buffers)}
+
+
+def _encoding(node: torch.fx.Node) -> str:
+    """A quantize/dequantize node's encoding in words: scale, zero point, range and storage dtype."""
+    scale, zero_point, low, high, dtype = node.args[1:6]
+    return f"scale={float(scale):.6g} zero_point={int(zero_point)} range=[{low},{high}] {str(dtype).removeprefix('torch.')}"
+
+
+def buffer_encodings(converted: torch.fx.GraphModule, buffers: tuple[str, ...]) -> dict[str, dict[str, str]]:
+    """Per mutated buffer, the encoding this method's quantized program reads it through (the quantize op
+    the buffer feeds) and writes it with (the dequantize op whose value is copied into it), where it has one."""
+    found: dict[str, dict[str, str]] = {}
+    nodes = _buffer_nodes(converted, buffers)
+    for node, name in nodes.items():
+        for user in node.users:
+            if "quantize_per_tensor" in str(user.target) and "dequantize" not in str(user.target):
+                found.setdefault(name, {})["read"] = _encoding(user)
+    for node in converted.graph.nodes:
+        if node.op == "call_function" and "copy_" in str(node.target) and node.args[0] in nodes:
+            source = node.args[1]
+            if isinstance(source, torch.fx.Node) and "dequantize_per_tensor" in str(source.target):
+                found.setdefault(nodes[node.args[0]], {})["write"] = _encoding(source)
+    return found
+
+
+def quantize_multi(
+    card: ModelCard, model: torch.nn.Module, dtype: str, per_method: dict[str, list[tuple]]
+) -> tuple[dict[str, torch.nn.Module], dict, dict[str, dict[str, dict[str, str]]]]:
+    """Each method quantized with its own calibration (its own steps of the plan, from the registered state),
+    as a user quantizing a prefill and a decode program separately does: nothing in executorch's flow makes
+    the methods agree on a shared buffer's encoding, which cross_method_state then checks. Returns the
+    converted methods, their facts merged (each entry names its method) and each method's buffer encodings."""
+    initial = {name: buffer.detach().clone() for name, buffer in model.named_buffers()}
+    converted, merged, encodings = (
+        {},
+        {"annotated_buffer_inputs": [], "qdq_around_buffers": [], "folded_buffer_reads": {}},
+        {},
+    )
+    for method, calibration in per_method.items():
+        _restore_buffers(model, initial)
+        module, facts = quantize(card, method_view(model, method), dtype, calibration)
+        converted[method] = module
+        merged["annotated_buffer_inputs"] += [
+            {**entry, "op": f"{method}: {entry['op']}"} for entry in facts["annotated_buffer_inputs"]
+        ]
+        merged["qdq_around_buffers"] += [
+            {**entry, "op": f"{method}: {entry['op']}"} for entry in facts["qdq_around_buffers"]
+        ]
+        merged["folded_buffer_reads"].update(
+            {f"{method}: {name}": counts for name, counts in facts["folded_buffer_reads"].items()}
+        )
+        encodings[method] = buffer_encodings(module, card.mutated_buffers)
+    _restore_buffers(model, initial)
+    return converted, merged, encodings
+
+
+def lower_multi(
+    methods: dict[str, torch.nn.Module],
+    examples: dict[str, tuple],
+    soc_name: str,
+    dtype: str,
+    skip_mutable_buffer: bool,
+):
+    """All methods lowered together, as one program (a dict of modules and inputs, one compiler spec)."""
+    from executorch.backends.qualcomm.utils.utils import (
+        generate_htp_compiler_spec,
+        generate_qnn_executorch_compiler_spec,
+        get_soc_to_chipset_map,
+        to_edge_transform_and_lower_to_qnn,
+    )
+
+    specs = generate_qnn_executorch_compiler_spec(
+        soc_model=get_soc_to_chipset_map()[soc_name],
+        backend_options=generate_htp_compiler_spec(use_fp16=dtype == "fp16"),
+    )
+    return to_edge_transform_and_lower_to_qnn(methods, examples, specs, skip_mutable_buffer=skip_mutable_buffer)
+
+
+def partition_facts_multi(edge_manager, methods: tuple[str, ...], buffers: tuple[str, ...]) -> dict[str, Any]:
+    """partition_facts of every method, joined: delegates named by method, ops and buffers outside as unions."""
+    joined: dict[str, Any] = {"delegates": [], "ops_outside": set(), "buffers_outside": set()}
+    for method in methods:
+        program = edge_manager.exported_program(method)
+        facts = _partition_facts_of(program, buffers)
+        joined["delegates"] += [{**d, "name": f"{method}.{d['name']}"} for d in facts["delegates"]]
+        joined["ops_outside"] |= set(facts["ops_outside"])
+        joined["buffers_outside"] |= set(facts["buffers_outside"])
+    return {key: sorted(value) if isinstance(value, set) else value for key, value in joined.items()}
+
+
+def backend_config_multi(card: ModelCard, share_mutable_buffers: bool):
+    """backend_config, with memory planning sharing mutable buffers across methods when asked (executorch's
+    MemoryPlanningPass(share_mutable_buffers=True), as its LLM export builder passes it)."""
+    from executorch.exir.passes import MemoryPlanningPass
+
+    config = backend_config(card)
+    config.memory_planning_pass = MemoryPlanningPass(share_mutable_buffers=share_mutable_buffers)
+    return config

@@ -21,9 +21,9 @@ from pathlib import Path
 
 from harness.paths import REPO_ROOT
 from harness.repro import layout
+from harness.vocabulary import DEFAULT_CARD_MODULES
 
 DEFAULT_RUN = Path("reports") / "latest"
-DEFAULT_CARD_MODULES = ("fixtures.zoo", "fixtures.llama", "fixtures.families")
 SOC_NAME = re.compile(r"^[A-Z][A-Z0-9]{1,15}$")  # then it must be in the executorch's SoC table (harness/qnn/soc.py)
 MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 

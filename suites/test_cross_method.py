@@ -1,0 +1,5 @@
+"""Check: what one method writes, the next method reads, as eager running the plan on one module (harness/checks.py)."""
+
+from harness.check_registry import suite_test
+
+test_cross_method_state = suite_test("cross_method_state")
