@@ -31,6 +31,7 @@ from harness.check_registry import CheckFailure
 from harness.paths import REPO_ROOT
 
 MANIFEST = REPO_ROOT / "fixtures" / "known_failures.toml"
+FINDINGS = REPO_ROOT / "docs" / "FINDINGS.md"  # where each entry's `reference` (docs/FINDINGS.md#F<n>) points
 # A manifest's message pattern meets every failure of its signature, and Python's re backtracks: `(a+)+$`
 # takes hours on 30 characters, `.*a.*a.*b` two minutes on 1000. So patterns with a quantifier inside a
 # quantified group (or an alternation under one) are refused at load, at most MAX_OPEN_REPEATS quantifiers
@@ -39,6 +40,15 @@ MANIFEST = REPO_ROOT / "fixtures" / "known_failures.toml"
 MATCHED_MESSAGE_CHARS = 2000
 MAX_OPEN_REPEATS = 2
 _REPEATS = (sre.MAX_REPEAT, sre.MIN_REPEAT, sre.POSSESSIVE_REPEAT)
+
+
+@cache
+def finding_titles() -> dict[str, str]:
+    """docs/FINDINGS.md anchors (F1, ...) -> their section titles (what a bundle's and a finding's issue is called)."""
+    if not FINDINGS.is_file():
+        return {}
+    text = FINDINGS.read_text(encoding="utf-8")
+    return {anchor: title.strip() for anchor, title in re.findall(r'<a id="(F\d+)"></a>\s*\n## F\d+\.\s*(.+)', text)}
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ report.json names the checks), else 0.
 A baseline (diff's A, merge's --baseline) that is a nightly store means its newest night.
 promote: `python -m harness.report promote RUN --to DIR [--keep N]` (harness/report/promote.py); exits 2
 when the run is incomplete or DIR is not a store. history: `python -m harness.report history DIR`
-(harness/report/history.py); exits 2 when DIR is not a store.
+(harness/report/history.py); exits 2 when DIR is not a store. issues: `python -m harness.report issues RUN`
+(harness/report/issues.py); exits 2 on a path without reports, 4 on a malformed one.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import json
 import sys
 from pathlib import Path
 
-from harness.report import history as histories, merge as merging, promote as promotion
+from harness.report import history as histories, issues as findings, merge as merging, promote as promotion
 from harness.report.gate import BaselineError, MalformedReport, changes, compare, load
 from harness.report.writer import summary_line
 from harness.text import printable
@@ -91,6 +92,18 @@ def history(store: Path, out: Path | None) -> int:
     return 0
 
 
+def issues(run: Path, out: Path | None) -> int:
+    try:
+        written = findings.write(run, out)
+    except BaselineError as error:
+        print(f"issues: {error}", file=sys.stderr)
+        return MALFORMED if isinstance(error, MalformedReport) else 2
+    for path in written:
+        print(path)
+    print(f"issues: {len(written)} finding(s)" + (f" in {written[0].parent}" if written else ": no failing check"))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.report", description="Compare conformance reports.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -111,7 +124,12 @@ def main(argv: list[str] | None = None) -> int:
     command = commands.add_parser("history", help="history.html and history.json of a nightly store")
     command.add_argument("store", type=Path, metavar="DIR", help="a nightly store (promote --to DIR)")
     command.add_argument("--out", type=Path, metavar="DIR", help="where to write them (default: DIR)")
+    command = commands.add_parser("issues", help="one upstream issue.md (and script) per finding of a run")
+    command.add_argument("run", type=Path, metavar="RUN", help="a run folder (reports/<run>, or a merged folder)")
+    command.add_argument("--out", type=Path, metavar="DIR", help="where to write them (default: RUN/issues)")
     args = parser.parse_args(argv)
+    if args.command == "issues":
+        return issues(args.run, args.out)
     if args.command == "promote":
         return promote(args.run, args.to, args.keep)
     if args.command == "history":
