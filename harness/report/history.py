@@ -3,7 +3,8 @@ say together, as history.json and history.html.
 
 `diff` compares two runs; a nightly owner asks other questions: since when has this failed, which night
 broke it, which checks flip between nights (flaky across nights, which no single run can show), which
-devices or cards stopped being measured, how each finding's count moves, how a case's error moves. Every
+devices or cards stopped being measured, how each finding's count moves (a finding as
+harness/report/issues.py names it), how a case's error moves. Every
 night's reports are read through harness/report/intake.py (they are data); a night that cannot be read is
 named in the history, not fatal.
 
@@ -26,10 +27,11 @@ import markupsafe
 from harness.files import write_atomically
 from harness.report.document import checks_of, json_safe
 from harness.report.gate import FAILING, BaselineError, read_documents
+from harness.report.issues import finding_of
 from harness.report.promote import NIGHT_FILE, Night, nights
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
-UNEXPLAINED = "failures no known-failures entry expects"  # the finding of a plain `failed`
+ABOUT_CHARS = 240
 MAX_PLOTS = 120  # error plots on the page (history.json has every case): the ones that moved come first
 PLOT_W, PLOT_H, LEFT, TOP, BOTTOM = 300, 110, 42, 8, 20
 SHADES = ("#c6dbef", "#9ecae1", "#6baed6", "#4292c6", "#2171b5", "#08519c", "#08306b")
@@ -64,15 +66,6 @@ def read_store(store: Path) -> list[NightReports]:
             continue
         found.append(NightReports(night, documents))
     return found
-
-
-def _finding(check: dict) -> str | None:
-    """The finding a failing check counts towards: its recorded finding, else its known-failures entry."""
-    if check.get("finding"):
-        return str(check["finding"])
-    if check["known_failure"]:
-        return check["known_failure"]
-    return UNEXPLAINED if check["verdict"] == "failed" else None
 
 
 def _device_names(document: dict) -> set[str]:
@@ -145,6 +138,7 @@ def build(store_nights: list[NightReports]) -> dict:
     cards: dict[str, list[bool]] = {}
     devices: dict[str, list[bool]] = {}
     findings: dict[str, list[int]] = {}
+    about: dict[str, str] = {}  # a finding's words: the first failure of it seen
     errors: dict[tuple[str, str, str], list[list[float] | None]] = {}
     for i, night in enumerate(store_nights):
         for soc, document in night.documents.items():
@@ -156,9 +150,10 @@ def build(store_nights: list[NightReports]) -> dict:
                 cards_of[key] = case["card"]
                 cards.setdefault(f"{soc}: {case['card']}", [False] * count)[i] = True
                 verdicts.setdefault(key, [None] * count)[i] = check["verdict"]
-                finding = _finding(check)
+                finding = finding_of(name, check)
                 if finding is not None:
                     findings.setdefault(finding, [0] * count)[i] += 1
+                    about.setdefault(finding, (check["known_failure"] or check["message"])[:ABOUT_CHARS])
                 steps = (check.get("evidence") or {}).get("steps")
                 if isinstance(steps, list) and steps:
                     errors.setdefault(key, [None] * count)[i] = [
@@ -199,7 +194,9 @@ def build(store_nights: list[NightReports]) -> dict:
             "missing": _presence(socs, labels, "soc")
             + _presence(cards, labels, "card")
             + _presence(devices, labels, "device"),
-            "findings": [{"finding": name, "counts": counts} for name, counts in sorted(findings.items())],
+            "findings": [
+                {"finding": name, "about": about[name], "counts": counts} for name, counts in sorted(findings.items())
+            ],
             "errors": [
                 {"soc": soc, "case_id": case_id, "check": name, "max_abs_error": series}
                 for (soc, case_id, name), series in sorted(errors.items())

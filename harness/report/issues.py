@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import os
 import re
 import stat
@@ -282,9 +283,10 @@ def group(run: Path) -> dict[str, list[Member]]:
 def _number(value: object, spec: str) -> str:
     """A report number as the table shows it (the strings Infinity and NaN as they are)."""
     try:
-        return format(float(value), spec)  # type: ignore[arg-type]
+        number = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return str(value)
+    return format(number, spec) if math.isfinite(number) else str(value)
 
 
 def _by_card(members: list[Member]) -> list[dict]:
