@@ -38,6 +38,7 @@ from harness.vocabulary import DTYPES, MODE_ORDER
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 ISSUE_VERDICTS = ("failed", "xfailed")  # a check that failed (expected or not); xpassed is the manifest's to fix
+FILED = re.compile(r"\[upstream: (https://github\.com/pytorch/[a-z]+/(?:issues|pull)/[0-9]{1,9})\]")  # describe()
 FINDING_REFERENCE = re.compile(r"FINDINGS\.md#(F[0-9]+)\b")
 MAX_JSON_BYTES = 16 * 1024 * 1024  # a bundle's case.json is tens of KB
 MAX_SOURCE_BYTES = 1024 * 1024  # a card module
@@ -371,6 +372,7 @@ def render(finding: str, members: list[Member], script_name: str) -> tuple[str, 
         upstream=upstream,
         links=_links(upstream, environment),
         bundles=bundles,
+        filed=[Markup(url) for url in sorted({u for m in members for u in FILED.findall(m.check["known_failure"])})],
         code=lambda value: Markup(code_span(value)),
     )
     return text, script

@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from harness.record import CheckRecord
 from harness.report import issues, writer
 from harness.tests.report.test_history import _cli
@@ -231,3 +233,29 @@ def test_finding_of_names_the_finding_and_not_a_pass():
     assert issues.finding_of("state", {"verdict": "failed", "known_failure": "", "signature": "x/../y"}) == (
         "new-state-xy"
     )
+
+
+def test_a_manifest_entry_records_its_upstream_issue_and_the_issue_says_it_is_filed(tmp_path):
+    from harness import checks, known_failures  # noqa: F401  checks: the signatures a manifest may name
+
+    entry = '[[known_failure]]\npattern = "test_state[*]"\nsignature = "state_mismatch"\nreason = "r"\n'
+    good, bad = tmp_path / "good.toml", tmp_path / "bad.toml"
+    good.write_text(entry + 'upstream = "https://github.com/pytorch/executorch/issues/12345"\n')
+    bad.write_text(entry + 'upstream = "https://evil.example/pytorch/executorch/issues/1"\n')
+    (loaded,) = known_failures.load(good)
+    assert loaded.describe().endswith("[upstream: https://github.com/pytorch/executorch/issues/12345]")
+    with pytest.raises(ValueError, match="not an upstream issue"):
+        known_failures.load(bad)
+    run = _run(tmp_path)
+    report = run / "SM8650" / "report.json"
+    document = json.loads(report.read_text())
+    for case in document["cases"]:
+        for check in case["checks"].values():
+            if check["known_failure"]:
+                check["known_failure"] += " [upstream: https://github.com/pytorch/executorch/issues/12345]"
+    report.write_text(json.dumps(document))
+    issues.write(run)
+    text = (run / "issues" / "F1.md").read_text()
+    assert "**Filed already**: https://github.com/pytorch/executorch/issues/12345 (" in text
+    issues.write(_run(tmp_path / "again"))
+    assert "Filed already" not in (tmp_path / "again" / "reports" / "run1" / "issues" / "F1.md").read_text()
