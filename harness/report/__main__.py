@@ -71,9 +71,9 @@ def merge(folders: list[Path], out: Path, baseline: Path | None, allow_missing: 
     return 0 if verdict.ok else 1
 
 
-def promote(run: Path, store: Path, keep: int) -> int:
+def promote(run: Path, store: Path, keep: int, bundles: bool) -> int:
     try:
-        night = promotion.promote(run, store, keep)
+        night = promotion.promote(run, store, keep, bundles)
     except promotion.PromoteError as error:
         print(f"promote: {error}", file=sys.stderr)
         return 2
@@ -121,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     command.add_argument("run", type=Path, metavar="RUN", help="a run folder (reports/<run>, or a merged folder)")
     command.add_argument("--to", type=Path, required=True, metavar="DIR", help="the nightly store (made if new)")
     command.add_argument("--keep", type=int, default=promotion.DEFAULT_KEEP, metavar="N", help="nights to keep")
+    command.add_argument("--no-bundles", action="store_true", help="leave the reproduction bundles out (smaller)")
     command = commands.add_parser("history", help="history.html and history.json of a nightly store")
     command.add_argument("store", type=Path, metavar="DIR", help="a nightly store (promote --to DIR)")
     command.add_argument("--out", type=Path, metavar="DIR", help="where to write them (default: DIR)")
@@ -131,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "issues":
         return issues(args.run, args.out)
     if args.command == "promote":
-        return promote(args.run, args.to, args.keep)
+        return promote(args.run, args.to, args.keep, not args.no_bundles)
     if args.command == "history":
         return history(args.store, args.out)
     if args.command == "merge":

@@ -30,7 +30,6 @@ import jinja2
 from markupsafe import Markup
 
 from harness.files import write_atomically
-from harness.known_failures import finding_titles
 from harness.report.document import checks_of, rank
 from harness.report.gate import read_documents
 from harness.text import code_fence, code_span, markdown_text
@@ -320,6 +319,10 @@ def _finalize(value: object) -> object:
 
 def render(finding: str, members: list[Member], script_name: str) -> tuple[str, str | None]:
     """(issue.md, the script or None) of one finding."""
+    # Here, not at the top: the manifest module needs `packaging`, which merge, diff, promote and history (and
+    # the CI jobs that run only them, with jinja2, jsonschema and filelock) do without.
+    from harness.known_failures import finding_titles
+
     representative = _representative(members)
     case, module_source = _bundle(representative)
     environment = representative.document["environment"]

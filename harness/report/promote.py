@@ -28,6 +28,7 @@ import filelock
 
 from harness.files import write_atomically
 from harness.report.gate import BaselineError, read_documents
+from harness.repro.layout import REPRO_DIR as REPRO
 
 MARKER = "nightly-store.json"  # what makes a folder a store (and not any folder that holds runs)
 NIGHT = re.compile(r"^([0-9]{6})-([A-Za-z0-9][A-Za-z0-9_.-]{0,120})$")
@@ -110,11 +111,14 @@ def _mode(path: Path) -> int:
         return 0
 
 
-def _copy_tree(source: Path, target: Path) -> None:
+def _copy_tree(source: Path, target: Path, bundles: bool = True) -> None:
     """Directories and regular files of the run; a link or a special file is skipped and named, so a
-    night never links to, nor copies, a file outside the run."""
+    night never links to, nor copies, a file outside the run. bundles=False leaves out each SoC's repro/
+    (most of a run's bytes; history reads only the reports)."""
     for folder, directories, files in os.walk(source):  # os.walk does not descend into linked directories
         here = Path(folder)
+        if not bundles and here != source and here.parent == source and REPRO in directories:
+            directories.remove(REPRO)
         destination = target / here.relative_to(source)
         destination.mkdir(exist_ok=True)
         for name in [*directories, *files]:
@@ -136,9 +140,10 @@ def _discard(folder: Path, store: Path) -> None:
     shutil.rmtree(aside)
 
 
-def promote(run: Path, store: Path, keep: int = DEFAULT_KEEP) -> Path:
+def promote(run: Path, store: Path, keep: int = DEFAULT_KEEP, bundles: bool = True) -> Path:
     """Copy a finished run into the store as its newest night and keep the newest `keep` nights; returns
-    the night's folder. One promotion at a time per store (a lock file in it)."""
+    the night's folder. One promotion at a time per store (a lock file in it). bundles=False: without the
+    reproduction bundles."""
     if keep < 1:
         raise PromoteError(f"--keep {keep}: keep at least 1 night")
     run_id = check_complete(run)
@@ -163,7 +168,7 @@ def promote(run: Path, store: Path, keep: int = DEFAULT_KEEP) -> Path:
             raise PromoteError(f"{run_id} is already the newest night ({stored[-1].folder.name}): nothing to promote")
         staging = Path(tempfile.mkdtemp(prefix=STAGING, dir=store))
         try:
-            _copy_tree(source, staging)
+            _copy_tree(source, staging, bundles)
             about = {
                 "run_id": run_id,
                 "promoted": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S+0000"),

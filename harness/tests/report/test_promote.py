@@ -128,3 +128,15 @@ def test_pytest_baseline_option_resolves_a_store(tmp_path, monkeypatch):
     given["--baseline"] = str(empty)
     with pytest.raises(pytest.UsageError, match="no night yet"):
         options.parse(Config())
+
+
+def test_no_bundles_leaves_out_only_the_bundles(tmp_path):
+    run = _run(tmp_path / "reports", 1)
+    (run / "SM8650" / "repro" / "case-a").mkdir(parents=True)
+    (run / "SM8650" / "repro" / "case-a" / "case.json").write_text("{}")
+    completed = _cli("promote", run, "--to", tmp_path / "store", "--no-bundles")
+    assert completed.returncode == 0, completed.stderr
+    (night,) = promote.nights(tmp_path / "store")
+    assert not (night.folder / "SM8650" / "repro").exists()
+    assert sorted(p.name for p in (night.folder / "SM8650").iterdir()) == sorted(promote.VIEWS)
+    assert _cli("promote", _run(tmp_path / "reports", 2), "--to", tmp_path / "store").returncode == 0
