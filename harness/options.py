@@ -20,8 +20,6 @@ from harness.files import unwritable_reason
 from harness.known_failures import MANIFEST
 from harness.paths import REPO_ROOT
 from harness.qnn import soc as soc_table
-from harness.report.gate import BaselineError
-from harness.report.promote import baseline_path
 from harness.user_state import folder_problem
 from harness.vocabulary import DTYPES
 
@@ -222,6 +220,9 @@ def parse(config: pytest.Config) -> RunOptions:
             f"--baseline {baseline} does not exist: pass a previous report.json or a folder of them"
         )
     if baseline:
+        from harness.report.gate import BaselineError  # here: the option's only use of the report package
+        from harness.report.promote import baseline_path
+
         try:
             baseline = str(baseline_path(Path(baseline)))  # a nightly store (promote --to): its newest night
         except BaselineError as error:
