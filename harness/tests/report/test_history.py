@@ -188,3 +188,27 @@ def test_history_refuses_a_folder_that_is_not_a_store(tmp_path):
     completed = _cli("history", tmp_path)
     assert completed.returncode == 2
     assert completed.stderr.strip().count("\n") == 0 and "is not a nightly store" in completed.stderr
+
+
+def test_a_phone_that_went_missing_is_named_by_its_serial(tmp_path):
+    """Phones keep their serial across nights (their adb server may move): the one that did not come back is
+    missing, the one that stayed is not."""
+    reports = tmp_path / "reports"
+    for night, phones in ((1, ("R5CW1", "R3CT9")), (2, ("R5CW1",))):
+        provenance = {
+            "SM8650": {
+                "host": {"executorch": "1.5.1", "torch": "2.13.0", "qnn_build_id": "v2.51.0.1"},
+                "devices": [
+                    {"serial": f"rack-{night}:5037/{serial}", "soc": "SM8650", "health": "passed", "kind": "phone"}
+                    for serial in phones
+                ],
+                "warnings": [],
+            }
+        }
+        records = [r for r in _records(1) if r.soc == "SM8650"]
+        writer.write_run(records, {"SM8650": {"soc": "SM8650"}}, reports, f"run{night}", COLUMNS, provenance=provenance)
+        promote.promote(reports / f"run{night}", tmp_path / "store")
+    document = history.build(history.read_store(tmp_path / "store"))
+    assert [(m["kind"], m["name"], m["missing_since"]) for m in document["missing"]] == [
+        ("device", "SM8650: R3CT9", "000002-run2")
+    ]
