@@ -50,18 +50,24 @@ def _heading(column: dict) -> str:
     return f"{column['executorch']} / QAIRT {column['qairt']}"
 
 
-def render_markdown(document: dict) -> str:
-    return _environment(False).get_template("matrix.md.j2").render(document=document, heading=_heading)
+def render_markdown(document: dict, cross: dict | None = None) -> str:
+    return _environment(False).get_template("matrix.md.j2").render(document=document, heading=_heading, cross=cross)
 
 
-def render_html(document: dict) -> str:
-    return _environment(True).get_template("matrix.html.j2").render(document=document, heading=_heading)
+def render_html(document: dict, cross: dict | None = None) -> str:
+    return _environment(True).get_template("matrix.html.j2").render(document=document, heading=_heading, cross=cross)
 
 
-def write(document: dict, folder: Path) -> list[Path]:
-    """matrix.json, matrix.md and matrix.html in `folder`."""
+def render_cross_markdown(cross: dict) -> str:
+    """cross.md: the cross-version section of the matrix page on its own (harness/matrix/cross.py)."""
+    return _environment(False).get_template("cross.md.j2").render(cross=cross)
+
+
+def write(document: dict, folder: Path, cross: dict | None = None) -> list[Path]:
+    """matrix.json, matrix.md and matrix.html in `folder` (with the cross-version section when `cross`, the
+    document of cross.json, is given)."""
     folder.mkdir(parents=True, exist_ok=True)
-    texts = (json.dumps(document, indent=1) + "\n", render_markdown(document), render_html(document))
+    texts = (json.dumps(document, indent=1) + "\n", render_markdown(document, cross), render_html(document, cross))
     paths = []
     for name, text in zip(OUTPUTS, texts):
         (folder / name).write_text(text, encoding="utf-8")
