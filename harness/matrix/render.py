@@ -40,10 +40,21 @@ def _environment(autoescape: bool) -> jinja2.Environment:
         keep_trailing_newline=True,
     )
     environment.filters["md"] = md
+    environment.globals["eager"] = _eager
     environment.filters["verdict"] = lambda cell: (
         "n/a" if cell is None else LABELS.get(cell["verdict"], cell["verdict"])
     )
     return environment
+
+
+def _eager(row: dict) -> str:
+    """A cross run's outputs against eager (kept beside the comparison that decides its outcome): where the
+    runtime's own lowering is off eager too (a known defect), this says so."""
+    try:
+        mismatches, worst = int(row["eager_mismatches"]), max(map(float, row.get("eager_max_error_per_step") or [0.0]))
+    except (KeyError, TypeError, ValueError):  # no eager comparison (a refusal), or a cross.json that is not ours
+        return ""
+    return f"{mismatches} off, max {worst:.3g}" if mismatches else f"within (max {worst:.3g})"
 
 
 def _heading(column: dict) -> str:

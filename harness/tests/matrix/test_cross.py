@@ -11,6 +11,8 @@ made executorch 1.4.1's and 1.5.1's venvs and lowered the case in both (skipped 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +21,7 @@ import pytest
 from harness.matrix import cli, cross, render
 from harness.matrix.environments import MATRIX_HOME, PythonEnv, QnnTree
 from harness.matrix.layout import Combination
+from harness.paths import REPO_ROOT
 
 CASE = "counter_add-fp16-delegate_mutbuf-SM8650"
 EAGER = [[np.array([1.0, 1.0, 1.0, 1.0], dtype=np.float32) * (step + 1)] for step in range(3)]
@@ -187,6 +190,29 @@ def test_the_page_takes_the_section_from_cross_json_and_a_broken_one_is_one_line
     (tmp_path / "cross.json").write_text(json.dumps(cross.document([], "m", "c")))
     assert cli.cross_document(tmp_path)["schema_version"] == 1
     assert "No case ran in two releases" in render.render_markdown(_empty_matrix(), cli.cross_document(tmp_path))
+
+
+def test_the_eager_column_says_when_the_runtimes_own_lowering_is_off_eager_too():
+    wrong = _shifted(0, 3.0)
+    row = {**cross.classify(cross.RunnerResult(0, "", _raw(wrong)), EAGER, "fp16", own=wrong), "case_id": CASE}
+    row.update(program="1.4.1", runtime="1.5.1", reference="own lowering")
+    found = {**cross.document([], "m", "c"), "rows": [{**row, "detail": "d"}]}
+    assert "| matches | own lowering | 0.0, 0.0, 0.0 | 4 off, max 3 | d |" in render.render_cross_markdown(found)
+    hostile = {**found, "rows": [{**found["rows"][0], "eager_mismatches": "<x>"}]}
+    assert "| 0.0, 0.0, 0.0 |  | d |" in render.render_cross_markdown(hostile)
+
+
+def test_the_matrix_page_is_written_in_a_process_that_registered_no_checks():
+    """The page's flaky reasons come from the manifest; the matrix never imports the checks (a floor above it),
+    so the manifest must be read without them (it was refused, and no matrix page was written)."""
+    done = subprocess.run(
+        [sys.executable, "-c", "from harness.matrix import cli; print(sorted(cli.flaky_reasons()))"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr.strip().splitlines()[-1:]
 
 
 REAL_RELEASES = ("1.4.1", "1.5.1")
