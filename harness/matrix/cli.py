@@ -135,9 +135,9 @@ def write_cross(folder: Path, args: argparse.Namespace, command: str) -> int:
     except MatrixSetupError as error:
         print(f"matrix: cross-version programs: {error}", file=sys.stderr)
         return 1
-    paths = cross.write(found, folder, render.render_cross_markdown(found))
+    path = cross.write(found, folder)
     counts = ", ".join(f"{sum(p['counts'][o] for p in found['pairs'])} {o}" for o in found["outcomes"])
-    print(f"matrix: cross-version programs: {len(found['rows'])} runs ({counts}) -> {paths[1]}")
+    print(f"matrix: cross-version programs: {len(found['rows'])} runs ({counts}) -> {path} (cross.md with the page)")
     return 0
 
 

@@ -38,7 +38,7 @@ from harness.matrix.layout import Combination, report_files
 from harness.paths import REPO_ROOT
 
 CROSS_SCHEMA_VERSION = 1
-CROSS_FILES = ("cross.json", "cross.md")
+CROSS_FILE = "cross.json"
 MATCHES, REFUSES, DIFFERS, NOT_RUN = "matches", "refuses", "differs", "not run"
 OUTCOMES = (MATCHES, REFUSES, DIFFERS, NOT_RUN)
 RUN_TIMEOUT_S = 300
@@ -385,10 +385,10 @@ def document(rows: list[CrossRow], matrix_id: str, command: str) -> dict:
     }
 
 
-def write(cross: dict, folder: Path, markdown: str) -> list[Path]:
-    write_atomically(folder / CROSS_FILES[0], json.dumps(cross, indent=1) + "\n")
-    write_atomically(folder / CROSS_FILES[1], markdown)
-    return [folder / name for name in CROSS_FILES]
+def write(cross: dict, folder: Path) -> Path:
+    """cross.json (the matrix page and cross.md are rendered from it: harness/matrix/render.py)."""
+    write_atomically(folder / CROSS_FILE, json.dumps(cross, indent=1) + "\n")
+    return folder / CROSS_FILE
 
 
 def real_feed(card_reference: str, count: int) -> tuple[list[tuple], Outputs]:

@@ -15,6 +15,7 @@ from harness.matrix.layout import OUTPUTS
 from harness.text import markdown_text
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
+CROSS_MARKDOWN = "cross.md"  # beside cross.json (harness/matrix/cross.py)
 LABELS = {
     "passed": "pass",
     "failed": "FAIL",
@@ -75,12 +76,15 @@ def render_cross_markdown(cross: dict) -> str:
 
 
 def write(document: dict, folder: Path, cross: dict | None = None) -> list[Path]:
-    """matrix.json, matrix.md and matrix.html in `folder` (with the cross-version section when `cross`, the
-    document of cross.json, is given)."""
+    """matrix.json, matrix.md and matrix.html in `folder` (with the cross-version section, and cross.md, when
+    `cross`, the document of cross.json, is given)."""
     folder.mkdir(parents=True, exist_ok=True)
     texts = (json.dumps(document, indent=1) + "\n", render_markdown(document, cross), render_html(document, cross))
     paths = []
     for name, text in zip(OUTPUTS, texts):
         (folder / name).write_text(text, encoding="utf-8")
         paths.append(folder / name)
+    if cross is not None:  # cross.md beside cross.json, re-rendered with the page
+        (folder / CROSS_MARKDOWN).write_text(render_cross_markdown(cross), encoding="utf-8")
+        paths.append(folder / CROSS_MARKDOWN)
     return paths

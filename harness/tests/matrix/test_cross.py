@@ -190,6 +190,9 @@ def test_the_page_takes_the_section_from_cross_json_and_a_broken_one_is_one_line
     (tmp_path / "cross.json").write_text(json.dumps(cross.document([], "m", "c")))
     assert cli.cross_document(tmp_path)["schema_version"] == 1
     assert "No case ran in two releases" in render.render_markdown(_empty_matrix(), cli.cross_document(tmp_path))
+    written = render.write(_empty_matrix(), tmp_path / "page", cli.cross_document(tmp_path))
+    assert [path.name for path in written] == ["matrix.json", "matrix.md", "matrix.html", "cross.md"]
+    assert "Cross-version programs (0 runs, 0 differ)" in (tmp_path / "page" / "matrix.html").read_text()
 
 
 def test_the_eager_column_says_when_the_runtimes_own_lowering_is_off_eager_too():
