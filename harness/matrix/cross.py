@@ -14,7 +14,8 @@ environment and the emulated heap pattern, on the HTP simulator. Each cross run 
 - refuses: the runner exits non-zero (a program it will not load, or a run that fails), its error line kept;
 - differs: it runs and its outputs differ (a finding): the max abs error per step.
 
-Writes cross.json and cross.md into the matrix folder; the matrix page gets a section from cross.json.
+Writes cross.json into the matrix folder; cross.md and a section of the matrix page are rendered from it
+(harness/matrix/render.py).
 """
 
 from __future__ import annotations
@@ -49,8 +50,8 @@ Outputs = numerics.Outputs
 
 @dataclass(frozen=True)
 class RunnerResult:
-    """What one runner process left: its exit code, its log and its outputs as raw bytes [step][index]
-    (None where a file is missing)."""
+    """What one runner process left: its exit code, its log and its outputs as raw bytes [step][index] (a
+    row is as long as the files it wrote; None marks a gap)."""
 
     exit_code: int
     log: str
@@ -184,14 +185,19 @@ class RealCrossSteps:
                 str(answer),
                 *case_ids,
             ]
-            done = subprocess.run(
-                command,
-                cwd=REPO_ROOT,
-                env=self._steps._env(env, tree),
-                capture_output=True,
-                text=True,
-                timeout=DESCRIBE_TIMEOUT_S,
-            )
+            try:
+                done = subprocess.run(
+                    command,
+                    cwd=REPO_ROOT,
+                    env=self._steps._env(env, tree),  # as the combination's suite ran: its venv, tree and state
+                    capture_output=True,
+                    text=True,
+                    timeout=DESCRIBE_TIMEOUT_S,
+                )
+            except subprocess.TimeoutExpired:
+                raise MatrixSetupError(
+                    f"executorch {env.executorch}: finding its lowerings took over {DESCRIBE_TIMEOUT_S} s"
+                ) from None
             if done.returncode != 0 or not answer.is_file():
                 lines = [line for line in done.stderr.splitlines() if line.strip()] or ["no output"]
                 raise MatrixSetupError(f"executorch {env.executorch}: cannot find its lowerings: {lines[-1][:300]}")
@@ -244,9 +250,7 @@ class RealCrossSteps:
             return RunnerResult(124, f"runner: timed out after {RUN_TIMEOUT_S} s")
         outputs = [
             [
-                np.fromfile(path, dtype=np.uint8)
-                if (path := out / "outputs" / f"output_{step}_{index}.raw").is_file()
-                else None
+                np.fromfile(out / "outputs" / f"output_{step}_{index}.raw", dtype=np.uint8)
                 for index in range(_outputs_written(out / "outputs", step))
             ]
             for step in range(len(inputs))
