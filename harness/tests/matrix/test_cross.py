@@ -243,3 +243,13 @@ def test_real_programs_of_two_releases_on_each_others_runtime(tmp_path):
             # the runtime's own program ran, so the cross run is held to it; and the numbers are kept
             assert row.reference == "own lowering" and len(row.max_error_per_step) == 4, row.detail
             assert row.eager_mismatches == 0, f"{row.program} on {row.runtime}: off eager ({row.detail})"
+    # and a program a runtime cannot load is a refusal with the runner's own line, not a crash of the step
+    steps, (combination, _) = cross.RealCrossSteps(), ran[0]
+    env, tree = steps.release(combination)
+    answer = steps.describe(env, tree, combination, [REAL_CASE])
+    broken = tmp_path / "broken.pte"
+    broken.write_bytes(Path(answer["lowerings"][REAL_CASE]["program"]).read_bytes()[:200])
+    files = [[tmp_path / "work" / "inputs" / REAL_CASE / f"input_{step}_0.raw"] for step in range(4)]
+    result = steps.run(env, tree, answer, broken, 0, files, tmp_path / "broken")
+    decided = cross.classify(result, cross.real_feed("fixtures.zoo:counter_add", 4)[1], "fp16", None)
+    assert decided["outcome"] == cross.REFUSES and "runner: cannot load" in decided["detail"], decided
