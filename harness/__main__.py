@@ -1,10 +1,11 @@
-"""`python -m harness setup|doctor|matrix|repro|emulate`: prepare the host toolchain, report on it, compare
+"""`python -m harness setup|doctor|matrix|bisect|repro|emulate`: prepare the host toolchain, report on it, compare
 versions, rerun one case, or serve emulated devices.
 
 setup  lays out the QNN tree, builds the interposer and probes the bridge (all cached; fast when done).
 doctor prints versions, SDK, the current interposer overlay and the `export` lines a bundle's repro.py needs,
        bridge, adb and devices; exits non-zero with one line per missing piece.
 matrix runs one suite selection per executorch x onnxruntime-qnn release (harness/matrix/cli.py).
+bisect finds the first release (or wheel) where a selection's verdicts change (harness/matrix/bisect.py).
 repro  runs one case of an earlier run again through the suite (harness/repro/rerun.py).
 emulate serves emulated devices (or phones) on an adb server until Ctrl-C (harness/emulator/serve.py).
 """
@@ -100,6 +101,10 @@ def main(argv: list[str] | None = None) -> int:
         from harness.matrix import cli
 
         return cli.main(argv[1:])
+    if argv[:1] == ["bisect"]:  # the matrix's environments, searched for the first release that changed
+        from harness.matrix import bisect
+
+        return bisect.main(argv[1:])
     parser = argparse.ArgumentParser(
         prog="python -m harness", epilog="python -m harness matrix --help: the version matrix"
     )

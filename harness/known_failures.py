@@ -31,6 +31,8 @@ from harness.check_registry import CheckFailure
 from harness.paths import REPO_ROOT
 
 MANIFEST = REPO_ROOT / "fixtures" / "known_failures.toml"
+UPSTREAM_ISSUE = re.compile(r"https://github\.com/pytorch/(?:executorch|ao|pytorch)/(?:issues|pull)/[0-9]{1,9}")
+FINDINGS = REPO_ROOT / "docs" / "FINDINGS.md"  # where each entry's `reference` (docs/FINDINGS.md#F<n>) points
 # A manifest's message pattern meets every failure of its signature, and Python's re backtracks: `(a+)+$`
 # takes hours on 30 characters, `.*a.*a.*b` two minutes on 1000. So patterns with a quantifier inside a
 # quantified group (or an alternation under one) are refused at load, at most MAX_OPEN_REPEATS quantifiers
@@ -39,6 +41,15 @@ MANIFEST = REPO_ROOT / "fixtures" / "known_failures.toml"
 MATCHED_MESSAGE_CHARS = 2000
 MAX_OPEN_REPEATS = 2
 _REPEATS = (sre.MAX_REPEAT, sre.MIN_REPEAT, sre.POSSESSIVE_REPEAT)
+
+
+@cache
+def finding_titles() -> dict[str, str]:
+    """docs/FINDINGS.md anchors (F1, ...) -> their section titles (what a bundle's and a finding's issue is called)."""
+    if not FINDINGS.is_file():
+        return {}
+    text = FINDINGS.read_text(encoding="utf-8")
+    return {anchor: title.strip() for anchor, title in re.findall(r'<a id="(F\d+)"></a>\s*\n## F\d+\.\s*(.+)', text)}
 
 
 @dataclass(frozen=True)
@@ -53,6 +64,9 @@ class KnownFailure:
     flaky: bool = False
     executorch: str = ""  # version scope on the executorch under test, e.g. ">=1.4" (empty: every version)
     qnn: str = ""  # version scope on the QAIRT release of the QNN libraries, e.g. "<2.51" (empty: every one)
+    upstream: str = (
+        ""  # the upstream issue filed for it (docs/FILING.md), e.g. https://github.com/pytorch/executorch/issues/1
+    )
 
     def in_scope(self, versions: VersionsUnderTest) -> bool:
         """Whether this entry applies to these versions; a scope only asks for the version it names."""
@@ -70,7 +84,11 @@ class KnownFailure:
         )
 
     def describe(self) -> str:
-        return f"known failure [{self.signature}]: {self.reason}" + (f" ({self.reference})" if self.reference else "")
+        return (
+            f"known failure [{self.signature}]: {self.reason}"
+            + (f" ({self.reference})" if self.reference else "")
+            + (f" [upstream: {self.upstream}]" if self.upstream else "")
+        )
 
 
 def backtracking_risk(pattern: str) -> str:
@@ -150,6 +168,11 @@ def load(path: Path = MANIFEST) -> tuple[KnownFailure, ...]:
         if entry.signature not in signatures:
             raise ValueError(f"{path}: signature {entry.signature!r} is not one of {', '.join(signatures)}")
         _checked_message(path, entry)
+        if entry.upstream and not UPSTREAM_ISSUE.fullmatch(entry.upstream):
+            raise ValueError(
+                f"{path}: entry {entry.pattern!r} has upstream = {entry.upstream!r}, not an upstream issue: write "
+                'e.g. "https://github.com/pytorch/executorch/issues/12345" (docs/FILING.md)'
+            )
         for field, scope in (("executorch", entry.executorch), ("qnn", entry.qnn)):
             try:
                 SpecifierSet(scope)

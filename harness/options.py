@@ -114,7 +114,10 @@ def add_options(parser: pytest.Parser) -> None:
     )
     group.addoption("--report-dir", default="reports", metavar="DIR", help="where reports/<run>/<SOC>/ are written")
     group.addoption(
-        "--baseline", default=None, metavar="PATH", help="report.json (or a folder of them) to gate against"
+        "--baseline",
+        default=None,
+        metavar="PATH",
+        help="report.json (or a folder of them, or a nightly store: its newest night) to gate against",
     )
     group.addoption(
         "--allow-missing",
@@ -225,6 +228,14 @@ def parse(config: pytest.Config) -> RunOptions:
         raise pytest.UsageError(
             f"--baseline {baseline} does not exist: pass a previous report.json or a folder of them"
         )
+    if baseline:
+        from harness.report.gate import BaselineError  # here: the option's only use of the report package
+        from harness.report.promote import baseline_path
+
+        try:
+            baseline = str(baseline_path(Path(baseline)))  # a nightly store (promote --to): its newest night
+        except BaselineError as error:
+            raise pytest.UsageError(f"--baseline {error}") from None
     report_dir = Path(config.getoption("--report-dir"))
     if (problem := unwritable_reason(report_dir)) is not None:  # found now, not after an hour of running
         raise pytest.UsageError(f"--report-dir {report_dir}: {problem}: pass a folder this user can write to")

@@ -39,3 +39,16 @@ def markdown_text(text: object) -> str:
         lambda m: f"\\{m.group(1)}" if m.group(1) else f"{m.group(2)}\\.", _MARKUP.sub(r"\\\1", flat)
     )
     return _LINKED.sub(lambda m: m.group(0) + ZERO_WIDTH_SPACE, escaped)
+
+
+def code_span(text: object) -> str:
+    """text on one line as a Markdown code span, delimited by more backticks than any run inside it."""
+    flat = " ".join(str(text).split())
+    ticks = "`" * (max((len(run) for run in re.findall(r"`+", flat)), default=0) + 1)
+    return f"{ticks} {flat} {ticks}" if flat else "(none)"
+
+
+def code_fence(text: str, language: str = "") -> str:
+    """text as a fenced Markdown code block whose fence no line of text can close."""
+    fence = "`" * max(3, max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
+    return f"{fence}{language}\n{text.rstrip()}\n{fence}\n"

@@ -2,6 +2,8 @@
 
     python -m harness matrix --executorch 1.4.1,1.5.0,1.5.1 [--qnn-wheel 2.5.0,2.7.0] [-- PYTEST ARGS]
     python -m harness matrix --rebuild reports/matrix-<id>      (re-render the side-by-side report only)
+    python -m harness matrix --executorch 1.4.1,1.5.1 --cross [-- PYTEST ARGS]   (and each release's programs
+        on the other releases' runtimes: harness/matrix/cross.py, cross.{json,md} and a section of the page)
 
 Writes reports/matrix-<id>/matrix.{html,md,json}. Exits 0 when every combination ran (failing checks
 are findings, not errors), 1 when some could not run (their column says why), 2 on bad arguments.
@@ -10,10 +12,12 @@ are findings, not errors), 1 when some could not run (their column says why), 2 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import shlex
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 from harness.matrix import render, runner, side_by_side
@@ -62,9 +66,16 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         metavar="FOLDER",
         help="re-render the side-by-side report of an existing reports/matrix-<id>/ and stop",
     )
+    parser.add_argument(
+        "--cross",
+        action="store_true",
+        help="also run each release's programs on every other release's runtime (cross.json, cross.md)",
+    )
     args = parser.parse_args(ours)
     if args.rebuild is None and not args.executorch:
         parser.error("--executorch is required (e.g. --executorch 1.4.1,1.5.0,1.5.1), or --rebuild FOLDER")
+    if args.cross and (args.rebuild is not None or len([v for v in args.executorch.split(",") if v.strip()]) < 2):
+        parser.error("--cross runs programs across releases: give two or more with --executorch (e.g. 1.4.1,1.5.1)")
     if args.id is not None and not MATRIX_ID.fullmatch(args.id):
         parser.error(f"--id {args.id!r}: use letters, digits, '.', '_' or '-' (at most 64)")
     return args, pytest_args
@@ -77,10 +88,14 @@ def combinations(args: argparse.Namespace) -> list[Combination]:
 
 
 def flaky_reasons() -> frozenset[str]:
-    """How the report words an xfail of each manifest entry marked flaky (those flips are not version changes)."""
-    from harness import known_failures  # imports torch (via the checks): only when writing the report
+    """How the report words an xfail of each manifest entry marked flaky (those flips are not version changes).
+    The entries are read without checking their signatures against the check registry (`known_failures.load`
+    does, and the matrix may not import the checks, a floor above it: with none registered every entry was
+    refused and no page was written); each column's suite run checked the manifest."""
+    from harness import known_failures
 
-    return frozenset(entry.describe() for entry in known_failures.load() if entry.flaky)
+    entries = tomllib.loads(known_failures.MANIFEST.read_text(encoding="utf-8")).get("known_failure", [])
+    return frozenset(known_failures.KnownFailure(**raw).describe() for raw in entries if raw.get("flaky"))
 
 
 def write_side_by_side(folder: Path, fallback_command: str) -> Path:
@@ -91,8 +106,39 @@ def write_side_by_side(folder: Path, fallback_command: str) -> Path:
     document = side_by_side.build(
         side_by_side.load_columns(folder), folder.name.removeprefix("matrix-"), command, flaky_reasons()
     )
-    render.write(document, folder)
+    render.write(document, folder, cross_document(folder))
     return folder / "matrix.html"
+
+
+def cross_document(folder: Path) -> dict | None:
+    """cross.json of a matrix folder, read as data (None when there is none, or one line when it is unreadable)."""
+    path = folder / "cross.json"
+    if not path.is_file():
+        return None
+    try:
+        cross = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        print(f"matrix: {path} is unreadable ({error}); the page has no cross-version section", file=sys.stderr)
+        return None
+    if not isinstance(cross, dict) or cross.get("schema_version") != 1:
+        print(f"matrix: {path} is not a cross.json of schema 1; the page has no cross-version section", file=sys.stderr)
+        return None
+    return cross
+
+
+def write_cross(folder: Path, args: argparse.Namespace, command: str) -> int:
+    """The cross-version step over the combinations that ran; 0, or 1 with one line when it cannot run."""
+    from harness.matrix import cross  # imports torch (numerics, the cards' eager runs): only when asked
+
+    try:
+        found = cross.cross_matrix(folder, args.home, command, progress=lambda line: print(line, flush=True))
+    except MatrixSetupError as error:
+        print(f"matrix: cross-version programs: {error}", file=sys.stderr)
+        return 1
+    path = cross.write(found, folder)
+    counts = ", ".join(f"{sum(p['counts'][o] for p in found['pairs'])} {o}" for o in found["outcomes"])
+    print(f"matrix: cross-version programs: {len(found['rows'])} runs ({counts}) -> {path} (cross.md with the page)")
+    return 0
 
 
 def main(argv: list[str]) -> int:
@@ -118,7 +164,8 @@ def main(argv: list[str]) -> int:
     runs = runner.run_matrix(
         wanted, runner.RealSteps(args.home, pytest_args), folder, progress=lambda line: print(line, flush=True)
     )
+    crossed = write_cross(folder, args, command) if args.cross else 0
     page = write_side_by_side(folder, command)
     ran = sum(run.status == "ran" for run in runs)
     print(f"matrix: {ran} of {len(runs)} combinations ran -> {page} (also matrix.md, matrix.json)")
-    return 0 if ran == len(runs) else 1
+    return 0 if ran == len(runs) and crossed == 0 else 1

@@ -48,8 +48,9 @@ def release(text: str, what: str) -> str:
     return str(version)
 
 
-def requirements_for(executorch: str, requirements: Path = REQUIREMENTS) -> list[str]:
-    """requirements.txt with executorch swapped for `executorch` and onnxruntime-qnn left out."""
+def requirements_for(executorch: str, requirements: Path = REQUIREMENTS, wheel: Path | None = None) -> list[str]:
+    """requirements.txt with executorch swapped for `executorch` (or for a wheel file of it) and onnxruntime-qnn
+    left out."""
     wanted = []
     for line in requirements.read_text().splitlines():
         line = line.split("#", 1)[0].strip()
@@ -62,7 +63,10 @@ def requirements_for(executorch: str, requirements: Path = REQUIREMENTS) -> list
             raise MatrixSetupError(f"{requirements}: {line!r} is not a requirement ({detail})") from None
         if name not in PER_COLUMN:
             wanted.append(line)
-    return [*wanted, f"executorch=={release(executorch, 'executorch')}", *COMMON_EXTRAS]
+    swapped = (
+        f"executorch @ {wheel.resolve().as_uri()}" if wheel else f"executorch=={release(executorch, 'executorch')}"
+    )
+    return [*wanted, swapped, *COMMON_EXTRAS]
 
 
 @dataclass(frozen=True)
@@ -83,10 +87,16 @@ def _pip_failure(completed: subprocess.CompletedProcess, what: str) -> MatrixSet
     return MatrixSetupError(f"{what}: {detail.removeprefix('ERROR: ')}")
 
 
-def ensure_venv(executorch: str, home: Path = MATRIX_HOME, base_python: str = sys.executable) -> PythonEnv:
-    """The venv of one executorch release: made on first use, reused while requirements.txt holds."""
-    wanted = requirements_for(executorch)
-    root = home / "venvs" / f"executorch-{release(executorch, 'executorch')}"
+def ensure_venv(
+    executorch: str, home: Path = MATRIX_HOME, base_python: str = sys.executable, wheel: Path | None = None
+) -> PythonEnv:
+    """The venv of one executorch release (or wheel file, for bisect): made on first use, reused while
+    requirements.txt holds."""
+    wanted = requirements_for(executorch, wheel=wheel)
+    name = f"executorch-{release(executorch, 'executorch')}"
+    root = (
+        home / "venvs" / (f"{name}-{hashlib.sha256(str(wheel.resolve()).encode()).hexdigest()[:12]}" if wheel else name)
+    )
     stamp = hashlib.sha256("\n".join(wanted).encode()).hexdigest()[:32]
     root.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(root) + ".lock"):

@@ -15,6 +15,7 @@ from harness.matrix.layout import OUTPUTS
 from harness.text import markdown_text
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
+CROSS_MARKDOWN = "cross.md"  # beside cross.json (harness/matrix/cross.py)
 LABELS = {
     "passed": "pass",
     "failed": "FAIL",
@@ -40,30 +41,50 @@ def _environment(autoescape: bool) -> jinja2.Environment:
         keep_trailing_newline=True,
     )
     environment.filters["md"] = md
+    environment.globals["eager"] = _eager
     environment.filters["verdict"] = lambda cell: (
         "n/a" if cell is None else LABELS.get(cell["verdict"], cell["verdict"])
     )
     return environment
 
 
+def _eager(row: dict) -> str:
+    """A cross run's outputs against eager (kept beside the comparison that decides its outcome): where the
+    runtime's own lowering is off eager too (a known defect), this says so."""
+    try:
+        mismatches, worst = int(row["eager_mismatches"]), max(map(float, row.get("eager_max_error_per_step") or [0.0]))
+    except (KeyError, TypeError, ValueError):  # no eager comparison (a refusal), or a cross.json that is not ours
+        return ""
+    return f"{mismatches} off, max {worst:.3g}" if mismatches else f"within (max {worst:.3g})"
+
+
 def _heading(column: dict) -> str:
     return f"{column['executorch']} / QAIRT {column['qairt']}"
 
 
-def render_markdown(document: dict) -> str:
-    return _environment(False).get_template("matrix.md.j2").render(document=document, heading=_heading)
+def render_markdown(document: dict, cross: dict | None = None) -> str:
+    return _environment(False).get_template("matrix.md.j2").render(document=document, heading=_heading, cross=cross)
 
 
-def render_html(document: dict) -> str:
-    return _environment(True).get_template("matrix.html.j2").render(document=document, heading=_heading)
+def render_html(document: dict, cross: dict | None = None) -> str:
+    return _environment(True).get_template("matrix.html.j2").render(document=document, heading=_heading, cross=cross)
 
 
-def write(document: dict, folder: Path) -> list[Path]:
-    """matrix.json, matrix.md and matrix.html in `folder`."""
+def render_cross_markdown(cross: dict) -> str:
+    """cross.md: the cross-version section of the matrix page on its own (harness/matrix/cross.py)."""
+    return _environment(False).get_template("cross.md.j2").render(cross=cross)
+
+
+def write(document: dict, folder: Path, cross: dict | None = None) -> list[Path]:
+    """matrix.json, matrix.md and matrix.html in `folder` (with the cross-version section, and cross.md, when
+    `cross`, the document of cross.json, is given)."""
     folder.mkdir(parents=True, exist_ok=True)
-    texts = (json.dumps(document, indent=1) + "\n", render_markdown(document), render_html(document))
+    texts = (json.dumps(document, indent=1) + "\n", render_markdown(document, cross), render_html(document, cross))
     paths = []
     for name, text in zip(OUTPUTS, texts):
         (folder / name).write_text(text, encoding="utf-8")
         paths.append(folder / name)
+    if cross is not None:  # cross.md beside cross.json, re-rendered with the page
+        (folder / CROSS_MARKDOWN).write_text(render_cross_markdown(cross), encoding="utf-8")
+        paths.append(folder / CROSS_MARKDOWN)
     return paths

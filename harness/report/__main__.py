@@ -9,15 +9,21 @@ names it: report files from elsewhere are data, harness/report/intake.py), else 
 merge: exits 2 when the parts cannot be merged (one line says why), 4 on a part or baseline that is not a
 valid report.json, 1 when --baseline is given and the merged run fails its gate (gate.json beside each
 report.json names the checks), else 0.
+A baseline (diff's A, merge's --baseline) that is a nightly store means its newest night.
+promote: `python -m harness.report promote RUN --to DIR [--keep N]` (harness/report/promote.py); exits 2
+when the run is incomplete or DIR is not a store. history: `python -m harness.report history DIR`
+(harness/report/history.py); exits 2 when DIR is not a store. issues: `python -m harness.report issues RUN`
+(harness/report/issues.py); exits 2 on a path without reports, 4 on a malformed one.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
-from harness.report import merge as merging
+from harness.report import history as histories, issues as findings, merge as merging, promote as promotion
 from harness.report.gate import BaselineError, MalformedReport, changes, compare, load
 from harness.report.writer import summary_line
 from harness.text import printable
@@ -27,7 +33,7 @@ MALFORMED = 4  # a report file that is not a valid report.json: pytest's usage-e
 
 def diff(before_path: Path, after_path: Path) -> int:
     try:
-        before, after = load(before_path), load(after_path)
+        before, after = load(promotion.baseline_path(before_path)), load(after_path)
     except BaselineError as error:
         print(f"diff: {error}", file=sys.stderr)
         return MALFORMED if isinstance(error, MalformedReport) else 2
@@ -44,11 +50,12 @@ def diff(before_path: Path, after_path: Path) -> int:
 
 def merge(folders: list[Path], out: Path, baseline: Path | None, allow_missing: bool) -> int:
     try:
+        baseline = promotion.baseline_path(baseline) if baseline else None  # a nightly store: its newest night
         merged = merging.merge(folders, out, baseline, allow_missing)
     except MalformedReport as error:
         print(f"merge: {error}", file=sys.stderr)
         return MALFORMED
-    except merging.MergeError as error:
+    except (merging.MergeError, BaselineError) as error:
         print(f"merge: {error}", file=sys.stderr)
         return 2
     socs = sorted({record.soc for record in merged.records})
@@ -64,6 +71,39 @@ def merge(folders: list[Path], out: Path, baseline: Path | None, allow_missing: 
     return 0 if verdict.ok else 1
 
 
+def promote(run: Path, store: Path, keep: int, bundles: bool) -> int:
+    try:
+        night = promotion.promote(run, store, keep, bundles)
+    except promotion.PromoteError as error:
+        print(f"promote: {error}", file=sys.stderr)
+        return 2
+    print(f"promoted {run} to {night}")
+    return 0
+
+
+def history(store: Path, out: Path | None) -> int:
+    if not promotion.is_store(store):
+        print(f"history: {store} is not a nightly store: pass the folder given to promote --to", file=sys.stderr)
+        return 2
+    json_path, html_path = histories.write(store, out)
+    for line in histories.headline(json.loads(json_path.read_text(encoding="utf-8"))):
+        print(printable(line))
+    print(f"history: {html_path} and {json_path.name}")
+    return 0
+
+
+def issues(run: Path, out: Path | None) -> int:
+    try:
+        written = findings.write(run, out)
+    except BaselineError as error:
+        print(f"issues: {error}", file=sys.stderr)
+        return MALFORMED if isinstance(error, MalformedReport) else 2
+    for path in written:
+        print(path)
+    print(f"issues: {len(written)} finding(s)" + (f" in {written[0].parent}" if written else ": no failing check"))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.report", description="Compare conformance reports.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -77,7 +117,24 @@ def main(argv: list[str] | None = None) -> int:
     command.add_argument(
         "--allow-missing", action="store_true", help="gate: baseline checks absent here do not fail it"
     )
+    command = commands.add_parser("promote", help="copy a finished run into a nightly store as its newest night")
+    command.add_argument("run", type=Path, metavar="RUN", help="a run folder (reports/<run>, or a merged folder)")
+    command.add_argument("--to", type=Path, required=True, metavar="DIR", help="the nightly store (made if new)")
+    command.add_argument("--keep", type=int, default=promotion.DEFAULT_KEEP, metavar="N", help="nights to keep")
+    command.add_argument("--no-bundles", action="store_true", help="leave the reproduction bundles out (smaller)")
+    command = commands.add_parser("history", help="history.html and history.json of a nightly store")
+    command.add_argument("store", type=Path, metavar="DIR", help="a nightly store (promote --to DIR)")
+    command.add_argument("--out", type=Path, metavar="DIR", help="where to write them (default: DIR)")
+    command = commands.add_parser("issues", help="one upstream issue.md (and script) per finding of a run")
+    command.add_argument("run", type=Path, metavar="RUN", help="a run folder (reports/<run>, or a merged folder)")
+    command.add_argument("--out", type=Path, metavar="DIR", help="where to write them (default: RUN/issues)")
     args = parser.parse_args(argv)
+    if args.command == "issues":
+        return issues(args.run, args.out)
+    if args.command == "promote":
+        return promote(args.run, args.to, args.keep, not args.no_bundles)
+    if args.command == "history":
+        return history(args.store, args.out)
     if args.command == "merge":
         return merge(args.folders, args.out, args.baseline, args.allow_missing)
     return diff(args.before, args.after)

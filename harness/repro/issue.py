@@ -10,7 +10,6 @@ return Markup, which the finalize leaves as it is.
 
 from __future__ import annotations
 
-import re
 from functools import cache
 from pathlib import Path
 
@@ -18,23 +17,18 @@ import jinja2
 from markupsafe import Markup
 
 from harness import check_registry
+from harness.known_failures import finding_titles
 from harness.numerics import TOLERANCES
-from harness.paths import REPO_ROOT
 from harness.repro import layout
-from harness.text import markdown_text
+from harness.text import code_fence, code_span, markdown_text
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
-FINDINGS = REPO_ROOT / "docs" / "FINDINGS.md"
 TRACEBACK_LINES = 12
 MODE_WORDS = {
     "delegate_mutbuf": "buffers delegated (skip_mutable_buffer=False)",
     "skip_mutbuf": "buffers kept outside the delegate (skip_mutable_buffer=True)",
     "meta_llama": "executorch's Meta llama export path",
 }
-
-
-def _longest_backticks(text: str) -> int:
-    return max((len(run) for run in re.findall(r"`+", text)), default=0)
 
 
 def _finalize(value: object) -> object:
@@ -44,23 +38,11 @@ def _finalize(value: object) -> object:
 
 def code(value: object) -> Markup:
     """An inline code span that holds value on one line, whatever backticks it contains."""
-    text = " ".join(str(value).split())
-    ticks = "`" * (_longest_backticks(text) + 1)
-    return Markup(f"{ticks} {text} {ticks}" if text else "(none)")
+    return Markup(code_span(value))
 
 
 def fenced(text: str, language: str = "") -> Markup:
-    fence = "`" * max(3, _longest_backticks(text) + 1)
-    return Markup(f"{fence}{language}\n{text.rstrip()}\n{fence}\n")
-
-
-@cache
-def finding_titles() -> dict[str, str]:
-    """docs/FINDINGS.md anchors (F1, ...) -> their section titles."""
-    if not FINDINGS.is_file():
-        return {}
-    text = FINDINGS.read_text(encoding="utf-8")
-    return {anchor: title.strip() for anchor, title in re.findall(r'<a id="(F\d+)"></a>\s*\n## F\d+\.\s*(.+)', text)}
+    return Markup(code_fence(text, language))
 
 
 def _finding_title(reference: str) -> str:

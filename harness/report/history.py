@@ -1,0 +1,319 @@
+"""`python -m harness.report history DIR`: what the nights of a nightly store (harness/report/promote.py)
+say together, as history.json and history.html.
+
+`diff` compares two runs; a nightly owner asks other questions: since when has this failed, which night
+broke it, which checks flip between nights (flaky across nights, which no single run can show), which
+devices or cards stopped being measured, how each finding's count moves (a finding as
+harness/report/issues.py names it), how a case's error moves. Every
+night's reports are read through harness/report/intake.py (they are data); a night that cannot be read is
+named in the history, not fatal.
+
+Verdict classes: a check *fails* with a verdict the gate counts as failing (harness/report/gate.py
+FAILING: failed, xfailed, xpassed) and *passes* with `passed`; skipped, not measured and infrastructure
+errors say nothing about executorch and neither start nor end a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from html import escape
+from pathlib import Path
+
+import jinja2
+import markupsafe
+
+from harness.files import write_atomically
+from harness.report.document import checks_of, json_safe
+from harness.report.gate import FAILING, BaselineError, read_documents
+from harness.report.issues import finding_of
+from harness.report.promote import NIGHT_FILE, Night, nights
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+ABOUT_CHARS = 240
+MAX_PLOTS = 120  # error plots on the page (history.json has every case): the ones that moved come first
+PLOT_W, PLOT_H, LEFT, TOP, BOTTOM = 300, 110, 42, 8, 20
+SHADES = ("#c6dbef", "#9ecae1", "#6baed6", "#4292c6", "#2171b5", "#08519c", "#08306b")
+
+
+def verdict_class(verdict: str | None) -> str | None:
+    """'fail', 'pass', or None for a verdict that says nothing about executorch (or an absent check)."""
+    if verdict in FAILING:
+        return "fail"
+    return "pass" if verdict == "passed" else None
+
+
+@dataclass(frozen=True)
+class NightReports:
+    night: Night
+    documents: dict[str, dict]  # per SoC
+    problem: str = ""  # why the night's reports could not be read (then documents is empty)
+
+    @property
+    def label(self) -> str:
+        return self.night.folder.name
+
+
+def read_store(store: Path) -> list[NightReports]:
+    """Every night of the store, oldest first, each with its reports (or the one line saying why not)."""
+    found = []
+    for night in nights(store):
+        try:
+            documents = {document["soc"]: document for _, document in read_documents(night.folder)}
+        except BaselineError as error:
+            found.append(NightReports(night, {}, str(error)))
+            continue
+        found.append(NightReports(night, documents))
+    return found
+
+
+def _device_names(document: dict) -> set[str]:
+    """Devices that measured this SoC, named so the same device has the same name every night: an
+    emulated device's adb address changes each run, so it is known by its SoC."""
+    devices = (document.get("provenance") or {}).get("devices") or []
+    if devices:
+        return {
+            f"emulated {document['soc']}" if d.get("kind") == "emulated" else d["serial"].rsplit("/", 1)[-1]
+            for d in devices
+        }
+    if document["environment"].get("emulated"):
+        return {f"emulated {document['soc']}"}
+    serials = str(document["environment"].get("device_serial") or "")
+    return {serial.strip().rsplit("/", 1)[-1] for serial in serials.split(",") if serial.strip()}
+
+
+def _number(value: object) -> float:
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _transitions(verdicts: list[str | None], labels: list[str]) -> dict:
+    """failing since, started and stopped failing, flaky (the pass/fail class changed twice or more)."""
+    started, stopped, since = [], [], None
+    previous = None
+    changes = 0
+    for verdict, label in zip(verdicts, labels):
+        kind = verdict_class(verdict)
+        if kind is None:
+            continue
+        if previous is not None and kind != previous:
+            changes += 1
+            (started if kind == "fail" else stopped).append(label)
+        if kind == "fail" and previous != "fail":
+            since = label
+        previous = kind
+    return {
+        "failing_since": since if previous == "fail" else None,
+        "started_failing": started,
+        "stopped_failing": stopped,
+        "flaky": changes >= 2,
+    }
+
+
+def _presence(seen: dict[str, list[bool]], labels: list[str], kind: str) -> list[dict]:
+    """Items that were measured one night and not a later one: the nights they were absent, and since
+    when, if they still are."""
+    missing = []
+    for item, present in sorted(seen.items()):
+        first = present.index(True)
+        absent = [label for label, here in zip(labels[first:], present[first:]) if not here]
+        if not absent:
+            continue
+        last_here = max(i for i, here in enumerate(present) if here)
+        since = labels[last_here + 1] if last_here + 1 < len(labels) else None
+        missing.append({"kind": kind, "name": item, "absent": absent, "missing_since": since})
+    return missing
+
+
+def build(store_nights: list[NightReports]) -> dict:
+    """history.json's document."""
+    labels = [n.label for n in store_nights]
+    count = len(labels)
+    verdicts: dict[tuple[str, str, str], list[str | None]] = {}
+    cards_of: dict[tuple[str, str], str] = {}
+    socs: dict[str, list[bool]] = {}
+    cards: dict[str, list[bool]] = {}
+    devices: dict[str, list[bool]] = {}
+    findings: dict[str, list[int]] = {}
+    about: dict[str, str] = {}  # a finding's words: the first failure of it seen
+    errors: dict[tuple[str, str, str], list[list[float] | None]] = {}
+    for i, night in enumerate(store_nights):
+        for soc, document in night.documents.items():
+            socs.setdefault(soc, [False] * count)[i] = True
+            for device in _device_names(document):
+                devices.setdefault(f"{soc}: {device}", [False] * count)[i] = True
+            for case, name, check in checks_of(document):
+                key = (soc, case["case_id"], name)
+                cards_of[key] = case["card"]
+                cards.setdefault(f"{soc}: {case['card']}", [False] * count)[i] = True
+                verdicts.setdefault(key, [None] * count)[i] = check["verdict"]
+                finding = finding_of(name, check)
+                if finding is not None:
+                    findings.setdefault(finding, [0] * count)[i] += 1
+                    about.setdefault(finding, (check["known_failure"] or check["message"])[:ABOUT_CHARS])
+                steps = (check.get("evidence") or {}).get("steps")
+                if isinstance(steps, list) and steps:
+                    errors.setdefault(key, [None] * count)[i] = [
+                        _number(step.get("max_abs_error")) if isinstance(step, dict) else math.nan for step in steps
+                    ]
+    # a card (device) of a SoC that was absent that night is counted once, as the SoC
+    for presence in (cards, devices):
+        for item, present in presence.items():
+            soc_present = socs[item.split(": ", 1)[0]]
+            presence[item] = [here or not soc_present[i] for i, here in enumerate(present)]
+    checks = []
+    for (soc, case_id, name), strip in sorted(verdicts.items()):
+        checks.append(
+            {
+                "soc": soc,
+                "case_id": case_id,
+                "card": cards_of[(soc, case_id, name)],
+                "check": name,
+                "verdicts": strip,
+                **_transitions(strip, labels),
+            }
+        )
+    return json_safe(
+        {
+            "history_version": 1,
+            "nights": [
+                {
+                    "name": n.label,
+                    "run_id": n.night.run_id,
+                    "promoted": _promoted(n.night),
+                    "socs": sorted(n.documents),
+                    "problem": n.problem,
+                    "executorch": sorted({str(d["environment"].get("executorch")) for d in n.documents.values()}),
+                }
+                for n in store_nights
+            ],
+            "checks": checks,
+            "missing": _presence(socs, labels, "soc")
+            + _presence(cards, labels, "card")
+            + _presence(devices, labels, "device"),
+            "findings": [
+                {"finding": name, "about": about[name], "counts": counts} for name, counts in sorted(findings.items())
+            ],
+            "errors": [
+                {"soc": soc, "case_id": case_id, "check": name, "max_abs_error": series}
+                for (soc, case_id, name), series in sorted(errors.items())
+            ],
+        }
+    )
+
+
+def _promoted(night: Night) -> str:
+    """When the night was promoted, from its night.json (data: only a short string is taken from it)."""
+    try:
+        about = json.loads((night.folder / NIGHT_FILE).read_text(encoding="utf-8")[:4096])
+        value = about.get("promoted") if isinstance(about, dict) else None
+    except (OSError, ValueError):
+        return ""
+    return value[:40] if isinstance(value, str) else ""
+
+
+def error_plot(series: list, labels: list[str]) -> str:
+    """Inline SVG: max abs error per step (log scale), one line per night, older nights lighter.
+    Drawn by hand (no script, no network); the only text from the reports is escaped."""
+    values = [_number(v) for steps in series if steps for v in steps]
+    positive = [v for v in values if math.isfinite(v) and v > 0]
+    low = math.floor(math.log10(min(positive))) - 1 if positive else -6
+    high = max(math.ceil(math.log10(max(positive))) if positive else 0, low + 1)
+    most = max((len(steps) for steps in series if steps), default=1)
+    plot_w, plot_h = PLOT_W - LEFT - 8, PLOT_H - TOP - BOTTOM
+
+    def x(i: int) -> float:
+        return LEFT + (plot_w / 2 if most == 1 else plot_w * i / (most - 1))
+
+    def y(v: float) -> float:
+        if not math.isfinite(v):
+            return TOP
+        return TOP + plot_h * (high - (math.log10(v) if v > 0 else low)) / (high - low)
+
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{PLOT_W}" height="{PLOT_H}" role="img" '
+        'aria-label="max abs error per step, one line per night">'
+    ]
+    for exponent in (high, low):
+        parts.append(
+            f'<line x1="{LEFT}" x2="{PLOT_W - 8}" y1="{y(10.0**exponent):.1f}" y2="{y(10.0**exponent):.1f}" '
+            f'stroke="#ddd"/><text x="{LEFT - 3}" y="{y(10.0**exponent) + 3:.1f}" font-size="9" '
+            f'text-anchor="end">1e{exponent}</text>'
+        )
+    drawn = [(i, steps) for i, steps in enumerate(series) if steps]
+    for rank, (i, steps) in enumerate(drawn):
+        newest = rank == len(drawn) - 1
+        colour = "#d62728" if newest else SHADES[min(len(SHADES) - 1, rank * len(SHADES) // max(1, len(drawn)))]
+        points = " ".join(f"{x(s):.1f},{y(_number(v)):.1f}" for s, v in enumerate(steps))
+        parts.append(
+            f'<polyline fill="none" stroke="{colour}" stroke-width="{2 if newest else 1}" points="{points}">'
+            f"<title>{escape(labels[i])}: "
+            + escape(", ".join(f"{_number(v):.3g}" for v in steps))
+            + "</title></polyline>"
+        )
+    parts.append(
+        f'<text x="{LEFT}" y="{PLOT_H - 5}" font-size="9">step 0</text>'
+        f'<text x="{PLOT_W - 8}" y="{PLOT_H - 5}" font-size="9" text-anchor="end">step {most - 1}</text></svg>'
+    )
+    return "".join(parts)
+
+
+def _moved(series: list) -> bool:
+    present = [tuple(steps) for steps in series if steps]
+    return len(set(map(repr, present))) > 1
+
+
+def render(history: dict) -> str:
+    """history.html: self-contained (inline style and SVG, no script), every report string escaped."""
+    labels = [n["name"] for n in history["nights"]]
+    checks = history["checks"]
+    changed = [c for c in checks if c["started_failing"] or c["stopped_failing"] or c["flaky"]]
+    steady = [c for c in checks if c not in changed and any(verdict_class(v) == "fail" for v in c["verdicts"])]
+    plots = sorted(history["errors"], key=lambda e: (not _moved(e["max_abs_error"]), e["soc"], e["case_id"]))
+    environment = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True, undefined=jinja2.StrictUndefined
+    )
+    return environment.get_template("history.html.j2").render(
+        nights=history["nights"],
+        changed=changed,
+        steady=steady,
+        passing=len(checks) - len(changed) - len(steady),
+        flaky=[c for c in checks if c["flaky"]],
+        missing=history["missing"],
+        findings=history["findings"],
+        plots=[{**e, "svg": markupsafe.Markup(error_plot(e["max_abs_error"], labels))} for e in plots[:MAX_PLOTS]],
+        plots_left=max(0, len(plots) - MAX_PLOTS),
+        verdict_class=verdict_class,
+    )
+
+
+def write(store: Path, out: Path | None = None) -> tuple[Path, Path]:
+    """history.json and history.html of the store, in out (default: the store); returns both paths."""
+    history = build(read_store(store))
+    out = out or store
+    out.mkdir(parents=True, exist_ok=True)
+    write_atomically(out / "history.json", json.dumps(history, indent=1, allow_nan=False) + "\n")
+    write_atomically(out / "history.html", render(history), errors="backslashreplace")
+    return out / "history.json", out / "history.html"
+
+
+def headline(history: dict) -> list[str]:
+    """The lines the command prints: what started failing on the newest night, flaky checks, missing items."""
+    lines = []
+    newest = history["nights"][-1]["name"] if history["nights"] else None
+    for c in history["checks"]:
+        if c["failing_since"] and c["failing_since"] == newest and c["started_failing"]:
+            lines.append(f"started failing on {newest}: {c['soc']} {c['case_id']} {c['check']}")
+    for c in history["checks"]:
+        if c["flaky"]:
+            lines.append(f"flaky across nights: {c['soc']} {c['case_id']} {c['check']}")
+    for m in history["missing"]:
+        if m["missing_since"]:
+            lines.append(f"missing since {m['missing_since']}: {m['kind']} {m['name']}")
+    for n in history["nights"]:
+        if n["problem"]:
+            lines.append(f"unreadable night {n['name']}: {n['problem']}")
+    return lines

@@ -1,0 +1,261 @@
+"""`python -m harness.report issues RUN`: one issue per finding (not per bundle), with a script that runs on
+its own, the control mode, the numbers, links that work outside this repository, and the bundles covered.
+
+The run is written by the suite's report writer; its bundles hold a case.json and a card module as a real
+bundle does (a small card module in the zoo's style: constants, a helper, the model, the steps, and the
+suite's register call the script must leave out)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.record import CheckRecord
+from harness.report import issues, writer
+from harness.tests.report.test_history import _cli
+
+COLUMNS = [{"name": "state", "short": "st"}, {"name": "partitions", "short": "pt"}]
+F1 = (
+    "known failure [uninitialised_delegated_buffer]: delegated buffer ignores its registered value "
+    "(docs/FINDINGS.md#F1; executorch backends/qualcomm/runtime/QnnManager.cpp QnnManager::AllocateTensor)"
+)
+HOSTILE = "state differs <img src=x onerror=alert(1)> ``` [link](http://evil) @team"
+CARD_MODULE = '''"""Cards for the test."""
+
+from __future__ import annotations
+
+import torch
+
+from harness.pipeline.card import ModelCard, register
+
+ROWS = 8
+UNUSED = 3
+Steps = list[tuple[torch.Tensor, ...]]
+
+
+def _generator() -> torch.Generator:
+    return torch.Generator().manual_seed(0)
+
+
+class CounterAdd(torch.nn.Module):
+    """Adds each step's input to its buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("count", torch.zeros(ROWS))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.count.add_(x)
+        return self.count.clone()
+
+
+def _counter_steps(n: int) -> Steps:
+    generator = _generator()
+    return [(torch.rand(ROWS, generator=generator),) for _ in range(n)]
+
+
+register(ModelCard(name="counter_add", build=CounterAdd, mutated_buffers=("count",), steps=_counter_steps))
+'''
+
+
+def _steps() -> list[dict]:
+    return [{"step": i, "max_abs_error": 131008.0, "sqnr_db": "-Infinity", "mismatches": 8} for i in range(4)]
+
+
+def _bundle(soc_folder: Path, case_id: str, message: str) -> str:
+    folder = soc_folder / "repro" / case_id
+    (folder / "card").mkdir(parents=True)
+    (folder / "card" / "cards.py").write_text(CARD_MODULE)
+    tree = ast.parse(CARD_MODULE)
+    sources = {node.name: ast.get_source_segment(CARD_MODULE, node) for node in tree.body if hasattr(node, "name")}
+    case = {
+        "case_id": case_id,
+        "dtype": "fp16",
+        "mode": "delegate_mutbuf",
+        "soc": soc_folder.name,
+        "steps": 4,
+        "card": {
+            "name": "counter_add",
+            "file": "card/cards.py",
+            "mutated_buffers": ["count"],
+            "build_source": sources["CounterAdd"],
+            "steps_source": sources["_counter_steps"],
+        },
+        "numbers": _steps(),
+        "lowering": {"ok": True, "error": ""},
+        "checks": {"state": {"upstream": "executorch backends/qualcomm/runtime/QnnManager.cpp QnnManager::Allocate"}},
+    }
+    (folder / "case.json").write_text(json.dumps(case))
+    (soc_folder / "repro" / f"{case_id}.tar.gz").write_bytes(b"")
+    return f"repro/{case_id}"
+
+
+def _record(soc: str, card: str, mode: str, check: str, verdict: str, **extra) -> CheckRecord:
+    case_id = f"{card}-fp16-{mode}-{soc}"
+    return CheckRecord.from_dict(
+        {
+            "nodeid": f"suites/test_{check}.py::test_{check}[{case_id}]",
+            "check": check,
+            "case_id": case_id,
+            "card": card,
+            "tags": [],
+            "dtype": "fp16",
+            "mode": mode,
+            "soc": soc,
+            "verdict": verdict,
+            **extra,
+        }
+    )
+
+
+def _run(root: Path) -> Path:
+    """counter_add fails F1 delegated on two SoCs and passes with skip_mutable_buffer=True; kv_cache fails a
+    check no entry expects, in both modes."""
+    records = []
+    for soc in ("SM8650", "SM8750"):
+        soc_folder = root / "reports" / "run1" / soc
+        repro = _bundle(soc_folder, f"counter_add-fp16-delegate_mutbuf-{soc}", F1)
+        evidence = {"steps": _steps()}
+        records += [
+            _record(
+                soc,
+                "counter_add",
+                "delegate_mutbuf",
+                "state",
+                "xfailed",
+                message=F1,
+                known_failure=F1,
+                evidence=evidence,
+                repro=repro,
+            ),
+            _record(soc, "counter_add", "delegate_mutbuf", "partitions", "passed"),
+            _record(soc, "counter_add", "skip_mutbuf", "state", "passed"),
+            _record(soc, "counter_add", "skip_mutbuf", "partitions", "passed"),
+        ]
+        for mode in ("delegate_mutbuf", "skip_mutbuf"):
+            records += [
+                _record(soc, "kv_cache", mode, "partitions", "failed", message=HOSTILE),
+                _record(soc, "kv_cache", mode, "state", "passed"),
+            ]
+    environments = {
+        soc: {
+            "soc": soc,
+            "executorch": "1.5.1",
+            "torch": "2.13.0+cpu",
+            "torchao": "0.18.0",
+            "qnn_build_id": "v2.51.0.260929181845",
+            "python": "3.11.7",
+        }
+        for soc in ("SM8650", "SM8750")
+    }
+    writer.write_run(records, environments, root / "reports", "run1", COLUMNS)
+    return root / "reports" / "run1"
+
+
+def test_one_issue_per_finding_with_a_script_that_runs(tmp_path):
+    run = _run(tmp_path)
+    completed = _cli("issues", run)
+    assert completed.returncode == 0, completed.stderr
+    written = sorted(p.name for p in (run / "issues").iterdir())
+    assert written == ["F1.md", "F1.py", "new-partitions.md"], written  # two bundles, two SoCs: one F1 issue
+    text = (run / "issues" / "F1.md").read_text()
+    assert text.startswith("# [QNN] The delegated mutable buffer starts uninitialised\n")
+    assert "| control | ` counter_add-fp16-skip_mutbuf-SM8650 ` | skip_mutbuf | passed |" in text
+    assert "The same card passes with `skip_mutable_buffer=True`" in text
+    assert "| 0 | 131008 | -Infinity | 8 |" in text.replace("\\-", "-")
+    assert "` 1.5.1 `" in text and "` v2.51.0.260929181845 `" in text
+    assert "(https://github.com/pytorch/executorch/blob/v1.5.1/backends/qualcomm/runtime/QnnManager.cpp)" in text
+    assert "](docs/" not in text and "](../" not in text  # no link into this repository
+    for soc in ("SM8650", "SM8750"):
+        assert f"` {soc}/repro/counter_add-fp16-delegate_mutbuf-{soc}.tar.gz `" in text
+    script = (run / "issues" / "F1.py").read_text()
+    assert script in text  # the issue carries the script itself
+    assert "register(" not in script and "harness" not in script and "UNUSED" not in script
+    compile(script, "F1.py", "exec")
+    eager = subprocess.run(
+        [sys.executable, str(run / "issues" / "F1.py"), "--eager-only"], capture_output=True, text=True, timeout=120
+    )
+    assert eager.returncode == 0, eager.stderr
+    assert "eager: 4 step(s), output shapes [(8,)]" in eager.stdout
+
+
+def test_a_failure_no_entry_expects_is_its_own_finding_and_its_words_stay_text(tmp_path):
+    run = _run(tmp_path)
+    issues.write(run)
+    text = (run / "issues" / "new-partitions.md").read_text()
+    assert "The control fails too" in text
+    span = "```` state differs <img src=x onerror=alert(1)> ``` [link](http://evil) @team ````"
+    assert span in text  # in a code span its fence cannot close: shown as the characters it holds
+    assert "# [QNN] partitions fails: state differs \\<img src=x" in text  # in the title: escaped
+    assert "<img" not in text.replace(span, "").replace("\\<img", "")
+    assert "](http" not in text.replace(span, "")
+    assert "Not analysed yet" in text and "No reproduction bundle" in text
+
+
+def test_a_bundle_is_data_a_planted_card_path_or_link_is_not_read(tmp_path):
+    run = _run(tmp_path)
+    case_file = run / "SM8650" / "repro" / "counter_add-fp16-delegate_mutbuf-SM8650" / "case.json"
+    case = json.loads(case_file.read_text())
+    case["card"]["file"] = "../../../../../../etc/passwd"
+    case_file.write_text(json.dumps(case))
+    link = run / "SM8750" / "repro" / "counter_add-fp16-delegate_mutbuf-SM8750"
+    os.rename(link, tmp_path / "moved")
+    os.symlink(tmp_path / "moved", link)
+    issues.write(run)
+    text = (run / "issues" / "F1.md").read_text()
+    assert not (run / "issues" / "F1.py").exists()
+    assert "cannot be cut out of its module on its own" in text and "root:" not in text
+
+
+def test_a_card_that_needs_the_suite_gets_no_script(tmp_path):
+    source = CARD_MODULE.replace("ROWS = 8", "from harness.pipeline.sizes import ROWS")
+    assert issues.card_code(source, "CounterAdd", "_counter_steps") is None
+    assert issues.card_code(CARD_MODULE, "CounterAdd", "_counter_steps") is not None
+    assert issues.card_code(CARD_MODULE, "Missing", "_counter_steps") is None
+
+
+def test_issues_of_a_folder_without_reports_is_one_line(tmp_path):
+    completed = _cli("issues", tmp_path)
+    assert completed.returncode == 2 and completed.stderr.count("\n") == 1 and "no report.json" in completed.stderr
+
+
+def test_finding_of_names_the_finding_and_not_a_pass():
+    check = {"verdict": "xfailed", "known_failure": F1, "message": ""}
+    assert issues.finding_of("state", check) == "F1"
+    assert issues.finding_of("state", {**check, "verdict": "passed"}) is None
+    assert issues.finding_of("state", {**check, "verdict": "xpassed"}) is None
+    assert issues.finding_of("state", {"verdict": "failed", "known_failure": "", "signature": "x/../y"}) == (
+        "new-state-xy"
+    )
+
+
+def test_a_manifest_entry_records_its_upstream_issue_and_the_issue_says_it_is_filed(tmp_path):
+    from harness import checks, known_failures  # noqa: F401  checks: the signatures a manifest may name
+
+    entry = '[[known_failure]]\npattern = "test_state[*]"\nsignature = "state_mismatch"\nreason = "r"\n'
+    good, bad = tmp_path / "good.toml", tmp_path / "bad.toml"
+    good.write_text(entry + 'upstream = "https://github.com/pytorch/executorch/issues/12345"\n')
+    bad.write_text(entry + 'upstream = "https://evil.example/pytorch/executorch/issues/1"\n')
+    (loaded,) = known_failures.load(good)
+    assert loaded.describe().endswith("[upstream: https://github.com/pytorch/executorch/issues/12345]")
+    with pytest.raises(ValueError, match="not an upstream issue"):
+        known_failures.load(bad)
+    run = _run(tmp_path)
+    report = run / "SM8650" / "report.json"
+    document = json.loads(report.read_text())
+    for case in document["cases"]:
+        for check in case["checks"].values():
+            if check["known_failure"]:
+                check["known_failure"] += " [upstream: https://github.com/pytorch/executorch/issues/12345]"
+    report.write_text(json.dumps(document))
+    issues.write(run)
+    text = (run / "issues" / "F1.md").read_text()
+    assert "**Filed already**: https://github.com/pytorch/executorch/issues/12345 (" in text
+    issues.write(_run(tmp_path / "again"))
+    assert "Filed already" not in (tmp_path / "again" / "reports" / "run1" / "issues" / "F1.md").read_text()
