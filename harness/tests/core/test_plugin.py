@@ -73,8 +73,8 @@ def test_matrix_collects_every_card_dtype_mode_and_soc_and_extra_models():
     ids = [line for line in completed.stdout.splitlines() if "::test_partitions[" in line]
     assert any("[split_by_unsupported_op-16a4w-skip_mutbuf-SM8750]" in line for line in ids), "--models adds cards"
     assert any("[kv_index_copy_dim1-fp16-delegate_mutbuf-SM8650]" in line for line in ids)
-    import fixtures.families  # noqa: F401, E401  (the default cards)
     import harness.tests.broken_cards  # noqa: F401
+    from fixtures import families, multi_method, zoo  # noqa: F401  (the default cards)
     from harness.pipeline import card, cases
     from harness.vocabulary import DTYPES
 
