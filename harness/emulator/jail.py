@@ -5,7 +5,7 @@ the suite's user can; in the jail (bwrap: new user, mount, net, ipc and uts name
 dropped) the device's top directories are the sandbox's, bound read-write at /data, /sdcard, /system and
 /vendor, and the host's other top directories are bound read-only at their own paths, so the venv and the
 QNN libraries are still there. Not /proc (its /proc/PID/root would lead back to the host's writable file
-system), and neither /run nor /tmp: unix sockets there (an ssh agent, docker, a session bus) accept
+system; only /proc/cpuinfo is there, a file that leads nowhere), and neither /run nor /tmp: unix sockets there (an ssh agent, docker, a session bus) accept
 connections through a read-only mount, so only the device's own folder (its properties, faults) and
 the paths the device's environment names are bound from them.
 Measured on the CI machine: bwrap works as root and as an unprivileged user (Debian package bubblewrap);
@@ -29,6 +29,11 @@ from harness.emulator.device_fs import DEVICE_TOP_DIRS
 NOT_FROM_HOST = {"proc", "dev", "run", "tmp", "lost+found", *DEVICE_TOP_DIRS}
 # The devices a shell needs; bound one by one (bwrap's --dev, a fresh devtmpfs, cost 8 ms per command).
 DEVICE_NODES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+# The only /proc files a device command sees, each bound read-only by itself: executorch's thread pool
+# (cpuinfo) reads /proc/cpuinfo, and without it the compiled runner's first op outside the delegate crashed
+# (SIGSEGV after "cpuinfo initialization failed": measured on ring_gather_written, every quantized dtype).
+# A file of /proc, unlike /proc itself, leads nowhere back to the host's file system.
+PROC_FILES = ("/proc/cpuinfo",)
 # Variables whose paths a device command needs to read even when they lie under /tmp or /run.
 NEEDED_PATH_VARIABLES = (
     "QNNSUITE_PYTHON",
@@ -93,6 +98,9 @@ def jail_argv(root: Path, argv: list[str], cwd: str, env: dict[str, str]) -> lis
             command += ["--ro-bind", str(host), str(host)]
     for node in DEVICE_NODES:
         command += ["--dev-bind", node, node]
+    for name in PROC_FILES:
+        if os.path.exists(name):
+            command += ["--ro-bind", name, name]
     command += ["--tmpfs", "/tmp", "--dir", "/run"]
     for path in needed_host_paths(root, env):
         command += ["--ro-bind", str(path), str(path)]

@@ -134,9 +134,10 @@ def test_a_failed_run_brings_its_device_log_into_the_evidence(tmp_path, shared_c
     assert completed.returncode == 1, (completed.stdout + completed.stderr)[-3000:]
     assert "health check: 2/2 device(s) healthy" in completed.stderr
     check = _report(reports, FAULTY)["cases"][0]["checks"]["state"]
-    assert check["verdict"] == "failed" and "runner: cannot load" in check["message"]
+    # The compiled runner's own line, and executorch's C++ log line (level E) in the device log.
+    assert check["verdict"] == "failed" and "suite_runner: error: cannot load the program" in check["message"]
     log = check["evidence"]["device_log"]
-    assert " I ExecuTorch: [program.cpp:" in log and "File size is too small" in log, log
+    assert " E ExecuTorch: program.cpp:" in log and "File size is too small" in log, log
     assert "qnn_executor_runner" not in log, "only ExecuTorch and QNN tags are pulled"
     (bundle,) = [p for p in (reports / "latest" / FAULTY / "repro").iterdir() if p.is_dir()]
     assert "File size is too small" in (bundle / "device" / "device.log").read_text()

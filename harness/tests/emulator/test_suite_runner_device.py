@@ -236,3 +236,11 @@ def test_a_runner_that_cannot_be_built_is_one_line_and_the_pybindings_runner_run
         assert names == [RUNNER_NAME], "without the binary the device has no suite_runner: run_case falls back"
     finally:
         kinds.emulated_suite_runner.cache_clear()
+
+
+def test_the_jail_shows_cpuinfo_and_no_other_proc_file(device):
+    """executorch's thread pool reads /proc/cpuinfo (without it the compiled runner crashed at the first op
+    outside the delegate); the rest of /proc stays out of the jail (/proc/self/root would lead to the host)."""
+    assert device.shell("head -1 /proc/cpuinfo").output.startswith("processor")
+    assert device.shell("ls /proc").output.split() == ["cpuinfo"]
+    assert device.shell("test -e /proc/self/root").exit_code != 0
