@@ -195,8 +195,8 @@ def test_without_a_compiler_the_bundle_runs_the_pybindings_runner_and_says_so(ru
     assert completed.returncode == 1, completed.stdout[-3000:] + completed.stderr[-3000:]
     said = [line for line in completed.stderr.splitlines() if "pybindings" in line]
     assert said == [
-        f"repro.py: the steps run with the pybindings runner: the suite's runner cannot be built: cannot run "
-        f"{tmp_path / 'no-g++'} ([Errno 2] No such file or directory: '{tmp_path / 'no-g++'}'): check that it is "
+        f"repro.py: the steps run with the pybindings runner: the suite's runner cannot be built: cannot run the "
+        f"C++ compiler {tmp_path / 'no-g++'} ([Errno 2] No such file or directory: '{tmp_path / 'no-g++'}'): check that it is "
         f"an executable C++ compiler, or install g++ (`apt-get install g++`)"
     ], completed.stderr[-2000:]
     assert "verdict: REPRODUCED (initial_state, state fail as recorded)" in completed.stdout.splitlines()
