@@ -25,7 +25,7 @@ from harness.qnn.toolchain import prepare
 from harness.record import REPORT_ATTRIBUTE, CheckRecord
 from harness.report import perf_gate
 from harness.report.document import SPOKEN, tally
-from harness.report.gate import GateResult, Key, Outcome, read_documents
+from harness.report.gate import BaselineError, GateResult, Key, Outcome, read_documents
 from harness.report.perf_gate import FAIL, PASS, WARN
 from harness.repro import layout
 from harness.user_state import UnsafeStateDir, state_dir
@@ -52,12 +52,16 @@ class ConformanceReporter:
     def __init__(self, options: RunOptions, context: RunContext, baseline: dict[Key, Outcome] | None) -> None:
         """baseline: the outcomes of --baseline, read before this run wrote anything (None: no gate)."""
         self._options, self._context, self._baseline = options, context, baseline
-        # The baseline's case timings, read now too (before this run writes): the performance gate's side
-        self._perf_baseline = perf_gate.baseline_timings(
-            [document for _, document in read_documents(options.baseline)]
-            if baseline is not None and options.baseline is not None
-            else []
-        )
+        # The baseline's case timings, read now too (before this run writes): the performance gate's side.
+        # The plugin read the same path as outcomes already; a path that cannot be read (given as outcomes
+        # only) leaves the performance gate nothing to compare.
+        self._perf_baseline: dict = {}
+        if baseline is not None and options.baseline is not None:
+            try:
+                documents = [document for _, document in read_documents(Path(options.baseline))]
+            except BaselineError:
+                documents = []
+            self._perf_baseline = perf_gate.baseline_timings(documents)
         self.records: list[CheckRecord] = []
         self._lines: list[str] = []
         self._notes: list[str] = []  # records that could not be read
