@@ -7,12 +7,15 @@ runs without it pass) is test_perf_gate_end_to_end.py."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from dataclasses import replace
 
 import jsonschema
 import pytest
 
 from harness.emulator.compiled_runner import slowdown_ms
+from harness.paths import REPO_ROOT
 from harness.record import CheckRecord, step_stats
 from harness.report import page, write_run
 from harness.report.chart import step_time_chart
@@ -197,3 +200,35 @@ def test_gate_json_and_the_page_name_the_performance_verdicts(tmp_path):
 )
 def test_the_slowdown_switch_slows_only_the_cases_it_names(fault, folder, expected):
     assert slowdown_ms(fault, folder) == expected
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["--perf-repeats", "0"], "ERROR: --perf-repeats 0: give a count of 1 or more"),
+        (["--perf-budget", "-5"], "ERROR: --perf-budget -5.0: give a finite percentage of 0 or more"),
+        (["--perf-budget", "nan"], "ERROR: --perf-budget nan: give a finite percentage of 0 or more"),
+    ],
+)
+def test_a_bad_perf_option_is_one_line_naming_the_fix(argv, line):
+    completed = subprocess.run(
+        [sys.executable, "-m", "pytest", "suites", "--collect-only", "-q", "-p", "no:cacheprovider", *argv],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    output = completed.stdout + completed.stderr
+    assert completed.returncode == 4 and line in output and "Traceback" not in output, output[-2000:]
+
+
+def test_good_perf_options_are_accepted():
+    completed = subprocess.run(
+        [sys.executable, "-m", "pytest", "suites", "--collect-only", "-q", "-p", "no:cacheprovider"]
+        + ["--perf-repeats", "3", "--perf-budget", "0", "--perf-gate", "--compile-only", "-k", "counter_add"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert completed.returncode == 0, (completed.stdout + completed.stderr)[-2000:]
