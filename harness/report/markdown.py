@@ -101,14 +101,14 @@ def _performance(document: dict) -> list[str]:
         lines.append(
             f"| {markdown_text(case['case_id'])} | {kind} | {_us(timing.get('first_step_us'))} "
             f"| {_us(timing.get('p50_us'))} | {_us(timing.get('p90_us'))} "
-            f"| {', '.join(_us(v) for v in timing.get('repeats_p50_us') or [])} | {_us(timing.get('peak_rss_kb'))} |"
+            f"| {' · '.join(_us(v) for v in timing.get('repeats_p50_us') or [])} | {_us(timing.get('peak_rss_kb'))} |"
         )
     lines += _more(len(timed), LISTED, "report.json and report.html have every case")
     rows = speedups(document)
     if rows:
         lines += [
             "",
-            "| delegation speed-up (skip-mode p50 / delegated p50) | device | ratio |",
+            "| delegation speed-up (skip-mode p50 / delegated p50, each its fastest repeat) | device | ratio |",
             "| --- | --- | ---: |",
         ]
         lines += [

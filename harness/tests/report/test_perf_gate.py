@@ -149,7 +149,7 @@ def test_reports_show_p50_p90_first_step_memory_speedup_and_the_chart(tmp_path):
     summary = (folders["SM8650"] / "summary.md").read_text()
     assert "## Step times (simulator times" in summary
     assert (
-        f"| {CARD}-fp16-delegate_mutbuf-SM8650 | simulator | 18,000 | 6,000 | 6,001 | 6,000, 6,600, 6,300 | 133,000 |"
+        f"| {CARD}-fp16-delegate_mutbuf-SM8650 | simulator | 18,000 | 6,000 | 6,001 | 6,000 · 6,600 · 6,300 | 133,000 |"
         in summary
     )
     assert "1.50 |" in summary, "the speed-up: skip 9000 / delegated 6000"
