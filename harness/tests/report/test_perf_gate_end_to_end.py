@@ -98,3 +98,9 @@ def test_a_slowed_mode_fails_the_performance_gate_naming_exactly_its_cases(basel
         c for c in json.loads((reports / "latest" / SOC / "report.json").read_text())["cases"] if c["case_id"] == SLOWED
     )
     assert min(slowed["timing"]["repeats_p50_us"]) >= SLOWDOWN_MS * 1000, "the sleep is counted in execute_us"
+    twin = next(
+        c
+        for c in json.loads((reports / "latest" / SOC / "report.json").read_text())["cases"]
+        if c["case_id"] == UNTOUCHED
+    )
+    assert min(twin["timing"]["repeats_p50_us"]) < SLOWDOWN_MS * 1000, "the other mode is not slowed"
