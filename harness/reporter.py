@@ -185,7 +185,11 @@ class ConformanceReporter:
                 f"gate against {self._options.baseline}: "
                 + ("no regressions" if verdict.ok else "FAILED")
                 + f"; performance: {_perf_counts(verdict)}"
-                + (f" ({len(named)} check(s) named; gate.json beside each report.json)" if named else "")
+                + (
+                    f" ({len(checks)} check(s) named; gate.json beside each report.json)"
+                    if (checks := verdict.entries())
+                    else ""
+                )
             ]
             self._lines += [f"  {line}" for line in named[:GATE_LINES]]
             if len(named) > GATE_LINES:
