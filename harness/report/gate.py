@@ -22,7 +22,7 @@ from pathlib import Path
 from harness.record import CheckRecord
 from harness.report.document import checks_of
 from harness.report.intake import ReportDataError, read_report
-from harness.report.perf_gate import FAIL, PASS, PerfVerdict
+from harness.report.perf_gate import FAIL, PerfVerdict
 
 Key = tuple[str, str, str]  # soc, case_id, check
 # A check that passed in the baseline and is now an expected failure still regressed: somebody added
@@ -175,11 +175,10 @@ class GateResult:
                 )
             else:
                 lines.append(f"{entry['kind']}: {change}" + (f": {entry['why']}" if entry["why"] else ""))
+        # A performance FAIL is something to do; WARNs are counted on the gate's line and listed in the files.
         lines += [
-            verdict.line()
-            + ("" if self.perf_fails_gate or verdict.verdict != FAIL else " (reported; --perf-gate fails on it)")
-            for verdict in self.performance
-            if verdict.verdict != PASS
+            verdict.line() + ("" if self.perf_fails_gate else " (reported; --perf-gate fails on it)")
+            for verdict in self.perf_failures
         ]
         return lines
 

@@ -71,6 +71,9 @@ def test_step_stats_are_the_steps_after_the_first_nearest_rank():
         ([1000, 1010, 1005], [1250, 1260, 1255], FAIL),  # +25% with a 1% band: a regression
         ([1000, 1300, 1005], [1500, 1510, 1505], FAIL),  # +50%: beyond budget + band
         ([1000, 1010, 1005], [700, 720, 710], PASS),  # faster is never a regression
+        ([1000], [2000], WARN),  # +100% but one repeat each: the noise was not measured, never a FAIL
+        ([1000, 1010, 1005], [2000], WARN),  # one repeat on one side is not enough either
+        ([1000], [1050], PASS),
     ],
 )
 def test_the_rule_fails_growth_beyond_budget_and_noise_and_only_that(before, after, expected):
@@ -105,10 +108,10 @@ def test_a_report_written_before_repeats_reads_its_one_run():
 
 
 def test_the_conformance_gate_fails_on_a_perf_fail_only_when_asked():
-    records = records_with({"delegate_mutbuf": timing([6000]), "skip_mutbuf": timing([9000])})
+    records = records_with({"delegate_mutbuf": timing([6000, 6100]), "skip_mutbuf": timing([9000, 9050])})
     result = gate_compare(of_records(records), of_records(records))
     slowed = compare(
-        {(r.soc, r.case_id): r.timing for r in records}, records_with({"delegate_mutbuf": timing([60000])}), 10.0
+        {(r.soc, r.case_id): r.timing for r in records}, records_with({"delegate_mutbuf": timing([60000, 60500])}), 10.0
     )
     reported = replace(result, performance=slowed)
     assert reported.ok and any("performance FAIL" in line and "reported" in line for line in reported.lines())
@@ -166,8 +169,8 @@ def test_the_step_chart_escapes_names_and_draws_each_mode():
 
 
 def test_gate_json_and_the_page_name_the_performance_verdicts(tmp_path):
-    baseline_records = records_with({"delegate_mutbuf": timing([6000, 6100]), "skip_mutbuf": timing([9000])})
-    now = records_with({"delegate_mutbuf": timing([60000, 60100]), "skip_mutbuf": timing([9000])})
+    baseline_records = records_with({"delegate_mutbuf": timing([6000, 6100]), "skip_mutbuf": timing([9000, 9050])})
+    now = records_with({"delegate_mutbuf": timing([60000, 60100]), "skip_mutbuf": timing([9000, 9050])})
     result = replace(
         gate_compare(of_records(baseline_records), of_records(now)),
         performance=compare({(r.soc, r.case_id): r.timing for r in baseline_records}, now, 10.0),
@@ -232,3 +235,14 @@ def test_good_perf_options_are_accepted():
         timeout=120,
     )
     assert completed.returncode == 0, (completed.stdout + completed.stderr)[-2000:]
+
+
+def test_one_repeat_is_at_most_a_warn_that_says_so_and_the_terminal_lists_only_fails():
+    records = records_with({"delegate_mutbuf": timing([6000]), "skip_mutbuf": timing([9000, 9050])})
+    slower = records_with({"delegate_mutbuf": timing([60000]), "skip_mutbuf": timing([90000, 90500])})
+    verdicts = compare({(r.soc, r.case_id): r.timing for r in records}, slower, 10.0)
+    by_mode = {v.case_id.split("-")[2]: v for v in verdicts}
+    assert by_mode["delegate_mutbuf"].verdict == WARN and "noise not measured" in by_mode["delegate_mutbuf"].line()
+    assert by_mode["skip_mutbuf"].verdict == FAIL
+    lines = replace(gate_compare(of_records(records), of_records(records)), performance=verdicts).lines()
+    assert [line.split(" p50")[0] for line in lines] == [f"performance FAIL: SM8650 {CARD}-fp16-skip_mutbuf-SM8650"]
