@@ -37,9 +37,12 @@ class CaseStore:
         runner_timeout_s: float,
         cache_dir: Path | None,
         lowering_server: Path | None,
+        perf_repeats: int = 1,
     ) -> None:
         """cache_dir: where lowered artifacts are kept by content key across runs (None: this run only);
-        lowering_server: the run's lowering server socket (None: each case lowered in a fresh Python)."""
+        lowering_server: the run's lowering server socket (None: each case lowered in a fresh Python);
+        perf_repeats: runs of each case's plan, each in a fresh runner process (--perf-repeats)."""
+        self._perf_repeats = perf_repeats
         self._toolchain = toolchain
         self._lowering_server = lowering_server
         self._cache_dir = cache_dir
@@ -158,6 +161,33 @@ class CaseStore:
         outcome.device_log = attempt.device_log
         outcome.timings_s.update(attempt.timings_s)
         outcome.rerun = lambda runner: self._run_through(outcome, runner)
+        if outcome.run is not None:
+            self._repeat(outcome)
+
+    def _repeat(self, outcome: CaseOutcome) -> None:
+        """The plan run again, --perf-repeats - 1 times, each in a fresh runner process (so from the program's
+        initial state): only the step times are kept, for the performance gate's noise band. A repeat that
+        fails ends the repeats (the gate then has fewer of them) and is said on the outcome's device log."""
+        case = outcome.case
+        for repeat in range(1, self._perf_repeats):
+            attempt = run_with_reconnects(
+                self._pool,
+                case.soc,
+                f"{self._worker}:{case.id}:repeat{repeat}",
+                f"{case.id}.repeat{repeat}",
+                outcome.artifact.pte,
+                outcome.steps,
+                self._work_dir / "runs" / self._worker / f"{case.id}.repeat{repeat}",
+                output_count=len(outcome.reference[0]),
+                timeout_s=self._runner_timeout_s,
+                method_index=outcome.artifact.facts.method_index,
+                output_bytes=[[array.nbytes for array in row] for row in outcome.reference],
+                methods=case.card.step_methods(len(outcome.steps)) if case.card.multi_method else None,
+            )
+            if attempt.run is None:
+                outcome.device_log += f"\n--perf-repeats: repeat {repeat} failed: {attempt.error}"
+                return
+            outcome.repeat_steps_us.append(list(attempt.run.step_times_us))
 
     def _run_through(self, outcome: CaseOutcome, runner: str) -> OtherRun:
         """The case's program and inputs through another runner of a device of its SoC (runner_parity)."""

@@ -92,6 +92,7 @@ def case_store(
         qnnsuite_options.runner_timeout_s,
         qnnsuite_options.cache_dir,
         run_context.lowering_server,
+        perf_repeats=qnnsuite_options.perf_repeats,
     )
     order = pytestconfig.stash.get(CASE_ORDER, None)  # known in a run without xdist workers
     if order:

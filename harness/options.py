@@ -125,6 +125,26 @@ def add_options(parser: pytest.Parser) -> None:
         help="gate: a check of the baseline that this run lacks does not fail the gate (a narrowed run)",
     )
     group.addoption(
+        "--perf-repeats",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run each case's plan N times (a fresh runner each time) so the performance gate measures the noise "
+        "(docs/PERFORMANCE.md); the checks read the first run",
+    )
+    group.addoption(
+        "--perf-budget",
+        type=float,
+        default=10.0,
+        metavar="PERCENT",
+        help="performance gate: p50 step time may grow this much beyond the noise band before it is a FAIL (default 10)",
+    )
+    group.addoption(
+        "--perf-gate",
+        action="store_true",
+        help="a performance FAIL against --baseline fails the run (without it, it is reported only)",
+    )
+    group.addoption(
         "--known-failures",
         default=str(MANIFEST),
         metavar="FILE",
@@ -173,6 +193,9 @@ class RunOptions:
     cache_dir: Path | None  # None with --no-cache
     repro_all: bool = False  # reproduction bundles for passes too
     backend_lib: Path | None = None  # --backend-lib
+    perf_repeats: int = 1  # runs of each case's plan (the first one's outputs are checked)
+    perf_budget: float = 10.0  # percent, beyond the noise band (harness/report/perf_gate.py)
+    perf_gate: bool = False  # a performance FAIL fails the run
     android_ndk: Path | None = None  # --android-ndk or ANDROID_NDK_ROOT
     executorch_android_build: Path | None = None  # --executorch-android-build (with an NDK)
     shard: sharding.Shard | None = None  # --shard: this run's part of the cases
@@ -240,6 +263,11 @@ def parse(config: pytest.Config) -> RunOptions:
     if (problem := unwritable_reason(report_dir)) is not None:  # found now, not after an hour of running
         raise pytest.UsageError(f"--report-dir {report_dir}: {problem}: pass a folder this user can write to")
     emulate = config.getoption("--emulate")
+    perf_repeats, perf_budget = config.getoption("--perf-repeats"), config.getoption("--perf-budget")
+    if perf_repeats < 1:
+        raise pytest.UsageError(f"--perf-repeats {perf_repeats}: give a count of 1 or more (3 measures the noise)")
+    if not perf_budget >= 0 or perf_budget == float("inf"):
+        raise pytest.UsageError(f"--perf-budget {perf_budget}: give a finite percentage of 0 or more, e.g. 10")
     backend_lib = config.getoption("--backend-lib")
     return RunOptions(
         shard=_shard(config.getoption("--shard"), config.getoption("--shard-timings")),
@@ -262,6 +290,9 @@ def parse(config: pytest.Config) -> RunOptions:
         cache_dir=None if config.getoption("--no-cache") else trusted_cache_dir(Path(config.getoption("--cache-dir"))),
         repro_all=config.getoption("--repro-all"),
         backend_lib=Path(backend_lib).resolve() if backend_lib else None,
+        perf_repeats=perf_repeats,
+        perf_budget=perf_budget,
+        perf_gate=config.getoption("--perf-gate"),
         android_ndk=(ndk := _android_ndk(config.getoption("--android-ndk"))),
         executorch_android_build=_executorch_android_build(config.getoption("--executorch-android-build"), ndk),
     )

@@ -22,6 +22,7 @@ import numpy as np
 
 from harness import numerics
 from harness.pipeline import eager, mutbuf
+from harness.record import step_stats
 from harness.vocabulary import FLOAT_DTYPE, Case
 
 if TYPE_CHECKING:
@@ -125,6 +126,9 @@ class CaseOutcome:
     retries: int = 0  # device runs repeated after a dropped connection
     run_dir: Path | None = None  # where the device run's inputs, outputs and log were put (in the run's work dir)
     timings_s: dict[str, float] = field(default_factory=dict)
+    # Step times of the plan's later runs under --perf-repeats (a fresh runner process each: fresh state);
+    # only their times are kept, the checks read the first run's outputs.
+    repeat_steps_us: list[list[int]] = field(default_factory=list)
     dependence: list[list[np.ndarray]] | None = None  # see initial_value_dependence (given by the CaseStore)
     # Runs the same program and inputs through the named device runner (the CaseStore's; None where nothing
     # can run a second runner, e.g. a reproduction bundle): what runner_parity compares the case's run with.
@@ -137,11 +141,16 @@ class CaseOutcome:
         if self.run is None:
             return None
         steps = [int(micros) for micros in self.run.step_times_us]
+        stats = step_stats(steps)
+        repeats = [stats["p50_us"], *(step_stats(list(r))["p50_us"] for r in self.repeat_steps_us)]
         return {
             "runner": self.run.runner,
             "steps_us": steps,
             "first_step_us": steps[0] if steps else None,
             "peak_rss_kb": self.run.peak_rss_kb,
+            "device_kind": self.device_kind,  # emulated: simulator times, never compared with a phone's
+            **stats,
+            "repeats_p50_us": [p50 for p50 in repeats if p50 is not None],
         }
 
     def device_outputs(self) -> list[list[np.ndarray]]:

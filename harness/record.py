@@ -8,6 +8,7 @@ included), and carried to the controller on pytest's own test report (as junitxm
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -39,7 +40,8 @@ class CheckRecord:
     cached_lowering: bool = False
     work: dict[str, int] = field(default_factory=dict)  # the case's exports, quantizations, lowerings in this run
     timings_s: dict[str, float] = field(default_factory=dict)
-    # The case's device run timing: {runner, steps_us, first_step_us, peak_rss_kb} (None: not run)
+    # The case's device run timing: {runner, steps_us, first_step_us, peak_rss_kb, p50_us, p90_us,
+    # repeats_p50_us} (None: not run); p50/p90 from step_stats, repeats_p50_us one per --perf-repeats run
     timing: dict[str, Any] | None = None
     duration_s: float = 0.0
     check_s: float | None = None
@@ -59,6 +61,22 @@ class CheckRecord:
         if "verdict" in values:  # without one, the record is torn: TypeError below
             values["verdict"] = Verdict(values["verdict"])  # ValueError on a verdict no run writes
         return cls(**values)
+
+
+def percentile(values: list[int], fraction: float) -> int | None:
+    """The nearest-rank percentile (a measured value, never an interpolated one); None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(fraction * len(ordered)) - 1))]
+
+
+def step_stats(steps_us: list[int]) -> dict[str, int | None]:
+    """p50 and p90 execute time of a run's steps after the first: the first includes load and graph set-up,
+    which the later ones do not (a one-step run has none: both None). The one reading of a run's step times,
+    for the record (harness/outcome.py), the reports and the performance gate (harness/report/perf_gate.py)."""
+    later = [int(micros) for micros in steps_us[1:]]
+    return {"p50_us": percentile(later, 0.5), "p90_us": percentile(later, 0.9)}
 
 
 def finding_in(text: str) -> str:

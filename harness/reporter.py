@@ -12,6 +12,7 @@ import json
 import sys
 import time
 import traceback
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,8 +23,10 @@ from harness.files import say, unwritable, write_atomically
 from harness.options import RunOptions
 from harness.qnn.toolchain import prepare
 from harness.record import REPORT_ATTRIBUTE, CheckRecord
+from harness.report import perf_gate
 from harness.report.document import SPOKEN, tally
-from harness.report.gate import Key, Outcome
+from harness.report.gate import BaselineError, GateResult, Key, Outcome, read_documents
+from harness.report.perf_gate import FAIL, PASS, WARN
 from harness.repro import layout
 from harness.user_state import UnsafeStateDir, state_dir
 from harness.vocabulary import VERDICTS
@@ -49,6 +52,16 @@ class ConformanceReporter:
     def __init__(self, options: RunOptions, context: RunContext, baseline: dict[Key, Outcome] | None) -> None:
         """baseline: the outcomes of --baseline, read before this run wrote anything (None: no gate)."""
         self._options, self._context, self._baseline = options, context, baseline
+        # The baseline's case timings, read now too (before this run writes): the performance gate's side.
+        # The plugin read the same path as outcomes already; a path that cannot be read (given as outcomes
+        # only) leaves the performance gate nothing to compare.
+        self._perf_baseline: dict = {}
+        if baseline is not None and options.baseline is not None:
+            try:
+                documents = [document for _, document in read_documents(Path(options.baseline))]
+            except BaselineError:
+                documents = []
+            self._perf_baseline = perf_gate.baseline_timings(documents)
         self.records: list[CheckRecord] = []
         self._lines: list[str] = []
         self._notes: list[str] = []  # records that could not be read
@@ -132,7 +145,11 @@ class ConformanceReporter:
     def _report(self, session: pytest.Session) -> None:
         verdict = None
         if self._baseline is not None:
-            verdict = report.gate(self.records, self._baseline, self._options.allow_missing)
+            verdict = replace(
+                report.gate(self.records, self._baseline, self._options.allow_missing),
+                performance=perf_gate.compare(self._perf_baseline, self.records, self._options.perf_budget),
+                perf_fails_gate=self._options.perf_gate,
+            )
         toolchain = prepare(self._options.qnn_sdk)
         shard = self._options.shard.label if self._options.shard else None
         environments = environment.per_soc(self._context, toolchain, self._started, _now(), shard)
@@ -167,7 +184,12 @@ class ConformanceReporter:
             self._lines += [
                 f"gate against {self._options.baseline}: "
                 + ("no regressions" if verdict.ok else "FAILED")
-                + (f" ({len(named)} check(s) named; gate.json beside each report.json)" if named else "")
+                + f"; performance: {_perf_counts(verdict)}"
+                + (
+                    f" ({len(checks)} check(s) named; gate.json beside each report.json)"
+                    if (checks := verdict.entries())
+                    else ""
+                )
             ]
             self._lines += [f"  {line}" for line in named[:GATE_LINES]]
             if len(named) > GATE_LINES:
@@ -201,6 +223,15 @@ class ConformanceReporter:
         except (OSError, ValueError):  # no terminal, or one that cannot take them: the exit code still tells
             for line in lines:
                 say(f"qnnsuite: {line}")
+
+
+def _perf_counts(verdict: GateResult) -> str:
+    """e.g. `2 PASS, 1 FAIL (reported; --perf-gate fails on it)`: the performance gate in the gate's line."""
+    counts = {name: sum(v.verdict == name for v in verdict.performance) for name in (PASS, WARN, FAIL)}
+    said = ", ".join(f"{n} {name}" for name, n in counts.items() if n) or "no case timed in both runs"
+    if counts[FAIL] and not verdict.perf_fails_gate:
+        said += " (reported; --perf-gate fails on it)"
+    return said
 
 
 def closing_line(records: list[CheckRecord], gate_failed: bool = False) -> str:

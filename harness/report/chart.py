@@ -91,3 +91,55 @@ def error_chart(steps: list[dict]) -> str:
         "</svg>"
     )
     return "".join(parts)
+
+
+def step_time_chart(series: dict[str, list[int]]) -> str:
+    """SVG markup: execute time per step (linear, from 0) of each named series (a card's buffer modes),
+    one line each, a legend and a tooltip per point; every name from the report is escaped here."""
+    series = {name: [int(v) for v in values] for name, values in series.items() if values}
+    if not series:
+        return ""
+    longest = max(len(values) for values in series.values())
+    top = max(max(values) for values in series.values()) or 1
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+
+    def x_of(index: int) -> float:
+        return LEFT + (plot_w / 2 if longest == 1 else plot_w * index / (longest - 1))
+
+    def y_of(micros: int) -> float:
+        return TOP + plot_h * (1 - micros / top)
+
+    parts = [
+        f'<svg class="chart steps" xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
+        f'viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-label="execute time per step">'
+    ]
+    for fraction in (0.0, 0.5, 1.0):
+        y = y_of(round(top * fraction))
+        parts.append(
+            f'<line class="grid" x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y:.1f}" y2="{y:.1f}"/>'
+            f'<text class="axis" x="{LEFT - 4}" y="{y + 3:.1f}" text-anchor="end">{top * fraction / 1000:.3g}</text>'
+        )
+    for number, (name, values) in enumerate(series.items()):
+        points = [(x_of(i), y_of(v)) for i, v in enumerate(values)]
+        parts.append(
+            f'<polyline class="series series-{number % 4}" points="'
+            + " ".join(f"{x:.1f},{y:.1f}" for x, y in points)
+            + f'"><title>{escape(name)}</title></polyline>'
+        )
+        for index, ((x, y), micros) in enumerate(zip(points, values)):
+            parts.append(
+                f'<circle class="series-{number % 4}" cx="{x:.1f}" cy="{y:.1f}" r="2.5">'
+                f"<title>{escape(f'{name} step {index}: {micros} us')}</title></circle>"
+            )
+        parts.append(
+            f'<text class="legend series-{number % 4}" x="{WIDTH - RIGHT}" y="{TOP + 10 + 11 * number}" '
+            f'text-anchor="end">{escape(name)}</text>'
+        )
+    baseline = HEIGHT - 5
+    parts.append(
+        f'<text class="axis" x="{LEFT}" y="{baseline}">step 0</text>'
+        f'<text class="axis" x="{WIDTH - RIGHT}" y="{baseline}" text-anchor="end">step {longest - 1}</text>'
+        f'<text class="axis" x="{LEFT + plot_w / 2:.1f}" y="{baseline}" text-anchor="middle">execute ms</text>'
+        "</svg>"
+    )
+    return "".join(parts)

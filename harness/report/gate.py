@@ -22,6 +22,7 @@ from pathlib import Path
 from harness.record import CheckRecord
 from harness.report.document import checks_of
 from harness.report.intake import ReportDataError, read_report
+from harness.report.perf_gate import FAIL, PerfVerdict
 
 Key = tuple[str, str, str]  # soc, case_id, check
 # A check that passed in the baseline and is now an expected failure still regressed: somebody added
@@ -88,11 +89,19 @@ class GateResult:
     missing: tuple[Change, ...] = ()
     allow_missing: bool = False
     infrastructure: tuple[Change, ...] = ()
+    # The performance gate's verdicts (harness/report/perf_gate.py); a FAIL fails the gate only when asked
+    performance: tuple[PerfVerdict, ...] = ()
+    perf_fails_gate: bool = False
+
+    @property
+    def perf_failures(self) -> tuple[PerfVerdict, ...]:
+        return tuple(v for v in self.performance if v.verdict == FAIL)
 
     @property
     def ok(self) -> bool:
         return not (
-            self.regressions
+            (self.perf_failures and self.perf_fails_gate)
+            or self.regressions
             or self.fixed_known_failures
             or self.new_failures
             or self.infrastructure
@@ -110,6 +119,8 @@ class GateResult:
             mine(self.missing),
             self.allow_missing,
             mine(self.infrastructure),
+            tuple(v for v in self.performance if v.soc == soc),
+            self.perf_fails_gate,
         )
 
     def entries(self) -> list[dict[str, str]]:
@@ -164,6 +175,11 @@ class GateResult:
                 )
             else:
                 lines.append(f"{entry['kind']}: {change}" + (f": {entry['why']}" if entry["why"] else ""))
+        # A performance FAIL is something to do; WARNs are counted on the gate's line and listed in the files.
+        lines += [
+            verdict.line() + ("" if self.perf_fails_gate else " (reported; --perf-gate fails on it)")
+            for verdict in self.perf_failures
+        ]
         return lines
 
 

@@ -19,6 +19,7 @@ from harness.report.document import (
     with_verdict,
 )
 from harness.report.gate import GateResult, clip
+from harness.report.perf_gate import FAIL, PASS, PHONE, WARN, finding_candidates, speedups
 from harness.repro.layout import REPRO_DIR, BundleSize
 from harness.text import markdown_text
 from harness.vocabulary import VERDICTS
@@ -61,7 +62,64 @@ def _gate(gate: GateResult) -> list[str]:
             for e in entries[:LISTED]
         ]
         lines += _more(len(entries), LISTED, "gate.json beside report.json names every one")
+    if gate.performance:
+        counts = {name: sum(v.verdict == name for v in gate.performance) for name in (PASS, WARN, FAIL)}
+        lines += [
+            "",
+            "### Performance gate: "
+            + ", ".join(f"{n} {name}" for name, n in counts.items() if n)
+            + ("" if gate.perf_fails_gate or not counts[FAIL] else " (reported only: --perf-gate fails on it)"),
+            "",
+        ]
+        named = [v for v in gate.performance if v.verdict != PASS]
+        lines += [f"- {markdown_text(v.line())}" for v in named[:LISTED]]
+        lines += _more(len(named), LISTED, "gate.json beside report.json names every one")
     return [*lines, ""]
+
+
+def _us(value: object) -> str:
+    return f"{value:,}" if isinstance(value, int) else "–"
+
+
+def _performance(document: dict) -> list[str]:
+    """Per case p50/p90 step time (steps after the first), the first step apart, peak memory; the delegation
+    speed-up per card x dtype; on phones, the finding candidates (harness/report/perf_gate.py)."""
+    timed = [case for case in document["cases"] if isinstance(case.get("timing"), dict)]
+    if not timed:
+        return []
+    simulator = any(case["timing"].get("device_kind") != PHONE for case in timed)
+    lines = [
+        "",
+        "## Step times" + (" (simulator times: emulated devices, not a phone's NPU)" if simulator else ""),
+        "",
+        "| case | device | first step us | p50 us | p90 us | repeats' p50 us | peak RSS KiB |",
+        "| --- | --- | ---: | ---: | ---: | --- | ---: |",
+    ]
+    for case in timed[:LISTED]:
+        timing = case["timing"]
+        kind = "phone" if timing.get("device_kind") == PHONE else "simulator"
+        lines.append(
+            f"| {markdown_text(case['case_id'])} | {kind} | {_us(timing.get('first_step_us'))} "
+            f"| {_us(timing.get('p50_us'))} | {_us(timing.get('p90_us'))} "
+            f"| {' · '.join(_us(v) for v in timing.get('repeats_p50_us') or [])} | {_us(timing.get('peak_rss_kb'))} |"
+        )
+    lines += _more(len(timed), LISTED, "report.json and report.html have every case")
+    rows = speedups(document)
+    if rows:
+        lines += [
+            "",
+            "| delegation speed-up (skip-mode p50 / delegated p50, each its fastest repeat) | device | ratio |",
+            "| --- | --- | ---: |",
+        ]
+        lines += [
+            f"| {markdown_text(f'{r.card} {r.dtype} {r.soc}')} | {'simulator' if r.simulator else 'phone'} | {r.ratio:.2f} |"
+            for r in rows[:LISTED]
+        ]
+    candidates = finding_candidates(document)
+    if candidates:
+        lines += ["", "### Finding candidates (phones: delegation made it slower)", ""]
+        lines += [f"- {markdown_text(line)}" for line in candidates[:LISTED]]
+    return lines
 
 
 def _failures(document: dict) -> list[str]:
@@ -168,6 +226,7 @@ def render(
         lines += _more(len(reasons), LISTED, "report.html")
     lines += _known(document, findings_link)
     lines += ["", *_bundles(document, bundles or [])]
+    lines += _performance(document)
     times = stage_times(document)[:SLOWEST_STAGES]
     lines += ["", "## Slowest stages", ""]
     if times:

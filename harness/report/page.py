@@ -13,7 +13,7 @@ from pathlib import Path
 import jinja2
 from markupsafe import Markup
 
-from harness.report.chart import error_chart
+from harness.report.chart import error_chart, step_time_chart
 from harness.report.document import (
     SPOKEN,
     by_finding,
@@ -26,6 +26,7 @@ from harness.report.document import (
     with_verdict,
 )
 from harness.report.gate import GateResult
+from harness.report.perf_gate import FAIL, PASS, PHONE, WARN, finding_candidates, speedups
 from harness.repro.layout import LINK
 from harness.text import printable
 from harness.vocabulary import DTYPES, MODE_ORDER, VERDICTS
@@ -290,7 +291,36 @@ def _gate(document: dict, gate: GateResult | None) -> dict | None:
         kinds.setdefault(kind, []).append(
             GateLine(*key, entry["before"], entry["after"], entry["why"], anchor(*key) if key in cells else "")
         )
-    return {"ok": gate.ok, "allow_missing": gate.allow_missing, "kinds": kinds, "named": len(gate.entries())}
+    return {
+        "ok": gate.ok,
+        "allow_missing": gate.allow_missing,
+        "kinds": kinds,
+        "named": len(gate.entries()),
+        "performance": [v for v in gate.performance if v.verdict != PASS],
+        "performance_counts": {name: sum(v.verdict == name for v in gate.performance) for name in (PASS, WARN, FAIL)},
+        "perf_fails_gate": gate.perf_fails_gate,
+    }
+
+
+def _performance(document: dict) -> dict | None:
+    """The step-time section: per case p50/p90 (steps after the first), the first step apart and peak memory;
+    the delegation speed-up and, per card x dtype, a chart of both modes' step times; phones' finding
+    candidates (harness/report/perf_gate.py). None when no case was timed."""
+    timed = [case for case in document["cases"] if isinstance(case.get("timing"), dict)]
+    if not timed:
+        return None
+    series: dict[str, dict[str, list[int]]] = {}
+    for case in timed:
+        series.setdefault(f"{case['card']} {case['dtype']}", {})[MODE_LABELS.get(case["mode"], case["mode"])] = list(
+            case["timing"].get("steps_us") or []
+        )
+    return {
+        "simulator": any(case["timing"].get("device_kind") != PHONE for case in timed),
+        "cases": timed,
+        "speedups": speedups(document),
+        "candidates": finding_candidates(document),
+        "charts": [(name, Markup(step_time_chart(modes))) for name, modes in series.items()],
+    }
 
 
 def render(document: dict, gate: GateResult | None = None, findings_link: str = FINDINGS) -> str:
@@ -327,6 +357,7 @@ def render(document: dict, gate: GateResult | None = None, findings_link: str = 
             (finding, [_cell(case, name, check, False) for case, name, check in finding.members])
             for finding in by_finding(document)
         ],
+        performance=_performance(document),
         stage_times=times,
         slowest_total=max((t.total_s for t in times), default=0.0),
     )

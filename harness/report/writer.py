@@ -103,7 +103,14 @@ def _write_views(folder: Path, document: dict, soc: str, gate: GateResult | None
     )
     write_atomically(folder / "report.html", page.render(document, mine, findings), errors="backslashreplace")
     if mine is not None:
-        write_atomically(folder / "gate.json", json.dumps({"ok": mine.ok, "checks": mine.entries()}, indent=1) + "\n")
+        write_atomically(
+            folder / "gate.json",
+            json.dumps(
+                {"ok": mine.ok, "checks": mine.entries(), "performance": [v.entry() for v in mine.performance]},
+                indent=1,
+            )
+            + "\n",
+        )
 
 
 def summary_line(records: list[CheckRecord], soc: str, html: Path | None = None, shard: str | None = None) -> str:

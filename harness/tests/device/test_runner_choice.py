@@ -144,6 +144,10 @@ def test_the_outcomes_timing_validates_against_the_report_schema_and_a_bad_one_d
         "steps_us": [1500, 700],
         "first_step_us": 1500,
         "peak_rss_kb": 65000,
+        "device_kind": None,
+        "p50_us": 700,
+        "p90_us": 700,
+        "repeats_p50_us": [700],
     }
     assert CaseOutcome(None, [], None, []).timing is None  # type: ignore[arg-type]
     schema = json.loads(SCHEMA_PATH.read_text())

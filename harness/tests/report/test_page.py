@@ -262,7 +262,7 @@ def _judge(error: BaseException | None, entries: list[KnownFailure]) -> CheckRec
         soc="SM8650",
     )
     artifact = SimpleNamespace(delegate_count=1, cached=False, work={}, wall_s=0.0)
-    outcome = SimpleNamespace(device_serial="d", artifact=artifact, retries=0, timings_s={})
+    outcome = SimpleNamespace(device_serial="d", artifact=artifact, retries=0, timings_s={}, timing=None)
     return verdicts.judge(spec, case, outcome, entries, "n", str).record
 
 
@@ -380,7 +380,7 @@ RECORDS = json.loads(Path(os.environ["RECORDS"]).read_text())
 
 def pytest_configure(config):
     here = Path(os.environ["RECORDS"]).parent
-    options = SimpleNamespace(qnn_sdk=None, report_dir=here / "reports", baseline="base", allow_missing=False, shard=None)
+    options = SimpleNamespace(qnn_sdk=None, report_dir=here / "reports", baseline="base", allow_missing=False, shard=None, perf_budget=10.0, perf_gate=False)
     (here / "work").mkdir(exist_ok=True)
     baseline = {(r["soc"], r["case_id"], r["check"]): Outcome("passed") for r in RECORDS.values()}
     config.pluginmanager.register(

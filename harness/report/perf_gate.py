@@ -1,0 +1,181 @@
+"""The performance gate, beside the conformance gate (harness/report/gate.py): one body for the rule.
+
+A case's time is the fastest of its repeats' p50 step times (steps after the first: harness/record.py
+step_stats; `--perf-repeats N` runs the plan N times, a fresh runner process each). Load on the host only
+ever adds time, so the fastest repeat is the steadiest reading. The noise band is the spread of those
+repeats, (slowest - fastest) / fastest, the larger of the baseline's and this run's (one repeat: no band).
+Against the baseline, growth = now / before - 1, and a case is
+- PASS: growth within the budget (`--perf-budget`, default 10%);
+- WARN: grew more than the budget, but by no more than budget + band: the noise could explain it;
+- FAIL: grew more than budget + band: a regression.
+Without at least two repeats on both sides the noise is not measured, so a case is never a FAIL: at most a
+WARN that says so (a single run's p50 moves by tens of percent on a loaded host: docs/PERFORMANCE.md).
+Times are compared only between runs on the same kind of device (an emulated device's are simulator
+times, never compared with a phone's). A FAIL fails the run only with `--perf-gate`.
+
+Also here: the delegation speed-up of a card x dtype x SoC (skip-mode p50 over delegated p50), and, on
+phones only, the finding candidate of a delegated case slower than its skip-mode twin by more than the
+budget. The module reads report documents and records as data; it imports nothing of the other gate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from harness.record import CheckRecord, step_stats
+
+PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
+DEFAULT_BUDGET_PCT = 10.0
+MIN_REPEATS = 2  # repeats per run, on both sides, before a growth can be told from the noise
+DELEGATED, SKIPPED = "delegate_mutbuf", "skip_mutbuf"
+PHONE = "phone"  # harness/device/kinds.py: the only kind whose times are a real NPU's
+
+Key = tuple[str, str]  # soc, case_id
+
+
+def repeats_of(timing: dict[str, Any] | None) -> list[int]:
+    """Each repeat's p50 step time of a case's timing (a report written before repeats: its one run's)."""
+    if not isinstance(timing, dict):
+        return []
+    repeats = timing.get("repeats_p50_us")
+    if isinstance(repeats, list) and repeats:
+        return [int(value) for value in repeats if isinstance(value, int) and value >= 0]
+    steps = timing.get("steps_us")
+    p50 = step_stats([int(v) for v in steps if isinstance(v, int)])["p50_us"] if isinstance(steps, list) else None
+    return [p50] if p50 is not None else []
+
+
+def spread(repeats: list[int]) -> float:
+    """The noise band of a case's repeats, as a fraction of the fastest (0 for fewer than two)."""
+    if len(repeats) < 2 or min(repeats) <= 0:
+        return 0.0
+    return (max(repeats) - min(repeats)) / min(repeats)
+
+
+@dataclass(frozen=True)
+class PerfVerdict:
+    soc: str
+    case_id: str
+    verdict: str  # PASS, WARN or FAIL
+    before_us: int
+    after_us: int
+    growth_pct: float
+    band_pct: float
+    budget_pct: float
+    repeats: int = 1  # the fewer of the two runs' repeats: below 2 the noise was not measured
+
+    @property
+    def noise_measured(self) -> bool:
+        return self.repeats >= MIN_REPEATS
+
+    def entry(self) -> dict[str, Any]:
+        """As gate.json names it."""
+        return {
+            "verdict": self.verdict,
+            "soc": self.soc,
+            "case_id": self.case_id,
+            "before_p50_us": self.before_us,
+            "after_p50_us": self.after_us,
+            "growth_pct": round(self.growth_pct, 1),
+            "noise_band_pct": round(self.band_pct, 1),
+            "budget_pct": self.budget_pct,
+            "repeats": self.repeats,
+        }
+
+    def line(self) -> str:
+        return (
+            f"performance {self.verdict}: {self.soc} {self.case_id} p50 step {self.before_us} -> {self.after_us} us "
+            f"({self.growth_pct:+.1f}%; budget {self.budget_pct:g}% + "
+            + (
+                f"noise band {self.band_pct:.1f}%)"
+                if self.noise_measured
+                else "noise not measured: pass --perf-repeats 3 on both runs)"
+            )
+        )
+
+
+def judge(before: list[int], after: list[int], budget_pct: float) -> tuple[str, float, float]:
+    """The rule: (verdict, growth %, band %) of a case's repeats in the baseline and now (both non-empty)."""
+    band = max(spread(before), spread(after)) * 100
+    growth = (min(after) / min(before) - 1) * 100 if min(before) > 0 else 0.0
+    if growth <= budget_pct:
+        return PASS, growth, band
+    measured = min(len(before), len(after)) >= MIN_REPEATS
+    return (FAIL if measured and growth > budget_pct + band else WARN), growth, band
+
+
+def baseline_timings(documents: list[dict]) -> dict[Key, dict]:
+    """Each case's timing in the baseline's report documents (cases that did not run have none)."""
+    return {
+        (document["soc"], case["case_id"]): case["timing"]
+        for document in documents
+        for case in document["cases"]
+        if isinstance(case.get("timing"), dict)
+    }
+
+
+def compare(baseline: dict[Key, dict], records: list[CheckRecord], budget_pct: float) -> tuple[PerfVerdict, ...]:
+    """A verdict per case timed in both runs on the same kind of device, in case order."""
+    now = {(r.soc, r.case_id): r.timing for r in records if isinstance(r.timing, dict)}
+    verdicts = []
+    for key in sorted(baseline.keys() & now.keys()):
+        before_timing, after_timing = baseline[key], now[key]
+        if before_timing.get("device_kind") != after_timing.get("device_kind"):
+            continue  # a simulator's time and a phone's are not the same quantity
+        before, after = repeats_of(before_timing), repeats_of(after_timing)
+        if not before or not after:
+            continue
+        verdict, growth, band = judge(before, after, budget_pct)
+        verdicts.append(
+            PerfVerdict(
+                key[0], key[1], verdict, min(before), min(after), growth, band, budget_pct, min(len(before), len(after))
+            )
+        )
+    return tuple(verdicts)
+
+
+@dataclass(frozen=True)
+class Speedup:
+    card: str
+    dtype: str
+    soc: str
+    device_kind: str
+    delegated_us: int
+    skipped_us: int
+
+    @property
+    def ratio(self) -> float:
+        """Skip-mode p50 over delegated p50: above 1, delegating the buffer made the steps faster."""
+        return self.skipped_us / self.delegated_us if self.delegated_us > 0 else 0.0
+
+    @property
+    def simulator(self) -> bool:
+        return self.device_kind != PHONE
+
+
+def speedups(document: dict) -> list[Speedup]:
+    """Per card x dtype x SoC with both modes timed on the same kind of device: the delegation speed-up."""
+    times: dict[tuple[str, str, str], dict[str, tuple[int, str]]] = {}
+    for case in document["cases"]:
+        repeats = repeats_of(case.get("timing"))
+        if repeats and case["mode"] in (DELEGATED, SKIPPED):
+            kind = str(case["timing"].get("device_kind") or "")
+            times.setdefault((case["card"], case["dtype"], case["soc"]), {})[case["mode"]] = (min(repeats), kind)
+    rows = []
+    for (card, dtype, soc), modes in sorted(times.items()):
+        if DELEGATED in modes and SKIPPED in modes and modes[DELEGATED][1] == modes[SKIPPED][1]:
+            rows.append(Speedup(card, dtype, soc, modes[DELEGATED][1], modes[DELEGATED][0], modes[SKIPPED][0]))
+    return rows
+
+
+def finding_candidates(document: dict, budget_pct: float = DEFAULT_BUDGET_PCT) -> list[str]:
+    """On phones only: a delegated case slower than its skip-mode twin by more than the budget, one line each
+    (an emulated device's simulator says nothing about the NPU's speed, so never there)."""
+    return [
+        f"{row.card} {row.dtype} {row.soc}: delegated p50 step {row.delegated_us} us is slower than skip-mode "
+        f"{row.skipped_us} us by {(row.delegated_us / row.skipped_us - 1) * 100:.0f}% (budget {budget_pct:g}%): "
+        "delegating the buffer should not cost time; a finding candidate"
+        for row in speedups(document)
+        if not row.simulator and row.skipped_us > 0 and row.delegated_us > row.skipped_us * (1 + budget_pct / 100)
+    ]
