@@ -25,7 +25,7 @@ from harness.qnn.toolchain import prepare
 from harness.record import REPORT_ATTRIBUTE, CheckRecord
 from harness.report import perf_gate
 from harness.report.document import SPOKEN, tally
-from harness.report.gate import BaselineError, GateResult, Key, Outcome, read_documents
+from harness.report.gate import BaselineError, GateResult, Key, Outcome, clip, read_documents
 from harness.report.perf_gate import FAIL, PASS, WARN
 from harness.repro import layout
 from harness.user_state import UnsafeStateDir, state_dir
@@ -33,11 +33,11 @@ from harness.vocabulary import VERDICTS
 
 SECTION = "QNN mutable-buffer conformance"
 GATE_LINES = 20  # the gate's lines the terminal shows; gate.json, summary.md and report.html have all of them
-# pytest's (category, progress letter, verbose word) for the verdicts its own outcomes would miscount
-STATUS = {
-    "not_measured": (SPOKEN["not_measured"], "n", "NOT MEASURED"),
-    "infra_error": (SPOKEN["infra_error"], "I", "INFRASTRUCTURE ERROR"),
-}
+# pytest's (category, progress letter, verbose word) for a verdict its own outcomes would miscount: a check the
+# device cannot measure is not "skipped". An infrastructure error stays a pytest failure (its FAILED line and
+# its section carry the device's words, and junit and CI annotations see it); the closing line counts it apart.
+STATUS = {"not_measured": (SPOKEN["not_measured"], "n", "NOT MEASURED")}
+REASON_LINES = 5  # per verdict that is not executorch's: the distinct reasons the terminal names
 # The run's exit code when its reports could not be written (disk full, read-only or foreign folder): not 1,
 # which reads as "tests failed", nor pytest's own 0-5. docs/FAULTS.md lists it.
 REPORTS_NOT_WRITTEN = 6
@@ -196,6 +196,7 @@ class ConformanceReporter:
                 self._lines.append(f"  and {len(named) - GATE_LINES} more: gate.json and report.html name every one")
             if not verdict.ok:
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        self._lines += reason_lines(self.records)
         self._lines.append(closing_line(self.records, verdict is not None and not verdict.ok))
 
     @pytest.hookimpl(wrapper=True, tryfirst=True, specname="pytest_sessionfinish")
@@ -234,9 +235,30 @@ def _perf_counts(verdict: GateResult) -> str:
     return said
 
 
+def reason_lines(records: list[CheckRecord]) -> list[str]:
+    """Why checks were not measured or met an infrastructure error, one line per distinct reason with its count
+    and an example (at most REASON_LINES each): pytest's -r list does not name a not-measured check, and a
+    device that dropped names itself once here rather than once per check."""
+    last = {(r.soc, r.case_id, r.check): r for r in records}
+    lines = []
+    for verdict in ("not_measured", "infra_error"):
+        by_reason: dict[str, list[CheckRecord]] = {}
+        for record in last.values():
+            if record.verdict == verdict:
+                by_reason.setdefault(
+                    clip(record.message.splitlines()[0] if record.message else "(no message)"), []
+                ).append(record)
+        for reason, same in sorted(by_reason.items(), key=lambda item: -len(item[1]))[:REASON_LINES]:
+            lines.append(f"  {SPOKEN[verdict]}: {len(same)} check(s), e.g. {same[0].case_id} {same[0].check}: {reason}")
+        if len(by_reason) > REASON_LINES:
+            lines.append(f"  {SPOKEN[verdict]}: {len(by_reason) - REASON_LINES} more reason(s) in report.html")
+    return lines
+
+
 def closing_line(records: list[CheckRecord], gate_failed: bool = False) -> str:
     """The run's last line: every verdict's count over all SoCs, the two that are not executorch's by name
-    (pytest's own line counts them apart too, see pytest_report_teststatus), and whether the gate failed."""
+    (pytest's own line counts a not-measured check apart too, see pytest_report_teststatus), and whether the gate
+    failed."""
     counts = tally(records)
     shown = ", ".join(
         f"{counts[verdict]} {SPOKEN.get(verdict, verdict)}"

@@ -55,6 +55,7 @@ SUITE_MODULES = (
     "harness.pipeline.lower_job",
     "harness.pipeline.cases",
     "harness.check_registry",
+    "harness.record",
     "harness.outcome",
     "harness.checks",
     "harness.emulator.host_runner",
