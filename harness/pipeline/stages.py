@@ -117,7 +117,13 @@ def qdq_around_buffers(converted: torch.fx.GraphModule, buffers: tuple[str, ...]
     return found
 
 
-def lower(model: torch.nn.Module, example: tuple, soc_name: str, dtype: str, skip_mutable_buffer: bool):
+def lower(
+    model: torch.nn.Module | dict[str, torch.nn.Module],
+    example: tuple | dict[str, tuple],
+    soc_name: str,
+    dtype: str,
+    skip_mutable_buffer: bool,
+):
     from executorch.backends.qualcomm.utils.utils import (
         generate_htp_compiler_spec,
         generate_qnn_executorch_compiler_spec,
@@ -271,19 +277,9 @@ def lower_multi(
     dtype: str,
     skip_mutable_buffer: bool,
 ):
-    """All methods lowered together, as one program (a dict of modules and inputs, one compiler spec)."""
-    from executorch.backends.qualcomm.utils.utils import (
-        generate_htp_compiler_spec,
-        generate_qnn_executorch_compiler_spec,
-        get_soc_to_chipset_map,
-        to_edge_transform_and_lower_to_qnn,
-    )
-
-    specs = generate_qnn_executorch_compiler_spec(
-        soc_model=get_soc_to_chipset_map()[soc_name],
-        backend_options=generate_htp_compiler_spec(use_fp16=dtype == "fp16"),
-    )
-    return to_edge_transform_and_lower_to_qnn(methods, examples, specs, skip_mutable_buffer=skip_mutable_buffer)
+    """All methods lowered together, as one program (a dict of modules and inputs, one compiler spec): lower()
+    with dicts, which to_edge_transform_and_lower_to_qnn takes as a method each."""
+    return lower(methods, examples, soc_name, dtype, skip_mutable_buffer)
 
 
 def partition_facts_multi(edge_manager, methods: tuple[str, ...], buffers: tuple[str, ...]) -> dict[str, Any]:
