@@ -478,7 +478,7 @@ def check_runner_parity(outcome: CaseOutcome) -> dict:
     differences = runner_differences(ours.outputs, other.run.outputs, outcome.reference)
     evidence = {
         "tolerance": "bit-equal",
-        "steps": len(ours.outputs),
+        "step_count": len(ours.outputs),  # not "steps": report.json's schema keeps that name for per-step lists
         "devices": devices,
         "reference_run_s": other.seconds,
         "differences": differences[:64],

@@ -5,7 +5,7 @@ between steps (the device's fault switch runner_reload_each_line: one runner pro
 
 The device is a real emulated device (adb protocol, jail), reached through adbutils and the run's own adb
 server; the program is a real lowering on the HTP simulator (skip_mutable_buffer=True, fp16: the mode where
-executorch carries the cache across methods, docs/FINDINGS.md#F31 for the other).
+executorch carries the cache across methods, docs/FINDINGS.md#F15 for the other).
 """
 
 from __future__ import annotations

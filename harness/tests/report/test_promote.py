@@ -110,6 +110,8 @@ def test_pytest_baseline_option_resolves_a_store(tmp_path, monkeypatch):
         "--dtype": [],
         "--device": [],
         "--models": [],
+        "--perf-repeats": 1,
+        "--perf-budget": 10.0,
     }
 
     class Config:  # what pytest.Config.getoption answers for a run given only --baseline

@@ -80,7 +80,7 @@ def _changed(outcome: CaseOutcome, step: int, element: int, value=None, ulp: boo
 
 def test_equal_outputs_pass():
     evidence = checks.check_runner_parity(_outcome())
-    assert evidence["tolerance"] == "bit-equal" and evidence["differences"] == [] and evidence["steps"] == STEPS
+    assert evidence["tolerance"] == "bit-equal" and evidence["differences"] == [] and evidence["step_count"] == STEPS
 
 
 def test_a_changed_element_names_step_output_difference_and_both_runners():
