@@ -128,18 +128,15 @@ class CaseStore:
                 (directory / "facts.json").unlink(missing_ok=True)  # the next run lowers it again
             return artifact
 
-    def _run(self, outcome: CaseOutcome) -> None:
-        """Run on a device (the device layer retries a dropped connection); what it came to goes on the outcome."""
-        if self._pool is None:
-            outcome.run_error = "no devices in this run (--compile-only?)"
-            return
+    def _device_run(self, outcome: CaseOutcome, name: str, local: Path, **choice: str):
+        """One device run of the case's program and inputs (the case's own, a perf repeat or another runner's),
+        its device folder `name`: the one place the run's arguments are derived from the outcome."""
         case = outcome.case
-        local = outcome.run_dir = self._work_dir / "runs" / self._worker / case.id
-        attempt = run_with_reconnects(
+        return run_with_reconnects(
             self._pool,
             case.soc,
-            f"{self._worker}:{case.id}",
-            case.id,
+            f"{self._worker}:{name}",
+            name,
             outcome.artifact.pte,
             outcome.steps,
             local,
@@ -148,7 +145,17 @@ class CaseStore:
             method_index=outcome.artifact.facts.method_index,
             output_bytes=[[array.nbytes for array in row] for row in outcome.reference],
             methods=case.card.step_methods(len(outcome.steps)) if case.card.multi_method else None,
+            **choice,
         )
+
+    def _run(self, outcome: CaseOutcome) -> None:
+        """Run on a device (the device layer retries a dropped connection); what it came to goes on the outcome."""
+        if self._pool is None:
+            outcome.run_error = "no devices in this run (--compile-only?)"
+            return
+        case = outcome.case
+        local = outcome.run_dir = self._work_dir / "runs" / self._worker / case.id
+        attempt = self._device_run(outcome, case.id, local)
         outcome.run, outcome.run_error, outcome.run_error_is_infrastructure = (
             attempt.run,
             attempt.error,
@@ -170,20 +177,8 @@ class CaseStore:
         fails ends the repeats (the gate then has fewer of them) and is said on the outcome's device log."""
         case = outcome.case
         for repeat in range(1, self._perf_repeats):
-            attempt = run_with_reconnects(
-                self._pool,
-                case.soc,
-                f"{self._worker}:{case.id}:repeat{repeat}",
-                f"{case.id}.repeat{repeat}",
-                outcome.artifact.pte,
-                outcome.steps,
-                self._work_dir / "runs" / self._worker / f"{case.id}.repeat{repeat}",
-                output_count=len(outcome.reference[0]),
-                timeout_s=self._runner_timeout_s,
-                method_index=outcome.artifact.facts.method_index,
-                output_bytes=[[array.nbytes for array in row] for row in outcome.reference],
-                methods=case.card.step_methods(len(outcome.steps)) if case.card.multi_method else None,
-            )
+            name = f"{case.id}.repeat{repeat}"
+            attempt = self._device_run(outcome, name, self._work_dir / "runs" / self._worker / name)
             if attempt.run is None:
                 outcome.device_log += f"\n--perf-repeats: repeat {repeat} failed: {attempt.error}"
                 return
@@ -192,20 +187,8 @@ class CaseStore:
     def _run_through(self, outcome: CaseOutcome, runner: str) -> OtherRun:
         """The case's program and inputs through another runner of a device of its SoC (runner_parity)."""
         case = outcome.case
-        attempt = run_with_reconnects(
-            self._pool,
-            case.soc,
-            f"{self._worker}:{case.id}:{runner}",
-            f"{case.id}.{runner}",
-            outcome.artifact.pte,
-            outcome.steps,
-            self._work_dir / "runs" / self._worker / f"{case.id}.{runner}",
-            output_count=len(outcome.reference[0]),
-            timeout_s=self._runner_timeout_s,
-            method_index=outcome.artifact.facts.method_index,
-            output_bytes=[[array.nbytes for array in row] for row in outcome.reference],
-            runner=runner,
-        )
+        name = f"{case.id}.{runner}"
+        attempt = self._device_run(outcome, name, self._work_dir / "runs" / self._worker / name, runner=runner)
         return OtherRun(
             attempt.run,
             attempt.error,
