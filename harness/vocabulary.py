@@ -18,7 +18,13 @@ if TYPE_CHECKING:  # only for the card contract's annotations: importing this mo
 
 # The suite's own card modules, always registered (a run adds the user's with --models); named once here for the
 # plugin and for `python -m harness repro`, which must not import a card module a run folder names.
-DEFAULT_CARD_MODULES = ("fixtures.zoo", "fixtures.llama", "fixtures.families", "fixtures.multi_method")
+DEFAULT_CARD_MODULES = (
+    "fixtures.zoo",
+    "fixtures.llama",
+    "fixtures.families",
+    "fixtures.multi_method",
+    "fixtures.online_prepare",
+)
 DTYPES = ("fp16", "16a8w", "8a8w", "16a4w")
 FLOAT_DTYPE = "fp16"
 
@@ -75,6 +81,10 @@ class ModelCard:
     # the module's buffers: eager runs the plan on ONE module. Empty: a single-method card (forward).
     methods: tuple[str, ...] = ()
     plan: Callable[[int], list[str]] | None = None
+    # Lowered with generate_qnn_executorch_compiler_spec(online_prepare=True) (issue 32): the delegate holds a
+    # QNN IR (DLC) program that the device composes into a graph when the program loads, instead of a context
+    # binary prepared at lowering. Off: the offline-prepared program users ship by default.
+    online_prepare: bool = False
 
     @property
     def reference(self) -> str:

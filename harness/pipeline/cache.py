@@ -42,6 +42,8 @@ def key(case: Case, steps: int, toolchain: Toolchain) -> str:
         "bridge" if toolchain.probe.bridge_device_config else "no bridge",
         INTERPOSER_SOURCE.read_text(),
     ]
+    if case.card.online_prepare:  # never served for the card's offline-prepared program, nor it for this one
+        parts.append("online_prepare")
     return f"{case.id}-{_digest(case, steps, parts)}"
 
 

@@ -68,7 +68,14 @@ def main(argv: list[str]) -> int:
                 _lower_meta_llama(request, card, len(model.layers), facts)
                 stage_done("export_llama")
             else:
-                edge = stages.lower(model, example, request.soc, request.dtype, request.mode.skip_mutable_buffer)
+                edge = stages.lower(
+                    model,
+                    example,
+                    request.soc,
+                    request.dtype,
+                    request.mode.skip_mutable_buffer,
+                    online_prepare=card.online_prepare,
+                )
                 facts.partitions = PartitionFacts.of(stages.partition_facts(edge, card.mutated_buffers))
                 stage_done("lower")
                 write_bytes_atomically(out_dir / "model.pte", edge.to_executorch(stages.backend_config(card)).buffer)

@@ -123,7 +123,9 @@ def lower(
     soc_name: str,
     dtype: str,
     skip_mutable_buffer: bool,
+    online_prepare: bool = False,
 ):
+    """online_prepare: the card's ModelCard.online_prepare (the device composes the graph from QNN IR at load)."""
     from executorch.backends.qualcomm.utils.utils import (
         generate_htp_compiler_spec,
         generate_qnn_executorch_compiler_spec,
@@ -134,6 +136,7 @@ def lower(
     specs = generate_qnn_executorch_compiler_spec(
         soc_model=get_soc_to_chipset_map()[soc_name],
         backend_options=generate_htp_compiler_spec(use_fp16=dtype == "fp16"),
+        online_prepare=online_prepare,
     )
     return to_edge_transform_and_lower_to_qnn(model, example, specs, skip_mutable_buffer=skip_mutable_buffer)
 
