@@ -1,0 +1,107 @@
+"""Online prepare (issue 32, docs/FINDINGS.md#F19): the card option reaches the compiler spec and the lowering
+key, and the finding's manifest entries expect exactly the runner's crash at loading an online-prepared
+program, never another crash of the same cards nor the same crash of another card."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import harness.checks  # noqa: F401  (registers the checks' signatures, which the manifest is checked against)
+from fixtures import online_prepare
+from harness.check_registry import CheckFailure
+from harness.known_failures import matching
+from harness.pipeline import cache, card as cards, stages
+from harness.verdicts import decide
+from harness.vocabulary import DEFAULT_CARD_MODULES, Case, Mode, Verdict
+
+CARDS = [card for card in cards.cards() if card.module == online_prepare.__name__]
+CRASH_HEAD = "runner on 127.0.0.1:46163 crashed with signal 11 SIGSEGV (exit 139) (last words: Segmentation fault)"
+# The failure measured on 2026-12-03 (emulated SM8650, the suite's compiled runner, executorch 1.5.1, QAIRT 2.51):
+# the message execute.py builds from the runner's exit and its log's tail.
+ONLINE_PREPARE_CRASH = (
+    f"{CRASH_HEAD}; its log:\n"
+    "runner: heap pattern 0x40\n"
+    "[INFO] [Qnn ExecuTorch]: QnnContextCustomProtocol expected magic number: 0x5678abcd but get: 0x4034b50\n"
+    "[INFO] [Qnn ExecuTorch]: Deserializing processed data using Dlc\n"
+    "[INFO] [Qnn ExecuTorch]: Creating new backend bundle.\n"
+    "[INFO] [Qnn ExecuTorch]: create QNN Logger with log_level 1\n"
+    "[WARNING] [Qnn ExecuTorch]: Qnn API version 2.40.0 is used. The version is tested against 2.27.0.\n"
+    "[INFO] [Qnn ExecuTorch]: Initialize Qnn backend parameters for Qnn executorch backend type 2\n"
+    "[INFO] [Qnn ExecuTorch]: Caching: Caching is in RESTORE MODE.\n"
+    "[INFO] [Qnn ExecuTorch]: QnnContextCustomProtocol expected magic number: 0x5678abcd but get: 0x4034b50\n"
+    "[WARNING] [Qnn ExecuTorch]: Failed to interpret QNN context binary. Error code 30010. Try verifying binary "
+    "with online-prepare format.\n"
+    "[INFO] [Qnn ExecuTorch]: create QNN Logger with log_level 1\n"
+    "[ERROR] [Qnn ExecuTorch]:  <E> unexpected GraphHtpSettings option 66\n"
+    "\n"
+    "Segmentation fault"
+)
+# The emulated device's fault switch runner_crash (docs/FAULTS.md row 16): the same signal, another cause.
+FAULT_SWITCH_CRASH = f"{CRASH_HEAD}; its log:\nrunner: heap pattern 0x40\nrunner: crashing (fault switch)\nSegmentation fault"
+# The same load path failing cleanly (what executorch could say instead): not a crash, so not F19.
+CLEAN_LOAD_ERROR = ONLINE_PREPARE_CRASH.replace(
+    "crashed with signal 11 SIGSEGV (exit 139) (last words: Segmentation fault)",
+    "exited 1 (last words: Can't compose graph from dlc. Error 1.)",
+)
+
+
+def test_the_family_is_in_the_default_matrix_online_prepared_and_narrowed():
+    assert online_prepare.__name__ in DEFAULT_CARD_MODULES
+    assert {card.name for card in CARDS} == {"online_prepare_counter", "online_prepare_kv_write"}
+    assert all(card.online_prepare and card.name.startswith("online_prepare_") for card in CARDS)
+    assert {dtype for card in CARDS for dtype in card.dtypes} == {"fp16", "16a8w"}
+    assert not any(card.online_prepare for card in cards.cards() if card.module != online_prepare.__name__)
+
+
+@pytest.mark.parametrize("online", [False, True])
+def test_lower_puts_the_cards_option_in_the_compiler_spec(monkeypatch, online):
+    from executorch.backends.qualcomm.utils import utils
+
+    seen = {}
+
+    def spec(**options):
+        seen.update(options)
+        return ["spec"]
+
+    monkeypatch.setattr(utils, "generate_qnn_executorch_compiler_spec", spec)
+    monkeypatch.setattr(utils, "to_edge_transform_and_lower_to_qnn", lambda model, example, specs, **kw: specs)
+    assert stages.lower(object(), (), "SM8650", "fp16", False, online_prepare=online) == ["spec"]
+    assert seen["online_prepare"] is online
+
+
+@pytest.mark.qnn
+def test_an_online_prepared_program_has_a_lowering_key_of_its_own(toolchain):
+    card = next(card for card in CARDS if card.name == "online_prepare_counter")
+    online = Case(card, "fp16", Mode.DELEGATE, "SM8650")
+    offline = Case(dataclasses.replace(card, online_prepare=False), "fp16", Mode.DELEGATE, "SM8650")
+    assert cache.key(online, 4, toolchain) != cache.key(offline, 4, toolchain)
+
+
+ONLINE_TESTS = [
+    "test_state[online_prepare_counter-fp16-delegate_mutbuf-SM8650]",
+    "test_initial_state[online_prepare_kv_write-16a8w-skip_mutbuf-SM8750]",
+    "test_address_sharing[online_prepare_kv_write-fp16-delegate_mutbuf-SM8650]",
+]
+
+
+@pytest.mark.parametrize("name", ONLINE_TESTS)
+def test_the_crash_at_loading_an_online_prepared_program_is_expected_exactly(name):
+    expected = matching(name)
+    assert decide(CheckFailure(ONLINE_PREPARE_CRASH, signature="not_run"), expected, name)[0] is Verdict.XFAILED
+    assert decide(CheckFailure(FAULT_SWITCH_CRASH, signature="not_run"), expected, name)[0] is Verdict.FAILED
+    assert decide(CheckFailure(CLEAN_LOAD_ERROR, signature="not_run"), expected, name)[0] is Verdict.FAILED
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "test_state[kv_gather_written-fp16-delegate_mutbuf-SM8650]",  # the same shape, prepared offline
+        "test_export[online_prepare_counter-fp16-delegate_mutbuf-SM8650]",  # checks without a device pass
+        "test_partitions[online_prepare_kv_write-16a8w-skip_mutbuf-SM8650]",
+    ],
+)
+def test_no_other_test_expects_the_online_prepare_crash(name):
+    expected = matching(name)
+    assert decide(CheckFailure(ONLINE_PREPARE_CRASH, signature="not_run"), expected, name)[0] is Verdict.FAILED
