@@ -6,7 +6,10 @@ never imports this module. Each stage returns facts (plain JSON data) that the c
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import tempfile
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -138,7 +141,21 @@ def lower(
         backend_options=generate_htp_compiler_spec(use_fp16=dtype == "fp16"),
         online_prepare=online_prepare,
     )
-    return to_edge_transform_and_lower_to_qnn(model, example, specs, skip_mutable_buffer=skip_mutable_buffer)
+    with private_working_folder() if online_prepare else contextlib.nullcontext():
+        return to_edge_transform_and_lower_to_qnn(model, example, specs, skip_mutable_buffer=skip_mutable_buffer)
+
+
+@contextlib.contextmanager
+def private_working_folder() -> Iterator[None]:
+    """An online-prepared lowering in a fresh 0700 folder of its own, as its working directory.
+
+    QNN's IR backend writes the graph to `<graph name>.dlc` (forward.dlc) in the working directory and
+    executorch reads it back by that relative name (backends/qualcomm/runtime/backends/ir/host/IrContext.cpp
+    GetContextBinary; measured: forward.dlc left in the folder the suite ran from). In a shared folder two
+    lowerings would race on one file, a forward.dlc planted there would be read into the program, and the
+    user's tree would keep it."""
+    with tempfile.TemporaryDirectory(prefix="qnnsuite-dlc-") as folder, contextlib.chdir(folder):
+        yield
 
 
 def partition_facts(edge_manager, buffers: tuple[str, ...]) -> dict[str, Any]:

@@ -5,6 +5,9 @@ program, never another crash of the same cards nor the same crash of another car
 from __future__ import annotations
 
 import dataclasses
+import os
+import stat
+from pathlib import Path
 
 import pytest
 
@@ -69,6 +72,33 @@ def test_lower_puts_the_cards_option_in_the_compiler_spec(monkeypatch, online):
     monkeypatch.setattr(utils, "to_edge_transform_and_lower_to_qnn", lambda model, example, specs, **kw: specs)
     assert stages.lower(object(), (), "SM8650", "fp16", False, online_prepare=online) == ["spec"]
     assert seen["online_prepare"] is online
+
+
+def test_an_online_prepared_lowering_writes_and_reads_its_dlc_in_a_private_folder(monkeypatch, tmp_path):
+    """QNN's IR backend writes forward.dlc to the working directory and executorch reads it back by that name
+    (measured: a suite run left forward.dlc in the tree it ran from). Attack: a forward.dlc planted in the
+    folder the suite runs from must be neither read into the program nor overwritten."""
+    from executorch.backends.qualcomm.utils import utils
+
+    planted = tmp_path / "forward.dlc"
+    planted.write_text("planted")
+    seen = []
+
+    def lower_like_qnn_ir(model, example, specs, **kw):  # what the IR backend and IrContext do with the file
+        folder = Path.cwd()
+        Path("forward.dlc").write_text("composed")
+        seen.append((folder, stat.S_IMODE(folder.stat().st_mode), Path("forward.dlc").read_text()))
+        return specs
+
+    monkeypatch.setattr(utils, "generate_qnn_executorch_compiler_spec", lambda **options: [options])
+    monkeypatch.setattr(utils, "to_edge_transform_and_lower_to_qnn", lower_like_qnn_ir)
+    monkeypatch.chdir(tmp_path)
+    stages.lower(object(), (), "SM8650", "fp16", False, online_prepare=True)
+    (folder, mode, read), = seen
+    assert folder != tmp_path and mode == 0o700 and read == "composed"
+    assert not folder.exists(), "the private folder goes with the lowering"
+    assert planted.read_text() == "planted" and os.listdir(tmp_path) == ["forward.dlc"]
+    assert Path.cwd() == tmp_path
 
 
 @pytest.mark.qnn
