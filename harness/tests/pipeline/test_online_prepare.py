@@ -42,7 +42,9 @@ ONLINE_PREPARE_CRASH = (
     "Segmentation fault"
 )
 # The emulated device's fault switch runner_crash (docs/FAULTS.md row 16): the same signal, another cause.
-FAULT_SWITCH_CRASH = f"{CRASH_HEAD}; its log:\nrunner: heap pattern 0x40\nrunner: crashing (fault switch)\nSegmentation fault"
+FAULT_SWITCH_CRASH = (
+    f"{CRASH_HEAD}; its log:\nrunner: heap pattern 0x40\nrunner: crashing (fault switch)\nSegmentation fault"
+)
 # The same load path failing cleanly (what executorch could say instead): not a crash, so not F19.
 CLEAN_LOAD_ERROR = ONLINE_PREPARE_CRASH.replace(
     "crashed with signal 11 SIGSEGV (exit 139) (last words: Segmentation fault)",
@@ -94,7 +96,7 @@ def test_an_online_prepared_lowering_writes_and_reads_its_dlc_in_a_private_folde
     monkeypatch.setattr(utils, "to_edge_transform_and_lower_to_qnn", lower_like_qnn_ir)
     monkeypatch.chdir(tmp_path)
     stages.lower(object(), (), "SM8650", "fp16", False, online_prepare=True)
-    (folder, mode, read), = seen
+    ((folder, mode, read),) = seen
     assert folder != tmp_path and mode == 0o700 and read == "composed"
     assert not folder.exists(), "the private folder goes with the lowering"
     assert planted.read_text() == "planted" and os.listdir(tmp_path) == ["forward.dlc"]
