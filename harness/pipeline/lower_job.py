@@ -109,7 +109,9 @@ def _lower_multi(
         methods, quantize_facts, facts.buffer_encodings = stages.quantize_multi(card, model, request.dtype, per_method)
         facts.quantize, facts.quantized = QuantizeFacts(**quantize_facts), True
         stage_done("quantize")
-    edge = stages.lower_multi(methods, examples, request.soc, request.dtype, request.mode.skip_mutable_buffer)
+    edge = stages.lower_multi(
+        methods, examples, request.soc, request.dtype, request.mode.skip_mutable_buffer, card.online_prepare
+    )
     facts.partitions = PartitionFacts.of(stages.partition_facts_multi(edge, card.methods, card.mutated_buffers))
     stage_done("lower")
     program = edge.to_executorch(stages.backend_config_multi(card, request.share_mutable_buffers))

@@ -296,10 +296,11 @@ def lower_multi(
     soc_name: str,
     dtype: str,
     skip_mutable_buffer: bool,
+    online_prepare: bool = False,
 ):
     """All methods lowered together, as one program (a dict of modules and inputs, one compiler spec): lower()
     with dicts, which to_edge_transform_and_lower_to_qnn takes as a method each."""
-    return lower(methods, examples, soc_name, dtype, skip_mutable_buffer)
+    return lower(methods, examples, soc_name, dtype, skip_mutable_buffer, online_prepare)
 
 
 def partition_facts_multi(edge_manager, methods: tuple[str, ...], buffers: tuple[str, ...]) -> dict[str, Any]:

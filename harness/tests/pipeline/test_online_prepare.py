@@ -73,7 +73,9 @@ def test_lower_puts_the_cards_option_in_the_compiler_spec(monkeypatch, online):
     monkeypatch.setattr(utils, "generate_qnn_executorch_compiler_spec", spec)
     monkeypatch.setattr(utils, "to_edge_transform_and_lower_to_qnn", lambda model, example, specs, **kw: specs)
     assert stages.lower(object(), (), "SM8650", "fp16", False, online_prepare=online) == ["spec"]
-    assert seen["online_prepare"] is online
+    assert seen.pop("online_prepare") is online
+    assert stages.lower_multi({"prefill": object()}, {"prefill": ()}, "SM8650", "fp16", False, online) == ["spec"]
+    assert seen.pop("online_prepare") is online, "a multi-method card's option reaches its one compiler spec too"
 
 
 def test_an_online_prepared_lowering_writes_and_reads_its_dlc_in_a_private_folder(monkeypatch, tmp_path):
