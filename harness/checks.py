@@ -54,7 +54,9 @@ def _method_steps(outcome: CaseOutcome) -> dict[str, list[int]]:
     """Each method's steps, in plan order (a single-method card: forward at every step)."""
     card = outcome.case.card
     plan = card.step_methods(len(outcome.steps))
-    return {method: [step for step, name in enumerate(plan) if name == method] for method in card.methods or ("forward",)}
+    return {
+        method: [step for step, name in enumerate(plan) if name == method] for method in card.methods or ("forward",)
+    }
 
 
 def _per_method(outcome: CaseOutcome, judge: Callable[[str], dict]) -> dict:
@@ -396,7 +398,9 @@ def _state_per_method(outcome: CaseOutcome) -> dict:
     def judge(method: str) -> dict:
         judged = _only_steps(own, steps[method])
         if not numerics.count(judged):
-            raise NotApplicable("every output element of its steps reads what another method wrote (cross_method_state)")
+            raise NotApplicable(
+                "every output element of its steps reads what another method wrote (cross_method_state)"
+            )
         comparison = _comparison_where(outcome, judged)
         if comparison.mismatched:
             _classify(outcome, comparison, "state differs from eager", judged)

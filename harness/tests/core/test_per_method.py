@@ -51,7 +51,9 @@ def _partitions(per_method: dict[str, int], outside: dict[str, list[str]] | None
 
 def _facts(card_ref: str, **fields) -> LoweringFacts:
     card = cards.find(card_ref)
-    writes = {"advance": ["count"], "read": []} if card.name == "mm_counter" else dict.fromkeys(card.methods, ["kv_cache"])
+    writes = (
+        {"advance": ["count"], "read": []} if card.name == "mm_counter" else dict.fromkeys(card.methods, ["kv_cache"])
+    )
     defaults = {
         "program": ProgramFacts("0" * 64, 1),
         "methods": list(card.methods),
@@ -119,7 +121,9 @@ def test_partitions_in_skip_mode_fail_the_method_whose_written_buffer_went_insid
 
 
 def test_partitions_without_per_method_facts_are_not_a_pass(tmp_path):
-    joined = PartitionFacts([Delegate("prefill.x", checks.QNN_BACKEND), Delegate("decode.x", checks.QNN_BACKEND)], [], [])
+    joined = PartitionFacts(
+        [Delegate("prefill.x", checks.QNN_BACKEND), Delegate("decode.x", checks.QNN_BACKEND)], [], []
+    )
     with pytest.raises(NotApplicable, match="method prefill: .*older suite"):
         checks.check_partitions(_outcome(tmp_path, facts=_facts(PREFILL_DECODE, partitions=joined)))
 
@@ -134,7 +138,9 @@ def test_annotation_fails_naming_the_method_whose_graph_annotates_the_buffer(tmp
         failure
     )
     folded = QuantizeFacts([], [], {"prefill: kv_cache": {"before": 2, "after": 1}})
-    failure = _failure(checks.check_annotation, _outcome(tmp_path, facts=_facts(PREFILL_DECODE, quantize=folded), dtype="16a8w"))
+    failure = _failure(
+        checks.check_annotation, _outcome(tmp_path, facts=_facts(PREFILL_DECODE, quantize=folded), dtype="16a8w")
+    )
     assert failure.signature == "buffer_reads_folded" and str(failure).startswith("method prefill: ")
 
 
@@ -192,7 +198,9 @@ def test_a_method_that_writes_no_buffer_is_not_applicable_not_passed(tmp_path):
 
 
 def test_skip_mode_fails_the_method_with_a_mutbuf_tensor(tmp_path):
-    trace = _trace(tmp_path, [_execute("prefill", 0, None), *(_execute("decode", i, ("0x1", "0x1")) for i in (1, 2, 3))])
+    trace = _trace(
+        tmp_path, [_execute("prefill", 0, None), *(_execute("decode", i, ("0x1", "0x1")) for i in (1, 2, 3))]
+    )
     failure = _failure(checks.check_address_sharing, _outcome(tmp_path, trace=trace, mode=Mode.SKIP))
     assert failure.signature == "mutbuf_in_skip_mode" and str(failure).startswith("method decode:")
 
