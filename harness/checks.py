@@ -427,9 +427,14 @@ def _comparison_where(outcome: CaseOutcome, judged: numerics.Outputs) -> numeric
 
 def _reads_other_methods(outcome: CaseOutcome) -> numerics.Outputs:
     """Output elements that read what another method wrote: where eager with each method on its own copy
-    of the state (harness/pipeline/eager.py run_plan_isolated) differs from eager on one module."""
+    of the state (harness/pipeline/eager.py run_plan_isolated) differs from eager on one module at all, not
+    beyond the dtype's tolerance (measured: a quantized tolerance took 1-2 elements a decode step that read
+    prefill's small writes for decode's own, and state then judged them)."""
     isolated = eager.run_plan_isolated(outcome.case.card, outcome.steps, fresh_each_step=False)
-    return numerics.compare(isolated, outcome.reference, outcome.case.dtype).masks
+    return [
+        [~np.isclose(alone, shared, equal_nan=True) for alone, shared in zip(alone_row, shared_row)]
+        for alone_row, shared_row in zip(isolated, outcome.reference)
+    ]
 
 
 @check(

@@ -267,3 +267,21 @@ def test_initial_state_judges_each_methods_first_step_only(tmp_path):
 def test_initial_state_of_a_method_reading_only_another_methods_writes_is_not_applicable(tmp_path):
     result = checks.check_initial_state(_outcome(tmp_path, COUNTER, mode=Mode.SKIP))
     assert list(result["methods"]) == ["advance"] and "read" in result["not_applicable"]
+
+
+def test_state_leaves_every_element_that_reads_another_methods_write_to_cross_method_state_in_quantized_dtypes(
+    tmp_path,
+):
+    """decode reading garbage wherever it reads prefill's writes (the measured delegate-mode shape) in 16a8w:
+    an element whose value prefill's write changes only within the quantized tolerance still reads it (a
+    crossing mask taken within the tolerance gave state 1-2 such elements a step to fail on)."""
+    card = cards.find(PREFILL_DECODE)
+    steps = card.steps(STEPS)
+    reference, isolated = eager.run_steps(card, steps), eager.run_plan_isolated(card, steps, fresh_each_step=False)
+    device = []
+    for want, alone in zip(reference, isolated):
+        reads_prefill = ~np.isclose(want[0], alone[0])
+        device.append([np.where(reads_prefill, np.float32(131008.0), want[0]).astype(np.float32)])
+    outcome = _outcome(tmp_path, device=device, mode=Mode.SKIP, dtype="16a8w")
+    checks.check_state(outcome)
+    assert _failure(checks.check_cross_method_state, outcome).signature == "state_not_shared"
