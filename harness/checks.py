@@ -108,7 +108,8 @@ def check_export(outcome: CaseOutcome) -> dict:
 # 2 ------------------------------------------------------------------------------------------------
 @check("annotation", short="ann", signatures=("buffer_annotated", "qdq_around_buffer", "buffer_reads_folded"))
 def check_annotation(outcome: CaseOutcome) -> dict:
-    """The quantizer leaves mutated buffers unannotated, with no q/dq around them and no reads folded."""
+    """The quantizer leaves mutated buffers unannotated, with no q/dq around them and no reads folded; a
+    multi-method case: in each method's quantized graph."""
     if outcome.case.dtype == FLOAT_DTYPE:
         raise NotApplicable("fp16 is not quantized: no annotations to check")
     facts = outcome.artifact.facts.quantize
@@ -215,7 +216,8 @@ def _partition_rule(facts: PartitionFacts, expected: int, mutated: tuple[str, ..
 
 @check("partitions", short="part", signatures=PARTITION_SIGNATURES)
 def check_partitions(outcome: CaseOutcome) -> dict:
-    """One QNN delegate (or the card's count), with the buffers inside or outside as the mode says."""
+    """One QNN delegate (or the card's count), with the buffers inside or outside as the mode says; a
+    multi-method case: per method, its share of the card's count and the buffers that method writes."""
     return _partitions(outcome)
 
 
