@@ -254,6 +254,12 @@ def check_address_sharing(outcome: CaseOutcome) -> dict:
     if not card.multi_method:
         return _address_rule(records, len(outcome.steps), len(card.mutated_buffers), skip)
     steps = _method_steps(outcome)
+    graphs = sorted({str(r.get("graph")) for r in records})
+    if records and not set(graphs) & set(card.methods):
+        raise NotMeasured(
+            f"the traced graphs {graphs} are none of the program's methods {list(card.methods)}: which method an "
+            f"execute belongs to is unknown (executorch's QNN backend names a method's graph after it)"
+        )
 
     def judge(method: str) -> dict:
         writes = _method_writes(outcome, method)

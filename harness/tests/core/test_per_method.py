@@ -16,7 +16,7 @@ import pytest
 
 from fixtures import multi_method  # noqa: F401  (registers the cards)
 from harness import checks
-from harness.check_registry import CheckFailure, NotApplicable
+from harness.check_registry import CheckFailure, NotApplicable, NotMeasured
 from harness.device import kinds
 from harness.device.execute import DeviceRun
 from harness.outcome import CaseOutcome
@@ -285,3 +285,15 @@ def test_state_leaves_every_element_that_reads_another_methods_write_to_cross_me
     outcome = _outcome(tmp_path, device=device, mode=Mode.SKIP, dtype="16a8w")
     checks.check_state(outcome)
     assert _failure(checks.check_cross_method_state, outcome).signature == "state_not_shared"
+
+
+def test_address_sharing_whose_trace_names_no_method_is_not_measured(tmp_path):
+    """Graphs named otherwise than the methods: which method an execute belongs to is unknown, not a failure
+    of every method's executes; one graph named after a method is enough to judge."""
+    trace = _trace(tmp_path, [_execute("graph_0", i, ("0x20", "0x20")) for i in range(4)])
+    with pytest.raises(NotMeasured, match=r"traced graphs \['graph_0'\] are none of the program's methods"):
+        checks.check_address_sharing(_outcome(tmp_path, trace=trace))
+    trace = _trace(
+        tmp_path, [_execute("prefill", 0, ("0x20", "0x20")), *(_execute("graph_0", i, None) for i in (1, 2, 3))]
+    )
+    assert _failure(checks.check_address_sharing, _outcome(tmp_path, trace=trace)).signature == "missing_executes"
