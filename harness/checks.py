@@ -728,7 +728,9 @@ def _equal(device: numerics.Outputs, other: numerics.Outputs, dtype: str) -> boo
 def check_cross_method_state(outcome: CaseOutcome) -> dict:
     """What one method writes, the next method reads: the device matches eager running the same step plan on
     ONE module at every step (never silent garbage); a quantized program's methods encode a shared buffer
-    alike. Single-method cases: NotApplicable."""
+    alike. Judged where a step reads what another method wrote: a device that differs only elsewhere (a
+    method's own state) passes here and fails state, which names that method (one verdict per defect).
+    Single-method cases: NotApplicable."""
     card = outcome.case.card
     if not card.multi_method:
         raise NotApplicable("a single-method program: no state crosses methods")
@@ -741,6 +743,9 @@ def check_cross_method_state(outcome: CaseOutcome) -> dict:
     evidence = {"plan": plan, **_evidence(comparison.errors)}
     if not comparison.mismatched:
         return evidence
+    crossing = _reads_other_methods(outcome)
+    if not numerics.count(numerics.only_where(comparison.masks, crossing)):
+        return {**evidence, "within_method_mismatches": numerics.count(comparison.masks)}  # state's verdict
     bad = [e for e in comparison.errors if e.mismatches]
     where = (
         f"{sum(e.mismatches for e in bad)} element(s) differ from eager running the plan on one module in "
@@ -769,7 +774,6 @@ def check_cross_method_state(outcome: CaseOutcome) -> dict:
                 evidence,
                 "state_per_method",
             )
-    crossing = _reads_other_methods(outcome)
     if numerics.count(comparison.masks) and not numerics.count(
         numerics.only_where(comparison.masks, _negated(crossing))
     ):
