@@ -412,7 +412,7 @@ def _state_per_method(outcome: CaseOutcome) -> dict:
         comparison = _comparison_where(outcome, judged)
         if comparison.mismatched:
             _classify(outcome, comparison, "state differs from eager", judged)
-        return {"steps": steps[method], "judged_elements": numerics.count(judged)}
+        return {"plan_steps": steps[method], "judged_elements": numerics.count(judged)}
 
     return {**_per_method(outcome, judge), **_evidence(whole.errors)}
 
