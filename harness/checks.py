@@ -9,6 +9,7 @@ Comparisons with eager live in harness/numerics.py and are computed once per cas
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict
 
 import numpy as np
@@ -17,6 +18,7 @@ from harness import numerics
 from harness.check_registry import CheckFailure, InfrastructureError, NotApplicable, NotMeasured, check
 from harness.outcome import CaseOutcome, PatternReference
 from harness.pipeline import cases, eager, mutbuf
+from harness.pipeline.facts import PartitionFacts, QuantizeFacts
 from harness.vocabulary import FLOAT_DTYPE, Mode
 
 QNN_BACKEND = "QnnBackend"
@@ -48,6 +50,43 @@ def _require_run(outcome: CaseOutcome) -> None:
         )
 
 
+def _method_steps(outcome: CaseOutcome) -> dict[str, list[int]]:
+    """Each method's steps, in plan order (a single-method card: forward at every step)."""
+    card = outcome.case.card
+    plan = card.step_methods(len(outcome.steps))
+    return {
+        method: [step for step, name in enumerate(plan) if name == method] for method in card.methods or ("forward",)
+    }
+
+
+def _per_method(outcome: CaseOutcome, judge: Callable[[str], dict]) -> dict:
+    """A multi-method case judged method by method with the single-method rule (`judge`, one body for both):
+    the first failing method (the card's order) fails the case, its message and evidence naming it; a method
+    the rule cannot apply to is recorded with its reason under not_applicable (never counted as a pass), and
+    the case is NotApplicable only when no method could be judged."""
+    judged, skipped = {}, {}
+    for method in outcome.case.card.methods:
+        try:
+            judged[method] = judge(method)
+        except NotApplicable as reason:
+            skipped[method] = str(reason)
+        except CheckFailure as failure:
+            raise CheckFailure(
+                f"method {method}: {failure}", {**failure.evidence, "method": method}, failure.signature
+            ) from None
+    if not judged:
+        raise NotApplicable("; ".join(f"method {method}: {reason}" for method, reason in skipped.items()))
+    return {"methods": judged, "not_applicable": skipped}
+
+
+def _method_writes(outcome: CaseOutcome, method: str) -> list[str]:
+    """The buffers one method of a multi-method program writes (its exported program's buffers_to_mutate)."""
+    export = outcome.artifact.facts.export
+    if export is None or method not in export.methods:
+        raise NotApplicable(f"the lowering's facts do not say what method {method} writes (lowered by an older suite)")
+    return list(export.methods[method])
+
+
 # 1 ------------------------------------------------------------------------------------------------
 @check("export", short="exp", signatures=("buffers_to_mutate_mismatch",))
 def check_export(outcome: CaseOutcome) -> dict:
@@ -69,13 +108,33 @@ def check_export(outcome: CaseOutcome) -> dict:
 # 2 ------------------------------------------------------------------------------------------------
 @check("annotation", short="ann", signatures=("buffer_annotated", "qdq_around_buffer", "buffer_reads_folded"))
 def check_annotation(outcome: CaseOutcome) -> dict:
-    """The quantizer leaves mutated buffers unannotated, with no q/dq around them and no reads folded."""
+    """The quantizer leaves mutated buffers unannotated, with no q/dq around them and no reads folded; a
+    multi-method case: in each method's quantized graph."""
     if outcome.case.dtype == FLOAT_DTYPE:
         raise NotApplicable("fp16 is not quantized: no annotations to check")
     facts = outcome.artifact.facts.quantize
     if facts is None:
         _require_lowered(outcome)
         raise CheckFailure("quantization facts missing although lowering succeeded", signature="lowering_failed")
+    if outcome.case.card.multi_method:  # each method's quantized graph (harness/pipeline/stages.py quantize_multi)
+        return _per_method(outcome, lambda method: _annotation(_method_quantize_facts(facts, method)))
+    return _annotation(facts)
+
+
+def _method_quantize_facts(facts: QuantizeFacts, method: str) -> QuantizeFacts:
+    """One method's entries of a multi-method program's merged quantization facts, which quantize_multi
+    prefixes with "METHOD: " (the op of an annotation or q/dq entry, the buffer of a folded read)."""
+    prefix = f"{method}: "
+
+    def own(entries: list[dict[str, str]]) -> list[dict[str, str]]:
+        return [{**e, "op": e["op"].removeprefix(prefix)} for e in entries if e["op"].startswith(prefix)]
+
+    folded = {k.removeprefix(prefix): v for k, v in facts.folded_buffer_reads.items() if k.startswith(prefix)}
+    return QuantizeFacts(own(facts.annotated_buffer_inputs), own(facts.qdq_around_buffers), folded)
+
+
+def _annotation(facts: QuantizeFacts) -> dict:
+    """The annotation rule on one quantized graph's facts."""
     evidence = asdict(facts)
     if facts.annotated_buffer_inputs:
         first = facts.annotated_buffer_inputs[0]
@@ -105,25 +164,47 @@ def check_annotation(outcome: CaseOutcome) -> dict:
 # 3 ------------------------------------------------------------------------------------------------
 def _partitions(outcome: CaseOutcome) -> dict:
     _require_lowered(outcome)
-    facts = outcome.artifact.facts.partitions
-    card, delegates = outcome.case.card, facts.delegates
+    facts, card = outcome.artifact.facts.partitions, outcome.case.card
+    if not card.multi_method:
+        return _partition_rule(facts, card.expected_partitions, card.mutated_buffers, outcome.case.skip_mutable_buffer)
+    # A multi-method card's expected_partitions counts the program's delegates, split evenly over its methods.
+    expected, remainder = divmod(card.expected_partitions, len(card.methods))
+    if remainder:
+        raise NotApplicable(
+            f"card {card.name}: expected_partitions {card.expected_partitions} does not split evenly over its "
+            f"{len(card.methods)} methods: give a multiple of {len(card.methods)}"
+        )
+
+    def judge(method: str) -> dict:
+        if method not in facts.methods:
+            raise NotApplicable("the lowering's facts have no partitions of this method (lowered by an older suite)")
+        writes = _method_writes(outcome, method)
+        return _partition_rule(facts.methods[method], expected, writes, outcome.case.skip_mutable_buffer)
+
+    return _per_method(outcome, judge)
+
+
+def _partition_rule(facts: PartitionFacts, expected: int, mutated: tuple[str, ...] | list[str], skip: bool) -> dict:
+    """The partition rule on one graph: `expected` QNN delegates, and the buffers it mutates (`mutated`)
+    outside them with skip_mutable_buffer, inside them otherwise."""
+    delegates = facts.delegates
     backends = sorted({d.backend for d in delegates})
-    if len(delegates) != card.expected_partitions or backends != [QNN_BACKEND]:
+    if len(delegates) != expected or backends != [QNN_BACKEND]:
         raise CheckFailure(
-            f"{len(delegates)} delegate(s) {backends}, expected {card.expected_partitions} x "
+            f"{len(delegates)} delegate(s) {backends}, expected {expected} x "
             f"{QNN_BACKEND}; outside the delegates: {', '.join(facts.ops_outside) or 'nothing'}",
             asdict(facts),
             "partition_count",
         )
     outside = sorted(facts.buffers_outside)
-    if outcome.case.skip_mutable_buffer and outside != sorted(card.mutated_buffers):
+    if skip and outside != sorted(mutated):
         raise CheckFailure(
-            f"skip_mutable_buffer=True must keep {sorted(card.mutated_buffers)} outside the delegate "
+            f"skip_mutable_buffer=True must keep {sorted(mutated)} outside the delegate "
             f"with its copy; outside are {outside}",
             asdict(facts),
             "buffer_not_outside",
         )
-    if not outcome.case.skip_mutable_buffer and outside:
+    if not skip and outside:
         raise CheckFailure(
             f"with buffer delegation, {outside} stayed outside the delegate "
             f"(ops outside: {', '.join(facts.ops_outside)})",
@@ -135,7 +216,8 @@ def _partitions(outcome: CaseOutcome) -> dict:
 
 @check("partitions", short="part", signatures=PARTITION_SIGNATURES)
 def check_partitions(outcome: CaseOutcome) -> dict:
-    """One QNN delegate (or the card's count), with the buffers inside or outside as the mode says."""
+    """One QNN delegate (or the card's count), with the buffers inside or outside as the mode says; a
+    multi-method case: per method, its share of the card's count and the buffers that method writes."""
     return _partitions(outcome)
 
 
@@ -154,8 +236,10 @@ def check_partitions(outcome: CaseOutcome) -> dict:
     ),
 )
 def check_address_sharing(outcome: CaseOutcome) -> dict:
-    """Each delegated buffer's input and output share one address, the same at every execute."""
-    not_multi_method(outcome, "address_sharing")
+    """Each delegated buffer's input and output share one address, the same at every execute. A multi-method
+    case: per method, on the executes of its QNN graph (the interposer records each execute's graph name,
+    which executorch's QNN backend names after the method); a method that writes no buffer has no output
+    address to pair (NotApplicable for it)."""
     _require_run(outcome)
     if outcome.run.trace is None:
         device = outcome.device
@@ -165,11 +249,34 @@ def check_address_sharing(outcome: CaseOutcome) -> dict:
                 f"--android-ndk PATH (or set ANDROID_NDK_ROOT) to push the interposer in front of it"
             )
         raise NotApplicable("no execute trace from this device (no QNN graph was executed)")
-    records = mutbuf.read_trace(outcome.run.trace)
-    executes = [r for r in records if r.get("event") == "execute"]
-    bindings = mutbuf.bindings(records)
+    records = [r for r in mutbuf.read_trace(outcome.run.trace) if r.get("event") == "execute"]
+    skip, card = outcome.case.skip_mutable_buffer, outcome.case.card
+    if not card.multi_method:
+        return _address_rule(records, len(outcome.steps), len(card.mutated_buffers), skip)
+    steps = _method_steps(outcome)
+    graphs = sorted({str(r.get("graph")) for r in records})
+    if records and not set(graphs) & set(card.methods):
+        raise NotMeasured(
+            f"the traced graphs {graphs} are none of the program's methods {list(card.methods)}: which method an "
+            f"execute belongs to is unknown (executorch's QNN backend names a method's graph after it)"
+        )
+
+    def judge(method: str) -> dict:
+        writes = _method_writes(outcome, method)
+        if not skip and not writes:
+            raise NotApplicable("it writes no buffer: no output address to pair with its input")
+        own = [r for r in records if r.get("graph") == method]
+        return _address_rule(own, len(steps[method]), len(writes), skip)
+
+    return _per_method(outcome, judge)
+
+
+def _address_rule(executes: list[dict], steps: int, buffers_expected: int, skip: bool) -> dict:
+    """The address-sharing rule on one graph's execute records: `steps` executes at least, and (buffers
+    delegated) `buffers_expected` mutbuf pairs whose input and output share one address that never moves."""
+    bindings = mutbuf.bindings(executes)
     evidence = {"executes": len(executes), "bindings": [b.__dict__ for b in bindings[:64]]}
-    if outcome.case.skip_mutable_buffer:
+    if skip:
         if bindings:
             raise CheckFailure(
                 f"skip_mutable_buffer=True but the graph has mutbuf tensors ({bindings[0].input_name})",
@@ -177,15 +284,12 @@ def check_address_sharing(outcome: CaseOutcome) -> dict:
                 "mutbuf_in_skip_mode",
             )
         return evidence
-    if len(executes) < len(outcome.steps):
-        raise CheckFailure(
-            f"{len(executes)} graph execute(s) traced for {len(outcome.steps)} steps", evidence, "missing_executes"
-        )
+    if len(executes) < steps:
+        raise CheckFailure(f"{len(executes)} graph execute(s) traced for {steps} steps", evidence, "missing_executes")
     buffers = sorted({b.position for b in bindings})
-    if len(buffers) < len(outcome.case.card.mutated_buffers):
+    if len(buffers) < buffers_expected:
         raise CheckFailure(
-            f"{len(buffers)} mutbuf pair(s) in the compiled graph for "
-            f"{len(outcome.case.card.mutated_buffers)} mutated buffer(s)",
+            f"{len(buffers)} mutbuf pair(s) in the compiled graph for {buffers_expected} mutated buffer(s)",
             evidence,
             "no_mutbuf_pair",
         )
@@ -214,7 +318,11 @@ def _evidence(errors: list[numerics.StepError]) -> dict:
     return {"steps": [e.__dict__ for e in errors]}
 
 
-def _classify(outcome: CaseOutcome, comparison: numerics.Comparison, what: str) -> None:
+def _classify(
+    outcome: CaseOutcome, comparison: numerics.Comparison, what: str, judged: numerics.Outputs | None = None
+) -> None:
+    """Name a state mismatch; `judged`: the output elements the caller judges (None: all), where the heap
+    pattern's reference is read too."""
     errors = comparison.errors
     bad = [e for e in errors if e.mismatches]
     first = bad[0]
@@ -224,14 +332,17 @@ def _classify(outcome: CaseOutcome, comparison: numerics.Comparison, what: str) 
     )
     if outcome.delegated_buffers:  # no buffer in the delegate (skip mode, or rejected ops): not this defect
         pattern = outcome.pattern_reference
-        if pattern.comparison is not None and not pattern.comparison.mismatched:
+        pattern_masks = None if pattern.comparison is None else pattern.comparison.masks
+        if judged is not None and pattern_masks is not None:
+            pattern_masks = numerics.only_where(pattern_masks, judged)
+        if pattern_masks is not None and not numerics.count(pattern_masks):
             raise CheckFailure(
                 line + f"; the device equals eager started from its heap pattern {pattern.description}",
                 _evidence(errors),
                 UNINITIALISED_DELEGATED_BUFFER,
             )
-        if pattern.comparison is not None and not pattern.inconclusive:
-            wrong = numerics.count(pattern.comparison.masks)
+        if pattern_masks is not None and not pattern.inconclusive:
+            wrong = numerics.count(pattern_masks)
             line += (
                 f"; not the uninitialised-buffer defect: eager started from the heap pattern "
                 f"{pattern.description} differs too ({wrong} element(s))"
@@ -271,13 +382,67 @@ def _only_where_initial_value_matters(outcome: CaseOutcome, masks: numerics.Outp
     matrix=cases.with_meta_llama,
 )
 def check_state(outcome: CaseOutcome) -> dict:
-    """Step by step the device matches eager within the dtype's tolerance."""
-    not_multi_method(outcome, "state")
+    """Step by step the device matches eager within the dtype's tolerance.
+
+    A multi-method case: per method, the output elements of its steps that do NOT read what another method
+    wrote (eager with each method on its own copy of the state computes them alike), i.e. each method's own
+    state from step to step, which is what this check adds to cross_method_state: a mismatch here names the
+    method whose own state went wrong. The elements that do read another method's writes are judged by
+    cross_method_state alone (its signatures say how the state was lost between methods), never here."""
     _require_run(outcome)
+    if outcome.case.card.multi_method:
+        return _state_per_method(outcome)
     comparison = outcome.comparison
     if comparison.mismatched:
         _classify(outcome, comparison, "state differs from eager")
     return _evidence(comparison.errors)
+
+
+def _state_per_method(outcome: CaseOutcome) -> dict:
+    own = _negated(_reads_other_methods(outcome))
+    steps = _method_steps(outcome)
+    whole = _comparison_where(outcome, own)
+
+    def judge(method: str) -> dict:
+        judged = _only_steps(own, steps[method])
+        if not numerics.count(judged):
+            raise NotApplicable(
+                "every output element of its steps reads what another method wrote (cross_method_state)"
+            )
+        comparison = _comparison_where(outcome, judged)
+        if comparison.mismatched:
+            _classify(outcome, comparison, "state differs from eager", judged)
+        return {"plan_steps": steps[method], "judged_elements": numerics.count(judged)}
+
+    return {**_per_method(outcome, judge), **_evidence(whole.errors)}
+
+
+def _only_steps(masks: numerics.Outputs, steps: list[int]) -> numerics.Outputs:
+    """The masks at the given steps, all False at the others."""
+    wanted = set(steps)
+    return [[mask if step in wanted else np.zeros_like(mask) for mask in row] for step, row in enumerate(masks)]
+
+
+def _comparison_where(outcome: CaseOutcome, judged: numerics.Outputs) -> numerics.Comparison:
+    """The device compared with eager on the judged elements only (elsewhere eager's own value stands in), so
+    the per-step numbers (errors, SQNR, mismatch counts) are of those elements."""
+    device = [
+        [np.where(chosen, got, want) for got, want, chosen in zip(got_row, want_row, chosen_row)]
+        for got_row, want_row, chosen_row in zip(outcome.device_outputs(), outcome.reference, judged)
+    ]
+    return numerics.compare(device, outcome.reference, outcome.case.dtype)
+
+
+def _reads_other_methods(outcome: CaseOutcome) -> numerics.Outputs:
+    """Output elements that read what another method wrote: where eager with each method on its own copy
+    of the state (harness/pipeline/eager.py run_plan_isolated) differs from eager on one module at all, not
+    beyond the dtype's tolerance (measured: a quantized tolerance took 1-2 elements a decode step that read
+    prefill's small writes for decode's own, and state then judged them)."""
+    isolated = eager.run_plan_isolated(outcome.case.card, outcome.steps, fresh_each_step=False)
+    return [
+        [~np.isclose(alone, shared, equal_nan=True) for alone, shared in zip(alone_row, shared_row)]
+        for alone_row, shared_row in zip(isolated, outcome.reference)
+    ]
 
 
 @check(
@@ -289,10 +454,20 @@ def check_state(outcome: CaseOutcome) -> dict:
 )
 def check_initial_state(outcome: CaseOutcome) -> dict:
     """Output elements that depend on the registered initial value match eager (the buffer started
-    from that value on the device)."""
-    not_multi_method(outcome, "initial_state")
+    from that value on the device). A multi-method case: per method, at its first step of the plan, the
+    elements that depend on the initial value without reading what another method wrote (those are
+    cross_method_state's): the plan's first step reads the registered value, and so does each method's copy
+    where no other method's write reaches it."""
     _require_run(outcome)
-    dependence = outcome.initial_value_dependence
+    if not outcome.case.card.multi_method:
+        return _initial_rule(outcome, outcome.initial_value_dependence)
+    own = numerics.only_where(outcome.initial_value_dependence, _negated(_reads_other_methods(outcome)))
+    steps = _method_steps(outcome)
+    return _per_method(outcome, lambda method: _initial_rule(outcome, _only_steps(own, steps[method][:1])))
+
+
+def _initial_rule(outcome: CaseOutcome, dependence: numerics.Outputs) -> dict:
+    """The initial-state rule on the output elements `dependence` selects."""
     if not numerics.count(dependence):
         raise NotApplicable("no output element depends on the buffers' initial values")
     comparison = outcome.comparison
@@ -519,16 +694,6 @@ CROSS_METHOD_SIGNATURES = (
 )
 
 
-def not_multi_method(outcome: CaseOutcome, check_name: str) -> None:
-    """For a check that judges a single-method run only (one graph, one plan of forward steps): NotApplicable
-    for a multi-method case, which cross_method_state judges instead, rather than a wrong verdict."""
-    if outcome.case.card.multi_method:
-        raise NotApplicable(
-            f"{check_name} judges single-method programs; this case's methods {list(outcome.case.card.methods)} "
-            f"are judged by cross_method_state"
-        )
-
-
 def _shared_buffer_encodings(outcome: CaseOutcome) -> None:
     """Every method of a quantized program reads each shared buffer through one encoding and writes it with
     one encoding (read from the lowered program's facts: harness/pipeline/stages.py buffer_encodings)."""
@@ -563,7 +728,9 @@ def _equal(device: numerics.Outputs, other: numerics.Outputs, dtype: str) -> boo
 def check_cross_method_state(outcome: CaseOutcome) -> dict:
     """What one method writes, the next method reads: the device matches eager running the same step plan on
     ONE module at every step (never silent garbage); a quantized program's methods encode a shared buffer
-    alike. Single-method cases: NotApplicable."""
+    alike. Judged where a step reads what another method wrote: a device that differs only elsewhere (a
+    method's own state) passes here and fails state, which names that method (one verdict per defect).
+    Single-method cases: NotApplicable."""
     card = outcome.case.card
     if not card.multi_method:
         raise NotApplicable("a single-method program: no state crosses methods")
@@ -576,13 +743,15 @@ def check_cross_method_state(outcome: CaseOutcome) -> dict:
     evidence = {"plan": plan, **_evidence(comparison.errors)}
     if not comparison.mismatched:
         return evidence
+    crossing = _reads_other_methods(outcome)
+    if not numerics.count(numerics.only_where(comparison.masks, crossing)):
+        return {**evidence, "within_method_mismatches": numerics.count(comparison.masks)}  # state's verdict
     bad = [e for e in comparison.errors if e.mismatches]
     where = (
         f"{sum(e.mismatches for e in bad)} element(s) differ from eager running the plan on one module in "
         f"{len(bad)}/{len(plan)} step(s), first at step {bad[0].step} ({plan[bad[0].step]}, max abs error "
         f"{bad[0].max_abs_error:.4g})"
     )
-    isolated = eager.run_plan_isolated(card, outcome.steps, fresh_each_step=False)
     for start, initial in _starts(outcome):
         if initial and _equal(device, eager.run_steps(card, outcome.steps, initial=initial), dtype):
             raise CheckFailure(
@@ -605,7 +774,6 @@ def check_cross_method_state(outcome: CaseOutcome) -> dict:
                 evidence,
                 "state_per_method",
             )
-    crossing = numerics.compare(isolated, outcome.reference, dtype).masks  # elements that read another method's writes
     if numerics.count(comparison.masks) and not numerics.count(
         numerics.only_where(comparison.masks, _negated(crossing))
     ):

@@ -74,6 +74,7 @@ class LoweringRequest:
 class ExportFacts:
     buffers_to_mutate: list[str]
     expected: list[str]
+    methods: dict[str, list[str]] = field(default_factory=dict)  # multi-method: what each method writes
 
 
 @dataclass(frozen=True)
@@ -94,10 +95,14 @@ class PartitionFacts:
     delegates: list[Delegate]
     ops_outside: list[str]
     buffers_outside: list[str]
+    methods: dict[str, PartitionFacts] = field(default_factory=dict)  # multi-method: each method's own
 
     @classmethod
     def of(cls, data: dict) -> PartitionFacts:
-        return cls([Delegate(**d) for d in data["delegates"]], list(data["ops_outside"]), list(data["buffers_outside"]))
+        methods = {str(method): cls.of(facts) for method, facts in data.get("methods", {}).items()}
+        return cls(
+            [Delegate(**d) for d in data["delegates"]], list(data["ops_outside"]), list(data["buffers_outside"]), methods
+        )
 
 
 @dataclass(frozen=True)

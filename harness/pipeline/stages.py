@@ -230,10 +230,12 @@ def export_facts_multi(card: ModelCard, model: torch.nn.Module, examples: dict[s
     """The union of what the methods mutate (a buffer written by one method and read by another is mutated
     in the writer's program only)."""
     mutated: set[str] = set()
+    per_method: dict[str, list[str]] = {}  # what each method writes: the per-method checks' expectation
     for method, example in examples.items():
         program = torch.export.export(copy.deepcopy(method_view(model, method)), example).run_decompositions({})
-        mutated |= set(program.graph_signature.buffers_to_mutate.values())
-    return {"buffers_to_mutate": sorted(mutated), "expected": sorted(card.mutated_buffers)}
+        per_method[method] = sorted(set(program.graph_signature.buffers_to_mutate.values()))
+        mutated |= set(per_method[method])
+    return {"buffers_to_mutate": sorted(mutated), "expected": sorted(card.mutated_buffers), "methods": per_method}
 
 
 def _encoding(node: torch.fx.Node) -> str:
@@ -304,11 +306,13 @@ def lower_multi(
 
 
 def partition_facts_multi(edge_manager, methods: tuple[str, ...], buffers: tuple[str, ...]) -> dict[str, Any]:
-    """partition_facts of every method, joined: delegates named by method, ops and buffers outside as unions."""
-    joined: dict[str, Any] = {"delegates": [], "ops_outside": set(), "buffers_outside": set()}
+    """partition_facts of every method, joined: delegates named by method, ops and buffers outside as unions;
+    each method's own under "methods"."""
+    joined: dict[str, Any] = {"delegates": [], "ops_outside": set(), "buffers_outside": set(), "methods": {}}
     for method in methods:
         program = edge_manager.exported_program(method)
         facts = _partition_facts_of(program, buffers)
+        joined["methods"][method] = facts  # each method's own, what the partitions check judges per method
         joined["delegates"] += [{**d, "name": f"{method}.{d['name']}"} for d in facts["delegates"]]
         joined["ops_outside"] |= set(facts["ops_outside"])
         joined["buffers_outside"] |= set(facts["buffers_outside"])

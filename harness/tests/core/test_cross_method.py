@@ -137,11 +137,7 @@ def test_quantized_methods_agreeing_on_the_encoding_pass(tmp_path):
     checks.check_cross_method_state(outcome)
 
 
-def test_single_method_cases_are_not_applicable_and_multi_method_ones_skip_single_method_checks(tmp_path):
+def test_single_method_cases_are_not_applicable(tmp_path):
+    """(The other checks judge multi-method cases per method: harness/tests/core/test_per_method.py.)"""
     with pytest.raises(NotApplicable):
         checks.check_cross_method_state(_outcome(None, "fixtures.zoo:counter_add", tmp=tmp_path))
-    card = cards.find(CARD)
-    outcome = _outcome([list(row) for row in eager.run_steps(card, card.steps(STEPS))], tmp=tmp_path)
-    for single in (checks.check_state, checks.check_initial_state, checks.check_address_sharing):
-        with pytest.raises(NotApplicable, match="cross_method_state"):
-            single(outcome)
