@@ -516,21 +516,21 @@ class Judgement:
 
 
 def judge(spec, outcome) -> Judgement:
-    """One check on the outcome, its exception read as the suite's report hook reads it."""
-    registry = sys.modules["harness.check_registry"]
+    """One check on the outcome, its exception read by the suite's own mapping (check_registry.raised_verdict,
+    what the suite's verdicts.decide applies its manifest on); a failure that is no assertion (a check that
+    breaks on this outcome) is told apart as `error`: not the recorded failure."""
     try:
         spec.function(outcome)
-    except registry.NotApplicable as reason:
-        return Judgement("skipped", "", str(reason))
-    except registry.NotMeasured as reason:
-        return Judgement("not_measured", "", str(reason))
-    except registry.InfrastructureError as error:
-        return Judgement("infra_error", "", str(error))
-    except AssertionError as failure:  # CheckFailure, or a check's plain assert (no signature, as in the suite)
-        return Judgement("failed", getattr(failure, "signature", ""), str(failure).partition("\n")[0])
-    except Exception as error:  # a check that breaks on this outcome: not the recorded failure
-        return Judgement("error", type(error).__name__, f"{type(error).__name__}: {error}".partition("\n")[0])
-    return Judgement("passed")
+    except Exception as raised:
+        error = raised
+    else:
+        return Judgement("passed")
+    verdict = str(sys.modules["harness.check_registry"].raised_verdict(error))
+    if verdict != "failed":
+        return Judgement(verdict, "", str(error))
+    if isinstance(error, AssertionError):  # CheckFailure, or a check's plain assert (no signature, as in the suite)
+        return Judgement("failed", getattr(error, "signature", ""), str(error).partition("\n")[0])
+    return Judgement("error", type(error).__name__, f"{type(error).__name__}: {error}".partition("\n")[0])
 
 
 def verdict_of(recorded: dict, judged: dict[str, Judgement]) -> tuple[str, str]:
