@@ -7,8 +7,8 @@ Needs executorch, torch, torchao and numpy, and the host QNN libraries (x86_64):
 QNN_SDK_ROOT and LD_LIBRARY_PATH already set (with the suite's interposer overlay, also its bridge
 variables: `python -m harness doctor` prints the lines to export). It rebuilds the model from the card's
 source (card/), exports, quantizes and lowers it in a child process with the suite's own settings, runs
-the steps on the HTP simulator or, with --serial, with your qnn_executor_runner on a phone through adb,
-and judges every check the run judged for this case with the suite's own check code (suite/: copies of
+the steps on the HTP simulator or, with --serial, with your qnn_executor_runner on a phone through adb (a
+multi-method card's plan, a method per step, in one loaded program: on a phone with suite_runner), and judges every check the run judged for this case with the suite's own check code (suite/: copies of
 the suite's modules and of any module that declared one of those checks, listed in suite/manifest.json,
 imported under their suite names; the card registry is a small shim so the card source runs unchanged).
 
@@ -277,11 +277,6 @@ def write_plan(inputs: Path, methods: list[str]) -> tuple[Path, tuple[str, ...]]
     several methods, as the suite's devices run it)."""
     plan_format = importlib.import_module("harness.runner.run")
     rows = [line.split() for line in (inputs / "input_list.txt").read_text().splitlines() if line.strip()]
-    if len(rows) != len(methods):
-        raise ReproError(
-            f"{inputs / 'input_list.txt'} has {len(rows)} step(s) but the plan names {len(methods)} method(s): "
-            f"make the bundle again with the suite"
-        )
     plan = plan_format.write_plan(list(zip(methods, rows)), inputs / "plan.txt")
     return plan, plan_format.plan_options(methods)
 
@@ -377,7 +372,7 @@ def plan_child(pte: str, inputs: str, outputs: str) -> int:
     case = json.loads((BUNDLE / "case.json").read_text())
     load_suite(case)
     host_runner = importlib.import_module("harness.emulator.host_runner")
-    pattern = host_runner.heap_pattern()  # first, before any library allocates
+    pattern = host_runner.heap_pattern()  # the byte fresh allocations hold here (the checks try it as a start)
     print(f"runner: heap pattern {'none' if pattern is None else f'0x{pattern:02x}'}", flush=True)
     import numpy as np
     import torch
