@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from harness.vocabulary import Verdict
+
 # Any check can fail these ways before its own logic runs: no program, or no device result.
 COMMON_SIGNATURES = ("lowering_failed", "not_run")
 
@@ -49,6 +51,22 @@ class InfrastructureError(Exception):
 # formatting of their tracebacks would be thrown away. It is costly: pytest parses the source file of every
 # traceback entry (measured: a fifth of the workers' CPU in a warm default run, where 514 checks fail as known).
 WORDED_BY_THE_SUITE = (CheckFailure, NotMeasured, InfrastructureError)
+
+
+def raised_verdict(error: BaseException | None) -> Verdict:
+    """What a check's ending says by itself, before any known-failures entry: passed (it returned),
+    skipped (NotApplicable), not_measured, infra_error, else failed. The one mapping of a check's exception
+    to a verdict: harness/verdicts.py decide applies the manifest on top of it, and a repro bundle's repro.py
+    (which carries this module, not pytest) judges with it alone."""
+    if error is None:
+        return Verdict.PASSED
+    if isinstance(error, NotApplicable):
+        return Verdict.SKIPPED
+    if isinstance(error, NotMeasured):
+        return Verdict.NOT_MEASURED
+    if isinstance(error, InfrastructureError):
+        return Verdict.INFRA_ERROR
+    return Verdict.FAILED
 
 
 def worded_by_the_suite(excinfo: Any) -> bool:

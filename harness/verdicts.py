@@ -26,7 +26,7 @@ from harness.check_registry import (
     CheckSpec,
     InfrastructureError,
     NotApplicable,
-    NotMeasured,
+    raised_verdict,
 )
 from harness.device.device import DeviceError
 from harness.known_failures import KnownFailure
@@ -138,18 +138,19 @@ def decide(
 ) -> tuple[Verdict, str | None, KnownFailure | None]:
     """The verdict of a test that raised failure (None: it passed), the line its report shows instead of
     pytest's words (None: pytest's), and the manifest entry that explains it or expected a failure."""
-    if isinstance(failure, NotMeasured):
+    raised = Verdict.SKIPPED if isinstance(failure, pytest.skip.Exception) else raised_verdict(failure)
+    if raised is Verdict.NOT_MEASURED:
         # Its own verdict, never a plain skip: pytest counts it with the skips, the reports apart.
         return Verdict.NOT_MEASURED, f"not measured: {failure}", None
-    if isinstance(failure, InfrastructureError):
+    if raised is Verdict.INFRA_ERROR:
         # The device or the lab failed: no known failure can explain it, and it is no conformance verdict.
         return Verdict.INFRA_ERROR, f"{nodeid}: infrastructure error: {failure}", None
-    if failure is None:
+    if raised is Verdict.PASSED:
         if expected and not all(entry.flaky for entry in expected):
             line = f"[XPASS(strict)] {expected[0].describe()}: it passes now; update the known-failures manifest"
             return Verdict.XPASSED, line, expected[0]
         return Verdict.PASSED, None, None
-    if isinstance(failure, (NotApplicable, pytest.skip.Exception)):
+    if raised is Verdict.SKIPPED:
         return Verdict.SKIPPED, None, None
     explaining = next((entry for entry in expected if entry.explains(failure)), None)
     if explaining is not None:

@@ -232,8 +232,7 @@ def _runner_command(
             [(name, [path.name for path in row]) for name, row in zip(names, input_files)], local_dir / PLAN_NAME
         )
         argv = ["--model_path", "model.pte", "--plan_path", PLAN_NAME, "--output_folder_path", "outputs"]
-        if len(set(names)) > 1:  # one Module's arenas for every method, as an application sharing state needs
-            argv.append("--share_memory_arenas")
+        argv.extend(plan_format.plan_options(names))
         return [f"{workspace.payload}/{SUITE_RUNNER_NAME}", *argv], plan
     input_list = local_dir / INPUT_LIST_NAME
     input_list.write_text("".join(" ".join(path.name for path in row) + "\n" for row in input_files))

@@ -153,6 +153,10 @@ class BundleWriter:
             "soc": case.soc,
             "steps": len(outcome.steps),
             "skip_mutable_buffer": case.skip_mutable_buffer,
+            "share_mutable_buffers": case.share_mutable_buffers,
+            # A multi-method card's plan, the method of each step (repro.py takes it from the card's source;
+            # here for issue.md and a reader); [] for a single-method program.
+            "plan": case.card.step_methods(len(outcome.steps)) if case.card.multi_method else [],
             "card": {
                 "name": case.card.name,
                 "module": case.card.module,
@@ -162,6 +166,8 @@ class BundleWriter:
                 "expected_partitions": case.card.expected_partitions,
                 "build_source": _source(case.card.build),
                 "steps_source": _source(case.card.steps),
+                "methods": list(case.card.methods),
+                "plan_source": _source(case.card.plan) if case.card.plan is not None else "",
             },
             "environment": {
                 "executorch": package_version("executorch"),

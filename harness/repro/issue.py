@@ -68,13 +68,16 @@ def _pipeline(case: dict) -> str:
     if case["mode"] == "meta_llama":
         lower = "lowers as executorch's Meta llama export does (`to_edge`, the QNN capture passes, `QnnPartitioner`)"
     else:
+        methods = case["card"].get("methods") or []
         lower = (
-            f"lowers with `to_edge_transform_and_lower_to_qnn` for {case['soc']} "
+            f"lowers {'its methods ' + ', '.join(map(code, methods)) + ' together (a dict of modules and inputs) ' if methods else ''}"
+            f"with `to_edge_transform_and_lower_to_qnn` for {case['soc']} "
             f"(`skip_mutable_buffer={case['skip_mutable_buffer']}`{', fp16' if case['dtype'] == 'fp16' else ''})"
         )
-    return (
-        f"exports with `torch.export`, {quantize}{lower}, serialises with `InitializedMutableBufferPass([{buffers}])`"
-    )
+    serialise = f"`InitializedMutableBufferPass([{buffers}])`"
+    if case.get("plan"):  # a multi-method program: memory planning shares the mutable buffers or not
+        serialise += f" and `MemoryPlanningPass(share_mutable_buffers={bool(case.get('share_mutable_buffers'))})`"
+    return f"exports with `torch.export`, {quantize}{lower}, serialises with {serialise}"
 
 
 def _device_words(env: dict) -> str:
@@ -145,6 +148,7 @@ def render(case: dict) -> str:
         mode_words=MODE_WORDS.get(case["mode"], case["mode"]),
         device_words=_device_words(case["environment"]),
         buffers=Markup(", ".join(code(name) for name in case["card"]["mutated_buffers"])),
+        plan=Markup(", ".join(f"step {step} {code(method)}" for step, method in enumerate(case.get("plan") or []))),
         pipeline=Markup(_pipeline(case)),
         expectations=_expectations(),
         archive=folder + layout.ARCHIVE_SUFFIX,

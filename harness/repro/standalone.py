@@ -7,8 +7,8 @@ Needs executorch, torch, torchao and numpy, and the host QNN libraries (x86_64):
 QNN_SDK_ROOT and LD_LIBRARY_PATH already set (with the suite's interposer overlay, also its bridge
 variables: `python -m harness doctor` prints the lines to export). It rebuilds the model from the card's
 source (card/), exports, quantizes and lowers it in a child process with the suite's own settings, runs
-the steps on the HTP simulator or, with --serial, with your qnn_executor_runner on a phone through adb,
-and judges every check the run judged for this case with the suite's own check code (suite/: copies of
+the steps on the HTP simulator or, with --serial, with your qnn_executor_runner on a phone through adb (a
+multi-method card's plan, a method per step, in one loaded program: on a phone with suite_runner), and judges every check the run judged for this case with the suite's own check code (suite/: copies of
 the suite's modules and of any module that declared one of those checks, listed in suite/manifest.json,
 imported under their suite names; the card registry is a small shim so the card source runs unchanged).
 
@@ -67,6 +67,8 @@ SUITE_MODULES = (
 # module's build() into the bundle's own .qnn/ folder (harness.paths.state_dir, here the bundle's).
 RUNNER_SOURCE = "suite/suite_runner.cpp"
 SUITE_RUNNER = "suite_runner"
+# What runs a plan of several methods where the suite's runner cannot be built (plan_child).
+PYTHON_RUNTIME = "executorch.runtime"
 SHIM = "harness.pipeline.card"  # what card modules import ModelCard and register from
 MANIFEST = "suite/manifest.json"
 MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -202,6 +204,7 @@ def lower(case: dict, out: Path, env: dict[str, str]) -> tuple[Path | None, obje
         case["soc"],
         case["steps"],
         str(lowering),
+        share_mutable_buffers=bool(case.get("share_mutable_buffers", False)),
     ).write(request)
     for stale in ("model.pte", "facts.json"):
         (lowering / stale).unlink(missing_ok=True)
@@ -268,6 +271,16 @@ def compiled_runner() -> Path | None:
         return None
 
 
+def write_plan(inputs: Path, methods: list[str]) -> tuple[Path, tuple[str, ...]]:
+    """The compiled runner's plan beside the inputs (a step per input_list.txt line, each running its method)
+    and the runner options it needs (harness.runner.run.plan_options: one Module's arenas for a plan of
+    several methods, as the suite's devices run it)."""
+    plan_format = importlib.import_module("harness.runner.run")
+    rows = [line.split() for line in (inputs / "input_list.txt").read_text().splitlines() if line.strip()]
+    plan = plan_format.write_plan(list(zip(methods, rows)), inputs / "plan.txt")
+    return plan, plan_format.plan_options(methods)
+
+
 def run_compiled(
     binary: Path,
     pte: Path,
@@ -275,17 +288,25 @@ def run_compiled(
     outputs: Path,
     env: dict[str, str],
     heap_pattern: int | None,
-    method_index: int,
+    methods: list[str],
 ) -> tuple[int, str]:
-    """The suite's compiled runner, as the emulated device runs it: the steps as a plan in one process, on the
-    HTP simulator, with the interposer's trace in outputs/trace.jsonl."""
-    plan_format = importlib.import_module("harness.runner.run")
-    rows = [line.split() for line in (inputs / "input_list.txt").read_text().splitlines() if line.strip()]
-    plan = plan_format.write_plan([(f"@{int(method_index)}", row) for row in rows], inputs / "plan.txt")
+    """The suite's compiled runner, as the emulated device runs it: the steps as a plan in one process (each
+    step its method, state crossing methods), on the HTP simulator, with the interposer's trace in
+    outputs/trace.jsonl."""
+    plan, options = write_plan(inputs, methods)
     outputs.mkdir(parents=True, exist_ok=True)
     (outputs / "trace.jsonl").unlink(missing_ok=True)
     completed = subprocess.run(
-        [str(binary), "--model_path", str(pte), "--plan_path", str(plan), "--output_folder_path", str(outputs)],
+        [
+            str(binary),
+            "--model_path",
+            str(pte),
+            "--plan_path",
+            str(plan),
+            "--output_folder_path",
+            str(outputs),
+            *options,
+        ],
         cwd=inputs,
         env={**heap_environment(env, heap_pattern), "QNNSUITE_TRACE": str(outputs / "trace.jsonl")},
         stdin=subprocess.DEVNULL,
@@ -322,8 +343,65 @@ def run_on_simulator(
     return completed.returncode, completed.stdout + completed.stderr
 
 
-def run_on_phone(args: argparse.Namespace, case_id: str, pte: Path, inputs: Path, outputs: Path) -> tuple[int, str]:
-    """Your qnn_executor_runner and QNN libraries in --device-dir on the phone; files over adb."""
+def run_plan_on_simulator(
+    pte: Path, inputs: Path, outputs: Path, env: dict[str, str], heap_pattern: int | None = None
+) -> tuple[int, str]:
+    """A plan of several methods without the suite's runner: executorch's Python runtime in a child process
+    (plan_child), every step on its method of ONE loaded program, on the HTP simulator."""
+    outputs.mkdir(parents=True, exist_ok=True)
+    (outputs / "trace.jsonl").unlink(missing_ok=True)
+    completed = subprocess.run(
+        [sys.executable, str(BUNDLE / "repro.py"), "--plan-child", str(pte), str(inputs), str(outputs)],
+        cwd=inputs,
+        env={**heap_environment(env, heap_pattern), "QNNSUITE_TRACE": str(outputs / "trace.jsonl")},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+    )
+    return completed.returncode, completed.stdout + completed.stderr
+
+
+def plan_child(pte: str, inputs: str, outputs: str) -> int:
+    """Runs the case's plan through executorch.runtime: one Program, each step on program.load_method(its
+    method) (the Program keeps every method it loaded), so what one method writes to a shared buffer the next
+    one reads, as in an application holding the program. executorch's Python runtime has no
+    share_memory_arenas switch: its host-only methods share one set of planned arenas (what suite_runner's
+    --share_memory_arenas asks of Module), a method with buffers placed on an accelerator gets its own
+    (executorch/runtime/__init__.py, Program.load_method). Output files and the heap pattern line are
+    harness.emulator.host_runner's, so the parent reads them as it reads every runner's."""
+    case = json.loads((BUNDLE / "case.json").read_text())
+    load_suite(case)
+    host_runner = importlib.import_module("harness.emulator.host_runner")
+    pattern = host_runner.heap_pattern()  # the byte fresh allocations hold here (the checks try it as a start)
+    print(f"runner: heap pattern {'none' if pattern is None else f'0x{pattern:02x}'}", flush=True)
+    import numpy as np
+    import torch
+    from executorch.runtime import Runtime
+
+    card = sys.modules[SHIM].find(case["card"]["reference"])
+    methods = card.step_methods(case["steps"])
+    rows = [line.split() for line in (Path(inputs) / "input_list.txt").read_text().splitlines() if line.strip()]
+    program = Runtime.get().load_program(Path(pte))
+    for step, (name, files) in enumerate(zip(methods, rows)):
+        meta = program.metadata(name)
+        tensors = []
+        for index, file in enumerate(files):
+            info = meta.input_tensor_meta(index)
+            array = np.fromfile(Path(inputs) / file, dtype=host_runner.SCALAR_TYPES[int(info.dtype())])
+            tensors.append(torch.from_numpy(array.reshape(tuple(info.sizes()))))
+        for index, output in enumerate(program.load_method(name).execute(tensors)):
+            host_runner.write_new(Path(outputs) / f"output_{step}_{index}.raw", output.detach().contiguous().numpy())
+    print(f"runner: {len(rows)} step(s) of {', '.join(dict.fromkeys(methods))} on one executorch.runtime Program")
+    return 0
+
+
+def run_on_phone(
+    args: argparse.Namespace, case_id: str, pte: Path, inputs: Path, outputs: Path, methods: list[str]
+) -> tuple[int, str, str]:
+    """Your qnn_executor_runner and QNN libraries in --device-dir on the phone; files over adb. A plan of
+    several methods runs in one process, which qnn_executor_runner cannot do: the suite's runner built for
+    Android (suite_runner, with the libraries it links) must be in --device-dir, as the suite pushes it to
+    phones. Returns (exit status, log, the runner that ran)."""
     adb = [args.adb, "-s", args.serial]
     remote = "/data/local/tmp/qnnsuite-repro/" + (re.sub(r"[^A-Za-z0-9_.-]", "_", case_id).strip(".") or "case")
     device_dir = shlex.quote(args.device_dir)
@@ -331,6 +409,20 @@ def run_on_phone(args: argparse.Namespace, case_id: str, pte: Path, inputs: Path
     def adb_run(*command: str) -> subprocess.CompletedProcess:
         return subprocess.run([*adb, *command], stdin=subprocess.DEVNULL, capture_output=True, text=True)
 
+    several = len(set(methods)) > 1
+    if several:
+        probe = adb_run("shell", f"test -x {shlex.quote(args.device_dir + '/' + SUITE_RUNNER)} && echo present")
+        if "present" not in probe.stdout:
+            raise ReproError(
+                f"the plan runs {', '.join(dict.fromkeys(methods))} in one process, which qnn_executor_runner "
+                f"cannot (one method per process), and {args.device_dir}/{SUITE_RUNNER} is not an executable on "
+                f"{args.serial}: build the suite's runner for Android ({RUNNER_SOURCE}; the suite's "
+                f"--android-ndk does it) and push it with its libraries to --device-dir, or run without --serial"
+            )
+        plan, options = write_plan(inputs, methods)
+        runner = f"{device_dir}/{SUITE_RUNNER} --model_path model.pte --plan_path {plan.name} " + " ".join(options)
+    else:
+        runner = f"{device_dir}/qnn_executor_runner --model_path model.pte --input_list_path input_list.txt"
     steps = [
         adb_run("shell", f"rm -rf {shlex.quote(remote)} && mkdir -p {shlex.quote(remote + '/outputs')}"),
         adb_run("push", str(pte), f"{remote}/model.pte"),
@@ -343,8 +435,7 @@ def run_on_phone(args: argparse.Namespace, case_id: str, pte: Path, inputs: Path
         )
     command = (
         f"cd {shlex.quote(remote)} && LD_LIBRARY_PATH={device_dir}:$LD_LIBRARY_PATH ADSP_LIBRARY_PATH={device_dir} "
-        f"{device_dir}/qnn_executor_runner --model_path model.pte --input_list_path input_list.txt "
-        f'--output_folder_path outputs; echo "exit=$?"'
+        f'{runner.rstrip()} --output_folder_path outputs; echo "exit=$?"'
     )
     ran = adb_run("shell", command)
     log = ran.stdout + ran.stderr
@@ -353,7 +444,7 @@ def run_on_phone(args: argparse.Namespace, case_id: str, pte: Path, inputs: Path
     pulled = adb_run("pull", f"{remote}/outputs/.", str(outputs))
     if pulled.returncode != 0 and status == 0:
         raise ReproError(f"adb pull from {args.serial} failed: {(pulled.stderr or pulled.stdout).strip()[:200]}")
-    return status, log
+    return status, log, SUITE_RUNNER if several else "qnn_executor_runner"
 
 
 def read_outputs(outputs: Path, reference: list[list]) -> tuple[list[list], str]:
@@ -420,21 +511,21 @@ class Judgement:
 
 
 def judge(spec, outcome) -> Judgement:
-    """One check on the outcome, its exception read as the suite's report hook reads it."""
-    registry = sys.modules["harness.check_registry"]
+    """One check on the outcome, its exception read by the suite's own mapping (check_registry.raised_verdict,
+    what the suite's verdicts.decide applies its manifest on); a failure that is no assertion (a check that
+    breaks on this outcome) is told apart as `error`: not the recorded failure."""
     try:
         spec.function(outcome)
-    except registry.NotApplicable as reason:
-        return Judgement("skipped", "", str(reason))
-    except registry.NotMeasured as reason:
-        return Judgement("not_measured", "", str(reason))
-    except registry.InfrastructureError as error:
-        return Judgement("infra_error", "", str(error))
-    except AssertionError as failure:  # CheckFailure, or a check's plain assert (no signature, as in the suite)
-        return Judgement("failed", getattr(failure, "signature", ""), str(failure).partition("\n")[0])
-    except Exception as error:  # a check that breaks on this outcome: not the recorded failure
-        return Judgement("error", type(error).__name__, f"{type(error).__name__}: {error}".partition("\n")[0])
-    return Judgement("passed")
+    except Exception as raised:
+        error = raised
+    else:
+        return Judgement("passed")
+    verdict = str(sys.modules["harness.check_registry"].raised_verdict(error))
+    if verdict != "failed":
+        return Judgement(verdict, "", str(error))
+    if isinstance(error, AssertionError):  # CheckFailure, or a check's plain assert (no signature, as in the suite)
+        return Judgement("failed", getattr(error, "signature", ""), str(error).partition("\n")[0])
+    return Judgement("error", type(error).__name__, f"{type(error).__name__}: {error}".partition("\n")[0])
 
 
 def verdict_of(recorded: dict, judged: dict[str, Judgement]) -> tuple[str, str]:
@@ -542,7 +633,15 @@ def reproduce(args: argparse.Namespace) -> int:
     print(
         f"{case['case_id']}: {case['card']['name']}, {case['dtype']}, {case['mode']}, {case['steps']} step(s), on {where}"
     )
-    the_case = vocabulary.Case(card, case["dtype"], vocabulary.Mode(case["mode"]), case["soc"])
+    if card.multi_method:
+        print(f"plan (one loaded program, a method per step): {', '.join(card.step_methods(case['steps']))}")
+    the_case = vocabulary.Case(
+        card,
+        case["dtype"],
+        vocabulary.Mode(case["mode"]),
+        case["soc"],
+        share_mutable_buffers=bool(case.get("share_mutable_buffers", False)),
+    )
     if args.pte:
         pte, facts = Path(args.pte).resolve(), facts_module.LoweringFacts.read(BUNDLE / "lowering" / "facts.json")
     else:
@@ -561,22 +660,35 @@ def reproduce(args: argparse.Namespace) -> int:
     return report(case, judged, numbers, facts, out)
 
 
+def plan_methods(case: dict, card) -> list[str]:
+    """The method each step runs: a multi-method card's plan (card.step_methods, from the bundle's card
+    source), else the program's method at case.json's method_index every step (@N, as the suite's devices
+    run a single-method program)."""
+    if card.multi_method:
+        return card.step_methods(case["steps"])
+    return [f"@{int(case.get('method_index', 0))}"] * case["steps"]
+
+
 def run_device(args: argparse.Namespace, case: dict, outcome, out: Path, env: dict[str, str]) -> None:
     """Run the steps on the simulator or the phone; the outcome gets the run, or why there is none."""
     inputs, outputs = out / "inputs", out / "outputs"
     write_inputs(outcome.steps, inputs)
-    pte = outcome.artifact.pte
+    pte, methods = outcome.artifact.pte, plan_methods(case, outcome.case.card)
     if args.serial:
-        status, log = run_on_phone(args, case["case_id"], pte, inputs, outputs)
-        device, runner = BundleDevice("phone", False, None), "qnn_executor_runner"
+        status, log, runner = run_on_phone(args, case["case_id"], pte, inputs, outputs, methods)
+        device = BundleDevice("phone", False, None)
     else:
         binary = compiled_runner() if case.get("runner", {}).get("name") == SUITE_RUNNER else None
-        runner = SUITE_RUNNER if binary is not None else "qnn_executor_runner"
-        pattern, method_index = case.get("heap_pattern"), case.get("method_index", 0)
+        pattern = case.get("heap_pattern")
         if binary is not None:
-            status, log = run_compiled(binary, pte, inputs, outputs, env, pattern, method_index)
+            runner = SUITE_RUNNER
+            status, log = run_compiled(binary, pte, inputs, outputs, env, pattern, methods)
+        elif outcome.case.card.multi_method:  # upstream's runner runs one method per process: the Python runtime
+            runner = PYTHON_RUNTIME
+            status, log = run_plan_on_simulator(pte, inputs, outputs, env, pattern)
         else:
-            status, log = run_on_simulator(pte, inputs, outputs, env, pattern, method_index)
+            runner = "qnn_executor_runner"
+            status, log = run_on_simulator(pte, inputs, outputs, env, pattern, case.get("method_index", 0))
         device = BundleDevice("emulated", True, case.get("heap_pattern"))
     (out / "runner.log").write_text(log)
     outcome.device_kind, outcome.device = device.name, device
@@ -625,10 +737,13 @@ def main(argv: list[str]) -> int:
         "--out", default="repro-out", metavar="DIR", help="where this run's files go (default ./repro-out)"
     )
     parser.add_argument("--lowering-child", metavar="REQUEST", help=argparse.SUPPRESS)
+    parser.add_argument("--plan-child", nargs=3, metavar=("PTE", "INPUTS", "OUTPUTS"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     try:
         if args.lowering_child:
             return lowering_child(args.lowering_child)
+        if args.plan_child:
+            return plan_child(*args.plan_child)
         return reproduce(args)
     except ReproError as error:
         print(f"repro.py: {error}", file=sys.stderr)

@@ -43,6 +43,13 @@ LOAD_LINE = re.compile(r"\brunner: load method (\S+) load_us (\d+)$", re.MULTILI
 PEAK_LINE = re.compile(r"\brunner: peak_rss_kb (\d+)$", re.MULTILINE)
 
 
+def plan_options(methods: list[str]) -> tuple[str, ...]:
+    """The runner options a plan needs: one Module's planned arenas for every method when it runs several
+    (what an application sharing state across methods needs, and programs exported with share_mutable_buffers
+    rely on: suite_runner.cpp's --share_memory_arenas). The device and a repro bundle both ask here."""
+    return ("--share_memory_arenas",) if len(set(methods)) > 1 else ()
+
+
 class Toolchain(Protocol):
     """What runner_env needs of harness/qnn/toolchain.py's Toolchain (not imported: a repro bundle carries this
     module to write its plan, and no toolchain)."""

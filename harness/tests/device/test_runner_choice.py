@@ -70,6 +70,7 @@ def test_suite_runner_runs_a_plan_and_its_step_times_are_kept(tmp_path):
     plan = device.pushed[f"{BOTH.cases}/case/plan.txt"].decode().splitlines()
     # No methods given: the program's method by index, every step (upstream's --method_index counts the same way)
     assert plan == ["qnnsuite-plan 1", "step @0 input_0_0.raw", "step @0 input_1_0.raw"]
+    assert "--share_memory_arenas" not in device.argv  # one method: Module's default arenas
     assert (run.runner, run.step_times_us, run.peak_rss_kb, run.heap_pattern) == (
         SUITE_RUNNER_NAME,
         [1500, 700],
@@ -82,6 +83,7 @@ def test_named_methods_go_into_the_plan(tmp_path):
     _, device = _run(tmp_path, BOTH, SUITE_STDOUT, methods=["prefill", "decode"])
     plan = device.pushed[f"{BOTH.cases}/case/plan.txt"].decode().splitlines()
     assert plan[1:] == ["step prefill input_0_0.raw", "step decode input_1_0.raw"]
+    assert device.argv[-1] == "--share_memory_arenas"  # several methods: one Module's arenas (run.plan_options)
 
 
 def test_without_suite_runner_a_single_method_plan_falls_back_to_upstreams_runner(tmp_path):

@@ -612,6 +612,38 @@ def test_repro_verdicts_follow_the_contract():
     assert verdict_of(recorded, crash)[0] == "DIFFERENT FAILURE" and EXIT["DIFFERENT FAILURE"] == 3
 
 
+def test_repro_reads_a_checks_ending_as_the_suite_decides_it():
+    """One mapping of a check's exception to a verdict (check_registry.raised_verdict): repro.py's judge and
+    the suite's decide (no manifest entry) agree on every ending; a check that breaks (no assertion) is the
+    suite's failed, which repro.py tells apart as `error`."""
+    from harness.check_registry import CheckFailure, CheckSpec, InfrastructureError, NotApplicable, NotMeasured
+    from harness.repro.standalone import judge
+    from harness.verdicts import decide
+
+    endings = [
+        None,
+        NotApplicable("n/a"),
+        NotMeasured("no trace"),
+        InfrastructureError("device lost"),
+        CheckFailure("differs", {}, "state_mismatch"),
+        AssertionError("plain"),
+        ValueError("broke"),
+    ]
+    seen = []
+    for ending in endings:
+
+        def function(outcome, ending=ending):
+            if ending is not None:
+                raise ending
+            return {}
+
+        judged = judge(CheckSpec("made_up", function, "mu", False, ()), None)
+        suite = decide(ending, [], "node")[0].value
+        assert (judged.verdict if judged.verdict != "error" else "failed") == suite, (ending, judged, suite)
+        seen.append(judged.verdict)
+    assert seen == ["passed", "skipped", "not_measured", "infra_error", "failed", "failed", "error"]
+
+
 # --- `repro --run` takes nothing from the run folder into argv or imports ----------------------------------
 def _crafted_run(tmp_path: Path, **case: str) -> Path:
     fields = {"card": "kv_arange_init", "dtype": "fp16", "mode": "delegate_mutbuf", "soc": "SM8650", **case}
