@@ -101,7 +101,10 @@ class PartitionFacts:
     def of(cls, data: dict) -> PartitionFacts:
         methods = {str(method): cls.of(facts) for method, facts in data.get("methods", {}).items()}
         return cls(
-            [Delegate(**d) for d in data["delegates"]], list(data["ops_outside"]), list(data["buffers_outside"]), methods
+            [Delegate(**d) for d in data["delegates"]],
+            list(data["ops_outside"]),
+            list(data["buffers_outside"]),
+            methods,
         )
 
 
