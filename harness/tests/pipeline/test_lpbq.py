@@ -190,3 +190,13 @@ def test_the_block_dtypes_entry_expects_its_failure_exactly(name, measured, neig
 )
 def test_the_block_dtypes_entry_names_no_other_test(name):
     assert not [entry for entry in matching(name) if "16a4w_block" in entry.pattern]
+
+
+def test_report_json_accepts_every_dtype_the_suite_runs():
+    """report.schema.json spells the dtypes for intake (baseline, merge, diff): a run's own report must pass it."""
+    import json
+
+    from harness.report import intake
+
+    schema = json.loads(intake.SCHEMA_PATH.read_text(encoding="utf-8"))
+    assert schema["$defs"]["case"]["properties"]["dtype"]["enum"] == list(DTYPES)
