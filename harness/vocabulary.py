@@ -25,8 +25,18 @@ DEFAULT_CARD_MODULES = (
     "fixtures.multi_method",
     "fixtures.online_prepare",
 )
-DTYPES = ("fp16", "16a8w", "8a8w", "16a4w")
+# 16a4w_block: 16-bit activations, 4-bit weights with a scale per block of input channels (QNN's LPBQ, what
+# upstream's static llama flow ships; QuantDtype.use_16a4w_block). It acts on linear weights only, so a card
+# opts in (CARD_DTYPES, the default, leaves it out), and it needs HTP V69 or newer (MIN_HTP_ARCH).
+BLOCK_DTYPE = "16a4w_block"
+DTYPES = ("fp16", "16a8w", "8a8w", "16a4w", BLOCK_DTYPE)
+CARD_DTYPES = tuple(dtype for dtype in DTYPES if dtype != BLOCK_DTYPE)
 FLOAT_DTYPE = "fp16"
+# The QnnQuantizer QuantDtype of each quantized dtype (pipeline/stages.py quantizes with it; issue.md names it)
+QUANT_DTYPES = {"16a8w": "use_16a8w", "8a8w": "use_8a8w", "16a4w": "use_16a4w", BLOCK_DTYPE: "use_16a4w_block"}
+# The oldest HTP arch a dtype runs on (executorch's htp_rules.validate_lpbq_support: V69); the matrix skips the
+# dtype's cases on an older SoC (pipeline/cases.py). A dtype not named runs on every SoC.
+MIN_HTP_ARCH = {BLOCK_DTYPE: 69}
 
 
 class Verdict(StrEnum):
@@ -75,7 +85,7 @@ class ModelCard:
     expected_partitions: int = 1
     tags: frozenset[str] = field(default_factory=frozenset)
     module: str = ""  # where the card is registered, so a child process can find it again
-    dtypes: tuple[str, ...] = DTYPES  # where the card is meaningful (the matrix skips the others)
+    dtypes: tuple[str, ...] = CARD_DTYPES  # where the card is meaningful (the matrix skips the others)
     # A multi-method card (issue 32): build() returns a module with these methods (no forward needed), and
     # plan(n) names the method each of n steps runs; steps(n) gives that method's inputs. The methods share
     # the module's buffers: eager runs the plan on ONE module. Empty: a single-method card (forward).
@@ -123,6 +133,9 @@ class Case:
     # Lowered with share_mutable_buffers (executorch's MemoryPlanningPass: one allocation per mutable buffer
     # for every method): a multi-method card's matrix has it on and off; single-method cases never set it.
     share_mutable_buffers: bool = False
+    # Why the matrix lists the case but never runs it (its dtype needs a newer HTP than its SoC has: the rule is
+    # pipeline/cases.py's); empty: it runs. The id leaves it out: a case is the same cell either way.
+    skip_reason: str = field(default="", compare=False)
 
     @property
     def skip_mutable_buffer(self) -> bool:

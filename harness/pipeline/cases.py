@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 
 from harness.pipeline.card import ModelCard
-from harness.vocabulary import MATRIX_MODES, Case, Mode
+from harness.qnn import soc as soc_table
+from harness.vocabulary import MATRIX_MODES, MIN_HTP_ARCH, Case, Mode
 
 META_LLAMA_TAG = "meta_llama"  # cards built by executorch's Meta llama flow (harness/pipeline/meta_llama.py)
 HEALTH_CHECK_TAG = "health_check"  # the devices' health check program (harness/pipeline/health_card.py), never a case
@@ -71,7 +72,25 @@ def _card_cases(
         )
         left.remove(chosen)
         order.append(chosen)
-    return [Case(card, dtype, mode, soc, share) for dtype, soc in order]
+    return [Case(card, dtype, mode, soc, share, unsupported(dtype, soc)) for dtype, soc in order]
+
+
+def unsupported(dtype: str, soc: str) -> str:
+    """Why dtype cannot run on soc (its cases are listed and skipped with this reason, never lowered or run), or
+    "" when it can: 16a4w_block (LPBQ) needs HTP V69 or newer, as executorch's quantizer validates
+    (htp_rules.validate_lpbq_support) and QNN's HTP ops support; the suite's default SoCs (V75, V79) have it."""
+    need = MIN_HTP_ARCH.get(dtype)
+    if need is None:
+        return ""
+    arch = soc_table.lookup(soc).htp_arch
+    if arch >= need:
+        return ""
+    return f"{dtype} needs HTP V{need} or newer: {soc} is HTP V{arch}"
+
+
+def runnable(candidates: list[Case]) -> list[Case]:
+    """The cases that are run (lowered and run on a device): the ones the matrix does not skip."""
+    return [case for case in candidates if not case.skip_reason]
 
 
 def with_meta_llama(cards: list[ModelCard], dtypes: tuple[str, ...], socs: list[str]) -> list[Case]:
@@ -85,16 +104,18 @@ def case_ids(nodeids: list[str]) -> set[str]:
 
 
 def collected(nodeids: list[str], candidates: list[Case]) -> list[Case]:
-    """The candidate cases that collected check tests name, in id order."""
-    known, ids = {case.id: case for case in candidates}, case_ids(nodeids)
+    """The candidate cases that collected check tests name and that run, in id order (what is lowered ahead)."""
+    known, ids = {case.id: case for case in runnable(candidates)}, case_ids(nodeids)
     return [known[case_id] for case_id in sorted(ids) if case_id in known]
 
 
 def in_run_order(items: list) -> list[Case]:
     """The cases of collected pytest items (a check's test takes its case as the parameter `case`), in the
-    items' order, which is the order a run without xdist workers asks for them."""
-    return [
-        item.callspec.params["case"]
-        for item in items
-        if "case" in getattr(getattr(item, "callspec", None), "params", {})
-    ]
+    items' order, which is the order a run without xdist workers asks for them (skipped cases are never asked)."""
+    return runnable(
+        [
+            item.callspec.params["case"]
+            for item in items
+            if "case" in getattr(getattr(item, "callspec", None), "params", {})
+        ]
+    )

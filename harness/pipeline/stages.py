@@ -15,8 +15,11 @@ from typing import Any
 import torch
 
 from harness.pipeline.card import ModelCard
+from harness.vocabulary import BLOCK_DTYPE, QUANT_DTYPES
 
-QUANT_DTYPES = {"16a8w": "use_16a8w", "8a8w": "use_8a8w", "16a4w": "use_16a4w"}
+# 16a4w_block's block: 16 input channels of a linear weight [out, in] share a scale (upstream's LLM flow,
+# llm_utils/qnn_decoder_model_manager.py, sets (1, 16) on every linear and its weight)
+WEIGHT_BLOCK = 16
 
 
 def export_facts(card: ModelCard, model: torch.nn.Module, example: tuple) -> dict[str, Any]:
@@ -40,8 +43,17 @@ def quantize(
 
     initial = {name: buffer.detach().clone() for name, buffer in model.named_buffers()}
     quantizer = QnnQuantizer()
-    quantizer.set_default_quant_config(getattr(QuantDtype, QUANT_DTYPES[dtype]), act_observer=MinMaxObserver)
     graph_module = torch.export.export(model, calibration[0]).module()
+    if dtype == BLOCK_DTYPE:  # as upstream's LLM flow sets LPBQ up: per-channel weights, blocks on the linears
+        quantizer.set_default_quant_config(
+            QuantDtype.use_16a4w_block,
+            is_conv_per_channel=True,
+            is_linear_per_channel=True,
+            act_observer=MinMaxObserver,
+        )
+        quantizer.set_block_size_map(block_size_map(card, graph_module))
+    else:
+        quantizer.set_default_quant_config(getattr(QuantDtype, QUANT_DTYPES[dtype]), act_observer=MinMaxObserver)
     readers_before = buffer_readers(graph_module, card.mutated_buffers)
     prepared = prepare_pt2e(graph_module, quantizer)
     annotated = annotated_buffer_inputs(prepared, card.mutated_buffers)
@@ -60,6 +72,25 @@ def quantize(
         },
     }
     return converted, facts
+
+
+def block_size_map(card: ModelCard, graph_module: torch.fx.GraphModule) -> dict[str, tuple[int, int]]:
+    """QnnQuantizer's block sizes for 16a4w_block, by node name: each linear and its weight whose input
+    channels are a multiple of WEIGHT_BLOCK. ValueError when the card has none: its 16a4w_block cases would be
+    plain 16a4w under another name (a card opts in to the dtype for its linear layers)."""
+    blocks = {}
+    for node in graph_module.graph.nodes:
+        if node.target is torch.ops.aten.linear.default:
+            weight = node.args[1]
+            shape = tuple(weight.meta["val"].shape) if "val" in weight.meta else ()
+            if len(shape) == 2 and shape[1] % WEIGHT_BLOCK == 0:
+                blocks[node.name] = blocks[weight.name] = (1, WEIGHT_BLOCK)
+    if not blocks:
+        raise ValueError(
+            f"model card {card.name!r} declares {BLOCK_DTYPE} but has no linear layer whose input channels are a "
+            f"multiple of {WEIGHT_BLOCK}: block quantization would change nothing; drop {BLOCK_DTYPE} from its dtypes"
+        )
+    return blocks
 
 
 def _restore_buffers(module: torch.nn.Module, initial: dict[str, torch.Tensor]) -> None:

@@ -33,7 +33,7 @@ from harness.files import write_atomically
 from harness.report.document import checks_of, rank
 from harness.report.gate import read_documents
 from harness.text import code_fence, code_span, markdown_text
-from harness.vocabulary import DTYPES, MODE_ORDER
+from harness.vocabulary import DTYPES, MODE_ORDER, QUANT_DTYPES
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 ISSUE_VERDICTS = ("failed", "xfailed")  # a check that failed (expected or not); xpassed is the manifest's to fix
@@ -48,7 +48,6 @@ UPSTREAM_REPOSITORIES = {  # the project words the manifest's references use -> 
     "executorch": ("pytorch/executorch", ""),
     "torchao": ("pytorch/ao", "torchao/"),
 }
-QUANT_DTYPES = {"16a8w": "use_16a8w", "8a8w": "use_8a8w", "16a4w": "use_16a4w"}  # as harness/pipeline/stages.py
 
 
 class IssuesError(ValueError):

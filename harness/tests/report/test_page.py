@@ -183,6 +183,7 @@ def test_the_matrix_is_a_fold_per_dtype_without_columns_no_row_has(tmp_path: Pat
         "dtype-16a8w": False,
         "dtype-8a8w": False,
         "dtype-16a4w": True,
+        "dtype-16a4w_block": False,
     }
     mine = [r for r in records if r["soc"] == "SM8650"]
     assert len(page.cells) == len(mine), "every check has its cell"
@@ -323,7 +324,7 @@ def test_summary_md_of_both_socs_fits_a_github_comment(tmp_path: Path):
     known = first.split("## Known failures")[1].split("##")[0]
     assert len([line for line in known.splitlines() if line.startswith("- [F")]) == 9, "one line per finding"
     bundles = first.split("## Reproduction bundles")[1].split("##")[0]
-    assert bundles.startswith(" (58)") and "In [repro/](repro/)" in bundles and "\n- " not in bundles, bundles
+    assert bundles.startswith(" (72)") and "In [repro/](repro/)" in bundles and "\n- " not in bundles, bundles
 
 
 @pytest.mark.skipif(not BEFORE_REPORT.is_dir(), reason=f"{BEFORE_REPORT} (a real default-matrix run) is not here")
