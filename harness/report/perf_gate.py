@@ -15,7 +15,8 @@ times, never compared with a phone's). A FAIL fails the run only with `--perf-ga
 
 Also here: the delegation speed-up of a card x dtype x SoC (skip-mode p50 over delegated p50), and, on
 phones only, the finding candidate of a delegated case slower than its skip-mode twin by more than the
-budget. The module reads report documents and records as data; it imports nothing of the other gate.
+budget (the run's `--perf-budget`, which report.json keeps as its environment's `perf_budget_pct`, so a page
+rendered again from report.json applies the budget the run was judged with). The module reads report documents and records as data; it imports nothing of the other gate.
 """
 
 from __future__ import annotations
@@ -169,9 +170,21 @@ def speedups(document: dict) -> list[Speedup]:
     return rows
 
 
-def finding_candidates(document: dict, budget_pct: float = DEFAULT_BUDGET_PCT) -> list[str]:
+def budget_of(document: dict) -> float:
+    """The budget a report's run was judged with: its environment's `perf_budget_pct` (a report written
+    before it was recorded, or one whose value is not a finite percentage: the default)."""
+    value = (document.get("environment") or {}).get("perf_budget_pct")
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < float("inf"):
+        return float(value)
+    return DEFAULT_BUDGET_PCT
+
+
+def finding_candidates(document: dict, budget_pct: float | None = None) -> list[str]:
     """On phones only: a delegated case slower than its skip-mode twin by more than the budget, one line each
-    (an emulated device's simulator says nothing about the NPU's speed, so never there)."""
+    (an emulated device's simulator says nothing about the NPU's speed, so never there). budget_pct: None
+    takes the run's own (budget_of)."""
+    if budget_pct is None:
+        budget_pct = budget_of(document)
     return [
         f"{row.card} {row.dtype} {row.soc}: delegated p50 step {row.delegated_us} us is slower than skip-mode "
         f"{row.skipped_us} us by {(row.delegated_us / row.skipped_us - 1) * 100:.0f}% (budget {budget_pct:g}%): "
