@@ -13,6 +13,8 @@ import time
 from concurrent.futures import Future
 from pathlib import Path
 
+from typing import Any
+
 from filelock import FileLock
 
 from harness.device import kinds
@@ -23,6 +25,7 @@ from harness.pipeline import references
 from harness.pipeline.lower import LoweredArtifact, lower_case
 from harness.pipeline.lowering_cache import lowering_directory, served
 from harness.qnn.toolchain import Toolchain
+from harness.runner.profile import PROFILE_NAMES, ProfileError, profile_of, read_etdump
 from harness.vocabulary import Case
 
 
@@ -38,11 +41,14 @@ class CaseStore:
         cache_dir: Path | None,
         lowering_server: Path | None,
         perf_repeats: int = 1,
+        profile_level: int = 0,
     ) -> None:
         """cache_dir: where lowered artifacts are kept by content key across runs (None: this run only);
         lowering_server: the run's lowering server socket (None: each case lowered in a fresh Python);
-        perf_repeats: runs of each case's plan, each in a fresh runner process (--perf-repeats)."""
+        perf_repeats: runs of each case's plan, each in a fresh runner process (--perf-repeats);
+        profile_level: executorch's QNN profile_level of the profiled run (--profile-level; 0: none)."""
         self._perf_repeats = perf_repeats
+        self._profile_level = profile_level
         self._toolchain = toolchain
         self._lowering_server = lowering_server
         self._cache_dir = cache_dir
@@ -128,16 +134,17 @@ class CaseStore:
                 (directory / "facts.json").unlink(missing_ok=True)  # the next run lowers it again
             return artifact
 
-    def _device_run(self, outcome: CaseOutcome, name: str, local: Path, **choice: str):
-        """One device run of the case's program and inputs (the case's own, a perf repeat or another runner's),
-        its device folder `name`: the one place the run's arguments are derived from the outcome."""
+    def _device_run(self, outcome: CaseOutcome, name: str, local: Path, pte: Path | None = None, **choice: Any):
+        """One device run of the case's program (pte: its profiled twin) and inputs (the case's own, a perf
+        repeat, the profile or another runner's), its device folder `name`: the one place the run's arguments
+        are derived from the outcome."""
         case = outcome.case
         return run_with_reconnects(
             self._pool,
             case.soc,
             f"{self._worker}:{name}",
             name,
-            outcome.artifact.pte,
+            pte or outcome.artifact.pte,
             outcome.steps,
             local,
             output_count=len(outcome.reference[0]),
@@ -170,6 +177,8 @@ class CaseStore:
         outcome.rerun = lambda runner: self._run_through(outcome, runner)
         if outcome.run is not None:
             self._repeat(outcome)
+            if self._profile_level:
+                self._profile(outcome)
 
     def _repeat(self, outcome: CaseOutcome) -> None:
         """The plan run again, --perf-repeats - 1 times, each in a fresh runner process (so from the program's
@@ -183,6 +192,35 @@ class CaseStore:
                 outcome.device_log += f"\n--perf-repeats: repeat {repeat} failed: {attempt.error}"
                 return
             outcome.repeat_steps_us.append(list(attempt.run.step_times_us))
+
+    def _profile(self, outcome: CaseOutcome) -> None:
+        """The QNN profile (--profile-level): the case lowered again with executorch's profiling, its own cache
+        entry (the key's folder plus the level), and run once more with the runner's ETDump. A run of its own,
+        so the checks' outputs and step times are never the profiled program's. What stops it is said on the
+        outcome's device log; the case's checks do not depend on it."""
+        case, steps = outcome.case, len(outcome.steps)
+        plain = lowering_directory(case, steps, self._toolchain, self._cache_dir, self._work_dir)
+        directory = plain.with_name(f"{plain.name}-profile{self._profile_level}")
+        with FileLock(str(directory) + ".lock"):
+            artifact = served(case, directory) or lower_case(
+                case, self._toolchain, directory, steps, self._lowering_server, None, self._profile_level
+            )
+        if not artifact.ok:
+            outcome.device_log += f"\n--profile-level: the profiled lowering failed: {artifact.failure}"
+            return
+        name = f"{case.id}.profile"
+        local = self._work_dir / "runs" / self._worker / name
+        attempt = self._device_run(outcome, name, local, pte=artifact.pte, etdump=True)
+        if attempt.run is None or attempt.run.etdump is None:
+            why = attempt.error if attempt.run is None else "the runner wrote no ETDump (a runner without ETDump?)"
+            outcome.device_log += f"\n--profile-level: the profiled run failed: {why}"
+            return
+        try:
+            events = read_etdump(attempt.run.etdump, steps)
+        except ProfileError as error:
+            outcome.device_log += f"\n--profile-level: {error}"
+            return
+        outcome.profile = profile_of(events, PROFILE_NAMES[self._profile_level])
 
     def _run_through(self, outcome: CaseOutcome, runner: str) -> OtherRun:
         """The case's program and inputs through another runner of a device of its SoC (runner_parity)."""

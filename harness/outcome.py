@@ -129,6 +129,8 @@ class CaseOutcome:
     # Step times of the plan's later runs under --perf-repeats (a fresh runner process each: fresh state);
     # only their times are kept, the checks read the first run's outputs.
     repeat_steps_us: list[list[int]] = field(default_factory=list)
+    # The QNN profile of the case's profiled twin (--profile-level; harness/runner/profile.py profile_of).
+    profile: dict | None = None
     dependence: list[list[np.ndarray]] | None = None  # see initial_value_dependence (given by the CaseStore)
     # Runs the same program and inputs through the named device runner (the CaseStore's; None where nothing
     # can run a second runner, e.g. a reproduction bundle): what runner_parity compares the case's run with.
@@ -151,6 +153,7 @@ class CaseOutcome:
             "device_kind": self.device_kind,  # emulated: simulator times, never compared with a phone's
             **stats,
             "repeats_p50_us": [p50 for p50 in repeats if p50 is not None],
+            **({"profile": self.profile} if self.profile is not None else {}),
         }
 
     def device_outputs(self) -> list[list[np.ndarray]]:

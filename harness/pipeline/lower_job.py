@@ -68,7 +68,9 @@ def main(argv: list[str]) -> int:
                 _lower_meta_llama(request, card, len(model.layers), facts)
                 stage_done("export_llama")
             else:
-                edge = stages.lower(model, example, request.soc, request.dtype, request.mode.skip_mutable_buffer)
+                edge = stages.lower(
+                    model, example, request.soc, request.dtype, request.mode.skip_mutable_buffer, request.profile_level
+                )
                 facts.partitions = PartitionFacts.of(stages.partition_facts(edge, card.mutated_buffers))
                 stage_done("lower")
                 write_bytes_atomically(out_dir / "model.pte", edge.to_executorch(stages.backend_config(card)).buffer)
@@ -102,7 +104,9 @@ def _lower_multi(
         methods, quantize_facts, facts.buffer_encodings = stages.quantize_multi(card, model, request.dtype, per_method)
         facts.quantize, facts.quantized = QuantizeFacts(**quantize_facts), True
         stage_done("quantize")
-    edge = stages.lower_multi(methods, examples, request.soc, request.dtype, request.mode.skip_mutable_buffer)
+    edge = stages.lower_multi(
+        methods, examples, request.soc, request.dtype, request.mode.skip_mutable_buffer, request.profile_level
+    )
     facts.partitions = PartitionFacts.of(stages.partition_facts_multi(edge, card.methods, card.mutated_buffers))
     stage_done("lower")
     program = edge.to_executorch(stages.backend_config_multi(card, request.share_mutable_buffers))

@@ -123,7 +123,9 @@ def lower(
     soc_name: str,
     dtype: str,
     skip_mutable_buffer: bool,
+    profile_level: int = 0,
 ):
+    """profile_level: executorch's QNN profiling (--profile-level; 0 off), a program of its own (cached apart)."""
     from executorch.backends.qualcomm.utils.utils import (
         generate_htp_compiler_spec,
         generate_qnn_executorch_compiler_spec,
@@ -134,6 +136,7 @@ def lower(
     specs = generate_qnn_executorch_compiler_spec(
         soc_model=get_soc_to_chipset_map()[soc_name],
         backend_options=generate_htp_compiler_spec(use_fp16=dtype == "fp16"),
+        profile_level=profile_level,
     )
     return to_edge_transform_and_lower_to_qnn(model, example, specs, skip_mutable_buffer=skip_mutable_buffer)
 
@@ -276,10 +279,11 @@ def lower_multi(
     soc_name: str,
     dtype: str,
     skip_mutable_buffer: bool,
+    profile_level: int = 0,
 ):
     """All methods lowered together, as one program (a dict of modules and inputs, one compiler spec): lower()
     with dicts, which to_edge_transform_and_lower_to_qnn takes as a method each."""
-    return lower(methods, examples, soc_name, dtype, skip_mutable_buffer)
+    return lower(methods, examples, soc_name, dtype, skip_mutable_buffer, profile_level)
 
 
 def partition_facts_multi(edge_manager, methods: tuple[str, ...], buffers: tuple[str, ...]) -> dict[str, Any]:
