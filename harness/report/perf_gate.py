@@ -192,3 +192,42 @@ def finding_candidates(document: dict, budget_pct: float | None = None) -> list[
         for row in speedups(document)
         if not row.simulator and row.skipped_us > 0 and row.delegated_us > row.skipped_us * (1 + budget_pct / 100)
     ]
+
+
+PROFILE_TOP = 5  # events per case in summary.md and report.html (report.json keeps them all, up to its bound)
+
+
+@dataclass(frozen=True)
+class ProfileRow:
+    case_id: str
+    event: str
+    unit: str
+    values: tuple[float, ...]  # per step, plan order (a step the profile lacks: absent)
+
+    @property
+    def total(self) -> float:
+        return sum(self.values)
+
+
+def profile_top(document: dict, count: int = PROFILE_TOP) -> list[ProfileRow]:
+    """Per profiled case (--profile-level), its `count` costliest backend events of its largest unit (the QNN
+    per-op events' cycles, where the profile has them; values of different units are never ranked together),
+    each with its value per step. Cases in report order, events by their total over the steps, largest first."""
+    rows = []
+    for case in document["cases"]:
+        profile = (case.get("timing") or {}).get("profile")
+        if not isinstance(profile, dict) or not profile.get("events"):
+            continue
+        per_event: dict[tuple[str, str], list[float]] = {}
+        for entry in profile["events"]:
+            per_event.setdefault((entry["event"], entry["unit"]), []).append(entry["value"])
+        units: dict[str, int] = {}
+        for _, unit in per_event:
+            units[unit] = units.get(unit, 0) + 1
+        unit = max(units, key=lambda name: (units[name], name == "cycles"))
+        ranked = sorted(
+            (ProfileRow(case["case_id"], event, u, tuple(values)) for (event, u), values in per_event.items() if u == unit),
+            key=lambda row: -row.total,
+        )
+        rows += ranked[:count]
+    return rows
