@@ -12,7 +12,6 @@ import threading
 import time
 from concurrent.futures import Future
 from pathlib import Path
-
 from typing import Any
 
 from filelock import FileLock

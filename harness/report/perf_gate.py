@@ -226,7 +226,11 @@ def profile_top(document: dict, count: int = PROFILE_TOP) -> list[ProfileRow]:
             units[unit] = units.get(unit, 0) + 1
         unit = max(units, key=lambda name: (units[name], name == "cycles"))
         ranked = sorted(
-            (ProfileRow(case["case_id"], event, u, tuple(values)) for (event, u), values in per_event.items() if u == unit),
+            (
+                ProfileRow(case["case_id"], event, u, tuple(values))
+                for (event, u), values in per_event.items()
+                if u == unit
+            ),
             key=lambda row: -row.total,
         )
         rows += ranked[:count]

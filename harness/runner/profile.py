@@ -54,11 +54,11 @@ def read_etdump(path: Path, steps: int) -> list[ProfileEvent]:
     try:
         with warnings.catch_warnings():  # "Output Buffer not found": no debug buffer was asked for
             warnings.simplefilter("ignore")
-            inspector = Inspector(
-                etdump_path=str(path), source_time_scale=TimeScale.NS, target_time_scale=TimeScale.NS
-            )
+            inspector = Inspector(etdump_path=str(path), source_time_scale=TimeScale.NS, target_time_scale=TimeScale.NS)
     except Exception as error:  # noqa: BLE001  the Inspector raises what its parser meets
-        raise ProfileError(f"{path.name}: not an ETDump the devtools Inspector reads ({type(error).__name__})") from None
+        raise ProfileError(
+            f"{path.name}: not an ETDump the devtools Inspector reads ({type(error).__name__})"
+        ) from None
     blocks = [block for block in inspector.event_blocks if any(e.is_delegated_op for e in block.events)]
     if not blocks:
         raise ProfileError(

@@ -55,4 +55,3 @@ def test_the_schema_refuses_a_negative_budget(tmp_path):
         assert "perf_budget_pct" in str(error.absolute_path)
     else:
         raise AssertionError("a negative budget passed the schema")
-

@@ -75,7 +75,11 @@ def test_a_profiled_run_has_qnn_per_op_times_for_every_step(profiled):
 def test_the_profiled_run_does_not_change_what_the_checks_read(profiled, plain):
     """The checks read the case's own (unprofiled) run: the same verdicts as a run without the option."""
     verdicts = [
-        {(case["case_id"], name): check["verdict"] for case in document["cases"] for name, check in case["checks"].items()}
+        {
+            (case["case_id"], name): check["verdict"]
+            for case in document["cases"]
+            for name, check in case["checks"].items()
+        }
         for document in (profiled[0], plain[0])
     ]
     assert verdicts[0] == verdicts[1]
@@ -129,7 +133,9 @@ def test_the_top_events_rank_one_unit_never_mixing_them():
         {"step": 1, "event": "a:OpId_1", "value": 10.0, "unit": "cycles"},
         {"step": 1, "event": "b:OpId_2", "value": 5.0, "unit": "cycles"},
     ]
-    document = {"cases": [{"case_id": "c", "timing": {"profile": {"level": "detailed", "events": events, "omitted": 0}}}]}
+    document = {
+        "cases": [{"case_id": "c", "timing": {"profile": {"level": "detailed", "events": events, "omitted": 0}}}]
+    }
     rows = profile_top(document, count=5)
     assert [(row.event, row.values) for row in rows] == [("b:OpId_2", (30.0, 5.0)), ("a:OpId_1", (10.0, 10.0))]
     assert profile_top({"cases": [{"case_id": "c", "timing": {"steps_us": [1]}}]}) == []
