@@ -117,18 +117,21 @@ class CaseStore:
             self._run(outcome)
         return outcome
 
-    def _lower_once(self, case: Case, steps: int) -> LoweredArtifact:
+    def _lower_once(self, case: Case, steps: int, profile_level: int = 0) -> LoweredArtifact:
         """Workers asking for the same key wait for the one that lowers it, then read its result. A cached
         entry is served only when its facts parse and its program is the one they describe; a failure of the
-        machine (no space, no memory, a killed lowering) is reported but not kept for later runs."""
+        machine (no space, no memory, a killed lowering) is reported but not kept for later runs.
+        profile_level: the case's profiled twin (--profile-level), kept beside it: its key's folder + the level."""
         directory = lowering_directory(case, steps, self._toolchain, self._cache_dir, self._work_dir)
+        if profile_level:
+            directory = directory.with_name(f"{directory.name}-profile{profile_level}")
         shared = (self._cache_dir or self._work_dir / "artifacts") / "prepared"
         directory.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(directory) + ".lock"):
             cached = served(case, directory)
             if cached is not None:
                 return cached
-            artifact = lower_case(case, self._toolchain, directory, steps, self._lowering_server, shared)
+            artifact = lower_case(case, self._toolchain, directory, steps, self._lowering_server, shared, profile_level)
             if not artifact.facts.cacheable:
                 (directory / "facts.json").unlink(missing_ok=True)  # the next run lowers it again
             return artifact
@@ -177,7 +180,9 @@ class CaseStore:
         if outcome.run is not None:
             self._repeat(outcome)
             if self._profile_level:
+                started = time.perf_counter()
                 self._profile(outcome)
+                outcome.timings_s["profile"] = time.perf_counter() - started  # its lowering, run and reading
 
     def _repeat(self, outcome: CaseOutcome) -> None:
         """The plan run again, --perf-repeats - 1 times, each in a fresh runner process (so from the program's
@@ -193,17 +198,12 @@ class CaseStore:
             outcome.repeat_steps_us.append(list(attempt.run.step_times_us))
 
     def _profile(self, outcome: CaseOutcome) -> None:
-        """The QNN profile (--profile-level): the case lowered again with executorch's profiling, its own cache
-        entry (the key's folder plus the level), and run once more with the runner's ETDump. A run of its own,
+        """The QNN profile (--profile-level): the case lowered again with executorch's profiling (_lower_once),
+        and run once more with the runner's ETDump. A run of its own,
         so the checks' outputs and step times are never the profiled program's. What stops it is said on the
         outcome's device log; the case's checks do not depend on it."""
         case, steps = outcome.case, len(outcome.steps)
-        plain = lowering_directory(case, steps, self._toolchain, self._cache_dir, self._work_dir)
-        directory = plain.with_name(f"{plain.name}-profile{self._profile_level}")
-        with FileLock(str(directory) + ".lock"):
-            artifact = served(case, directory) or lower_case(
-                case, self._toolchain, directory, steps, self._lowering_server, None, self._profile_level
-            )
+        artifact = self._lower_once(case, steps, self._profile_level)
         if not artifact.ok:
             outcome.device_log += f"\n--profile-level: the profiled lowering failed: {artifact.failure}"
             return
