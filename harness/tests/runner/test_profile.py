@@ -139,3 +139,40 @@ def test_the_top_events_rank_one_unit_never_mixing_them():
     rows = profile_top(document, count=5)
     assert [(row.event, row.values) for row in rows] == [("b:OpId_2", (30.0, 5.0)), ("a:OpId_1", (10.0, 10.0))]
     assert profile_top({"cases": [{"case_id": "c", "timing": {"steps_us": [1]}}]}) == []
+
+
+@pytest.mark.qnn
+def test_the_runners_etdump_holds_the_profile_only_of_a_profiled_program(toolchain, tmp_path):
+    """counter_add fp16 delegated, lowered without and with profile_level 2, each run through the compiled
+    runner with --etdump_path: the unprofiled program's ETDump has no backend event (the reader says so),
+    the profiled one's has the ops of every step, and both programs give the same output bytes."""
+    from fixtures import zoo  # noqa: F401  (registers the cards)
+    from harness.device.kinds import EmulatedKind
+    from harness.pipeline import card as cards
+    from harness.pipeline.lower import lower_case
+    from harness.runner import build as runner_build, run as runner_run
+    from harness.tests.runner.test_compiled_runner import _raw_inputs
+    from harness.vocabulary import Case, Mode
+
+    case = Case(cards.find("fixtures.zoo:counter_add"), "fp16", Mode("delegate_mutbuf"), SOC)
+    files = _raw_inputs(case.card.steps(STEPS), tmp_path / "inputs")
+    plan = runner_run.write_plan([("forward", row) for row in files], tmp_path / "plan.txt")
+    env = EmulatedKind.heap_environment(runner_run.runner_env(toolchain))  # the same heap bytes in both runs
+    outputs = {}
+    for level in (0, 2):
+        lowered = lower_case(case, toolchain, tmp_path / f"lowered{level}", STEPS, profile_level=level)
+        assert lowered.ok, lowered.failure
+        etdump = tmp_path / f"profile{level}.etdp"
+        ran = runner_run.run_plan(
+            runner_build.build(), lowered.pte, plan, tmp_path / f"out{level}", env, ("--etdump_path", str(etdump))
+        )
+        assert ran.exit_code == 0 and "runner: etdump_bytes " in ran.stdout, (ran.stdout + ran.stderr)[-3000:]
+        outputs[level] = [path.read_bytes() for path in sorted((tmp_path / f"out{level}").glob("output_*.raw"))]
+        if level == 0:
+            with pytest.raises(ProfileError, match="no backend profile events"):
+                read_etdump(etdump, STEPS)
+        else:
+            events = read_etdump(etdump, STEPS)
+            for step in range(STEPS):
+                assert any(e.step == step and e.event.startswith("aten_add_tensor:OpId_") for e in events), step
+    assert len(outputs[0]) >= STEPS and outputs[0] == outputs[2], "the profiled program computed something else"
