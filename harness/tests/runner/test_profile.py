@@ -176,3 +176,19 @@ def test_the_runners_etdump_holds_the_profile_only_of_a_profiled_program(toolcha
             for step in range(STEPS):
                 assert any(e.step == step and e.event.startswith("aten_add_tensor:OpId_") for e in events), step
     assert len(outputs[0]) >= STEPS and outputs[0] == outputs[2], "the profiled program computed something else"
+
+
+def test_the_runner_is_built_with_etdump_only_where_executorch_ships_it(tmp_path):
+    """Without the ETDump header and library the build leaves the profile out (the runner then refuses
+    --etdump_path with exit 11) instead of failing to compile; with both it defines and links it."""
+    from harness.runner import build as runner_build
+
+    install = runner_build.ExecutorchInstall(tmp_path / "executorch", tmp_path / "torch" / "include")
+    (install.lib).mkdir(parents=True)
+    (install.include / runner_build.ETDUMP_HEADER).parent.mkdir(parents=True)
+    (install.include / runner_build.ETDUMP_HEADER).write_text("")
+    command = runner_build.compile_command("g++", install, tmp_path / "out")
+    assert "-DSUITE_RUNNER_ETDUMP" not in command and "-lexecutorch_etdump" not in command, "a header alone"
+    (install.lib / f"lib{runner_build.ETDUMP_LIBRARY}.so").write_bytes(b"")
+    command = runner_build.compile_command("g++", install, tmp_path / "out")
+    assert "-DSUITE_RUNNER_ETDUMP" in command and "-lexecutorch_etdump" in command
