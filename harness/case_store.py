@@ -12,6 +12,7 @@ import threading
 import time
 from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 from filelock import FileLock
 
@@ -24,7 +25,8 @@ from harness.pipeline.lower import LoweredArtifact, lower_case
 from harness.pipeline.lowering_cache import lowering_directory, served
 from harness.qnn.toolchain import Toolchain
 from harness.record import TIMING_STEPS
-from harness.vocabulary import Case
+from harness.runner.profile import PROFILE_NAMES, ProfileError, profile_of, read_etdump
+from harness.vocabulary import Case, Mode
 
 
 class CaseStore:
@@ -39,11 +41,14 @@ class CaseStore:
         cache_dir: Path | None,
         lowering_server: Path | None,
         perf_repeats: int = 1,
+        profile_level: int = 0,
     ) -> None:
         """cache_dir: where lowered artifacts are kept by content key across runs (None: this run only);
         lowering_server: the run's lowering server socket (None: each case lowered in a fresh Python);
-        perf_repeats: runs of each case's plan, each in a fresh runner process (--perf-repeats)."""
+        perf_repeats: runs of each case's plan, each in a fresh runner process (--perf-repeats);
+        profile_level: executorch's QNN profile_level of the profiled run (--profile-level; 0: none)."""
         self._perf_repeats = perf_repeats
+        self._profile_level = profile_level
         self._toolchain = toolchain
         self._lowering_server = lowering_server
         self._cache_dir = cache_dir
@@ -113,26 +118,38 @@ class CaseStore:
             self._run(outcome)
         return outcome
 
-    def _lower_once(self, case: Case, steps: int) -> LoweredArtifact:
+    def _lower_once(self, case: Case, steps: int, profile_level: int = 0) -> LoweredArtifact:
         """Workers asking for the same key wait for the one that lowers it, then read its result. A cached
         entry is served only when its facts parse and its program is the one they describe; a failure of the
-        machine (no space, no memory, a killed lowering) is reported but not kept for later runs."""
+        machine (no space, no memory, a killed lowering) is reported but not kept for later runs.
+        profile_level: the case's profiled twin (--profile-level), kept beside it: its key's folder + the level."""
         directory = lowering_directory(case, steps, self._toolchain, self._cache_dir, self._work_dir)
+        if profile_level:
+            directory = directory.with_name(f"{directory.name}-profile{profile_level}")
         shared = (self._cache_dir or self._work_dir / "artifacts") / "prepared"
         directory.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(directory) + ".lock"):
             cached = served(case, directory)
             if cached is not None:
                 return cached
-            artifact = lower_case(case, self._toolchain, directory, steps, self._lowering_server, shared)
+            artifact = lower_case(case, self._toolchain, directory, steps, self._lowering_server, shared, profile_level)
             if not artifact.facts.cacheable:
                 (directory / "facts.json").unlink(missing_ok=True)  # the next run lowers it again
             return artifact
 
-    def _device_run(self, outcome: CaseOutcome, name: str, local: Path, step_count: int | None = None, **choice: str):
-        """One device run of the case's program and inputs (the case's own, a timing run or another runner's),
-        its device folder `name`: the one place the run's arguments are derived from the outcome. step_count:
-        the plan's steps (inputs, methods, output sizes) cycled to that many, for a timing run."""
+    def _device_run(
+        self,
+        outcome: CaseOutcome,
+        name: str,
+        local: Path,
+        pte: Path | None = None,
+        step_count: int | None = None,
+        **choice: Any,
+    ):
+        """One device run of the case's program (pte: its profiled twin) and inputs (the case's own, a timing
+        run, the profile or another runner's), its device folder `name`: the one place the run's arguments are
+        derived from the outcome. step_count: the plan's steps (inputs, methods, output sizes) cycled to that
+        many, for a timing run."""
         case = outcome.case
         n = len(outcome.steps)
         order = [index % n for index in range(step_count or n)]
@@ -142,7 +159,7 @@ class CaseStore:
             case.soc,
             f"{self._worker}:{name}",
             name,
-            outcome.artifact.pte,
+            pte or outcome.artifact.pte,
             [outcome.steps[index] for index in order],
             local,
             output_count=len(outcome.reference[0]),
@@ -175,6 +192,10 @@ class CaseStore:
         outcome.rerun = lambda runner: self._run_through(outcome, runner)
         if outcome.run is not None:
             self._repeat(outcome)
+            if self._profile_level:
+                started = time.perf_counter()
+                self._profile(outcome)
+                outcome.timings_s["profile"] = time.perf_counter() - started  # its lowering, run and reading
 
     def _repeat(self, outcome: CaseOutcome) -> None:
         """--perf-repeats - 1 timing runs: the plan cycled to TIMING_STEPS steps, each in a fresh runner process
@@ -190,6 +211,35 @@ class CaseStore:
                 outcome.device_log += f"\n--perf-repeats: repeat {repeat} failed: {attempt.error}"
                 return
             outcome.repeat_steps_us.append(list(attempt.run.step_times_us))
+
+    def _profile(self, outcome: CaseOutcome) -> None:
+        """The QNN profile (--profile-level): the case lowered again with executorch's profiling (_lower_once),
+        and run once more with the runner's ETDump. A run of its own,
+        so the checks' outputs and step times are never the profiled program's. What stops it is said on the
+        outcome's device log; the case's checks do not depend on it."""
+        case, steps = outcome.case, len(outcome.steps)
+        if case.mode is Mode.META_LLAMA or case.card.multi_method:
+            # upstream's export_llama takes no profile level; several methods' ETDump blocks cannot be told apart
+            # without an ETRecord (harness/runner/profile.py): a lowering for nothing, so none
+            outcome.device_log += "\n--profile-level: not profiled (a Meta llama flow or multi-method case)"
+            return
+        artifact = self._lower_once(case, steps, self._profile_level)
+        if not artifact.ok:
+            outcome.device_log += f"\n--profile-level: the profiled lowering failed: {artifact.failure}"
+            return
+        name = f"{case.id}.profile"
+        local = self._work_dir / "runs" / self._worker / name
+        attempt = self._device_run(outcome, name, local, pte=artifact.pte, etdump=True)
+        if attempt.run is None or attempt.run.etdump is None:
+            why = attempt.error if attempt.run is None else "the runner wrote no ETDump (a runner without ETDump?)"
+            outcome.device_log += f"\n--profile-level: the profiled run failed: {why}"
+            return
+        try:
+            events = read_etdump(attempt.run.etdump, steps)
+        except ProfileError as error:
+            outcome.device_log += f"\n--profile-level: {error}"
+            return
+        outcome.profile = profile_of(events, PROFILE_NAMES[self._profile_level])
 
     def _run_through(self, outcome: CaseOutcome, runner: str) -> OtherRun:
         """The case's program and inputs through another runner of a device of its SoC (runner_parity)."""

@@ -93,6 +93,7 @@ def case_store(
         qnnsuite_options.cache_dir,
         run_context.lowering_server,
         perf_repeats=qnnsuite_options.perf_repeats,
+        profile_level=qnnsuite_options.profile_level,
     )
     order = pytestconfig.stash.get(CASE_ORDER, None)  # known in a run without xdist workers
     if order:

@@ -140,6 +140,13 @@ def add_options(parser: pytest.Parser) -> None:
         help="performance gate: p50 step time may grow this much beyond the noise band before it is a FAIL (default 10)",
     )
     group.addoption(
+        "--profile-level",
+        default="off",
+        metavar="LEVEL",
+        help="off (default) or detailed: also lower each case with executorch's QNN profiling and run it once more "
+        "with the runner's ETDump, so report.json has the QNN per-op profile per step (docs/PERFORMANCE.md)",
+    )
+    group.addoption(
         "--perf-gate",
         action="store_true",
         help="a performance FAIL against --baseline fails the run (without it, it is reported only)",
@@ -196,6 +203,7 @@ class RunOptions:
     perf_repeats: int = 1  # runs of each case's plan (the first one's outputs are checked)
     perf_budget: float = 10.0  # percent, beyond the noise band (harness/report/perf_gate.py)
     perf_gate: bool = False  # a performance FAIL fails the run
+    profile_level: int = 0  # --profile-level as executorch's QNN profile_level (PROFILE_LEVELS); 0: off
     android_ndk: Path | None = None  # --android-ndk or ANDROID_NDK_ROOT
     executorch_android_build: Path | None = None  # --executorch-android-build (with an NDK)
     shard: sharding.Shard | None = None  # --shard: this run's part of the cases
@@ -205,6 +213,20 @@ class RunOptions:
         if self.steps is not None:
             return self.steps
         return DEFAULT_LLAMA_STEPS if "llama" in tags else DEFAULT_STEPS
+
+
+def _profile_level(value: str) -> int:
+    """--profile-level's word as executorch's profile_level (harness/runner/profile.py PROFILE_LEVELS)."""
+    from harness.runner.profile import PROFILE_LEVELS
+
+    if value == "basic":
+        raise pytest.UsageError(
+            "--profile-level basic: executorch's QNN backend no longer profiles at the basic level (its compiler "
+            "spec turns it off): use --profile-level detailed"
+        )
+    if value not in PROFILE_LEVELS:
+        raise pytest.UsageError(f"--profile-level {value!r}: give one of {', '.join(PROFILE_LEVELS)}")
+    return PROFILE_LEVELS[value]
 
 
 def _socs(values: list[str], option: str) -> tuple[str, ...]:
@@ -269,6 +291,7 @@ def parse(config: pytest.Config) -> RunOptions:
     if not perf_budget >= 0 or perf_budget == float("inf"):
         raise pytest.UsageError(f"--perf-budget {perf_budget}: give a finite percentage of 0 or more, e.g. 10")
     backend_lib = config.getoption("--backend-lib")
+    profile_level = _profile_level(config.getoption("--profile-level"))
     return RunOptions(
         shard=_shard(config.getoption("--shard"), config.getoption("--shard-timings")),
         adb_servers=_adb_servers(config.getoption("--adb-server")),
@@ -293,6 +316,7 @@ def parse(config: pytest.Config) -> RunOptions:
         perf_repeats=perf_repeats,
         perf_budget=perf_budget,
         perf_gate=config.getoption("--perf-gate"),
+        profile_level=profile_level,
         android_ndk=(ndk := _android_ndk(config.getoption("--android-ndk"))),
         executorch_android_build=_executorch_android_build(config.getoption("--executorch-android-build"), ndk),
     )

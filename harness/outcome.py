@@ -129,6 +129,8 @@ class CaseOutcome:
     # Step times of the timing runs under --perf-repeats (each the plan cycled to record.TIMING_STEPS steps, in
     # a fresh runner process: fresh state); only their times are kept, the checks read the case's own run.
     repeat_steps_us: list[list[int]] = field(default_factory=list)
+    # The QNN profile of the case's profiled twin (--profile-level; harness/runner/profile.py profile_of).
+    profile: dict | None = None
     dependence: list[list[np.ndarray]] | None = None  # see initial_value_dependence (given by the CaseStore)
     # Runs the same program and inputs through the named device runner (the CaseStore's; None where nothing
     # can run a second runner, e.g. a reproduction bundle): what runner_parity compares the case's run with.
@@ -153,6 +155,7 @@ class CaseOutcome:
             **stats,
             "repeats_p50_us": [p50 for p50 in repeats if p50 is not None],
             "repeats_basis": basis,  # the performance gate compares only like with like
+            **({"profile": self.profile} if self.profile is not None else {}),
         }
 
     def device_outputs(self) -> list[list[np.ndarray]]:

@@ -153,6 +153,8 @@ class ConformanceReporter:
         toolchain = prepare(self._options.qnn_sdk)
         shard = self._options.shard.label if self._options.shard else None
         environments = environment.per_soc(self._context, toolchain, self._started, _now(), shard)
+        for entry in environments.values():  # the phones' delegation rule reads it from report.json
+            entry["perf_budget_pct"] = self._options.perf_budget
         provenance = environment.provenance_per_soc(self._context, toolchain)
         folders = report.write_run(
             self.records,

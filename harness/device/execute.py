@@ -80,6 +80,7 @@ class DeviceRun:
     runner: str = RUNNER_NAME  # the payload command that ran the plan (and measured what follows)
     step_times_us: list[int] = field(default_factory=list)  # execute wall time per step, plan order; [] if none
     peak_rss_kb: int | None = None  # the runner process's peak resident memory, when it reports it
+    etdump: Path | None = None  # the runner's ETDump, when asked for (etdump=True) and written
 
 
 def prepare_workspace(device: Device, folder: str, payload: list[PayloadFile]) -> int:
@@ -188,9 +189,11 @@ def pull_limits(output_count: int, steps: int, output_bytes: list[list[int]] | N
         for step in range(steps)
         for index in range(output_count)
     }
-    return {**limits, TRACE_NAME: TRACE_MAX_BYTES}
+    return {**limits, TRACE_NAME: TRACE_MAX_BYTES, ETDUMP_NAME: ETDUMP_MAX_BYTES}
 
 
+ETDUMP_NAME = "profile.etdp"  # suite_runner's --etdump_path, in the outputs folder (the QNN profile)
+ETDUMP_MAX_BYTES = 64 << 20
 PLAN_NAME = "plan.txt"  # suite_runner's step plan, beside the inputs in the case folder
 INPUT_LIST_NAME = "input_list.txt"  # qnn_executor_runner's
 
@@ -253,8 +256,10 @@ def run_case(
     output_bytes: list[list[int]] | None = None,
     methods: list[str] | None = None,
     runner: str = SUITE_RUNNER_NAME,
+    etdump: bool = False,
 ) -> DeviceRun:
-    """output_bytes: eager's byte size of each output [step][index]; a larger file fails the case unpulled.
+    """etdump: the suite's runner also writes its ETDump (the QNN profile of a profiled program), pulled with
+    the outputs; output_bytes: eager's byte size of each output [step][index]; a larger file fails the case unpulled.
     methods: the method of each step (None: the program's method at method_index, every step); runner: the
     payload command to run the plan with (see the module's docstring; choose_runner says which one runs)."""
     if methods is not None and len(methods) != len(steps):
@@ -265,6 +270,8 @@ def run_case(
     remote = f"{workspace.cases}/{case_dir_name}"
     input_files = write_inputs(steps, local_dir / "inputs")
     argv, plan = _runner_command(chosen, workspace, local_dir, input_files, methods, method_index)
+    if etdump and chosen == SUITE_RUNNER_NAME:
+        argv += ["--etdump_path", f"outputs/{ETDUMP_NAME}"]
     files = [pte, plan, *(path for row in input_files for path in row)]
     # A folder of this run's: nothing on the device to compare hashes with; all in one sync session (a retry
     # writes over the same names).
@@ -364,4 +371,5 @@ def run_case(
         runner=chosen,
         step_times_us=[step.execute_us for step in measured.steps],
         peak_rss_kb=measured.peak_rss_kb,
+        etdump=local_dir / "outputs" / ETDUMP_NAME if ETDUMP_NAME in present else None,
     )

@@ -51,6 +51,7 @@ def run_with_reconnects(
     output_bytes: list[list[int]] | None = None,
     methods: list[str] | None = None,
     runner: str = SUITE_RUNNER_NAME,
+    etdump: bool = False,
 ) -> Attempt:
     """Run the case on a device of its SoC; every failure is one line in the result, never an exception."""
     attempt = Attempt()
@@ -74,6 +75,7 @@ def run_with_reconnects(
                     output_bytes=output_bytes,
                     methods=methods,
                     runner=runner,
+                    etdump=etdump,
                 )
                 attempt.timings_s.update(attempt.run.timings_s)
             break

@@ -59,6 +59,7 @@ class LoweringRequest:
     exported_dir: str = ""
     prepared_dir: str = ""
     share_mutable_buffers: bool = False  # the case's variant (multi-method cards): memory planning shares them
+    profile_level: int = 0  # executorch's QNN profile_level (--profile-level): the profiled twin's lowering
     schema_version: int = SCHEMA_VERSION
 
     def write(self, path: Path) -> None:

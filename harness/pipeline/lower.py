@@ -72,6 +72,7 @@ def lower_case(
     steps: int,
     server: Path | None = None,
     shared_root: Path | None = None,
+    profile_level: int = 0,
 ) -> LoweredArtifact:
     """Lower in a process of its own: a child of the run's lowering server (harness/process/services.py)
     when there is one, else a fresh `python -m harness.pipeline.lower_job`. shared_root: where the entries
@@ -94,6 +95,7 @@ def lower_case(
         exported,
         prepared,
         case.share_mutable_buffers,
+        profile_level,
     ).write(request_path)
     for stale in ("model.pte", "facts.json"):
         (directory / stale).unlink(missing_ok=True)

@@ -75,6 +75,7 @@ def main(argv: list[str]) -> int:
                     request.dtype,
                     request.mode.skip_mutable_buffer,
                     online_prepare=card.online_prepare,
+                    profile_level=request.profile_level,
                 )
                 facts.partitions = PartitionFacts.of(stages.partition_facts(edge, card.mutated_buffers))
                 stage_done("lower")
@@ -110,7 +111,13 @@ def _lower_multi(
         facts.quantize, facts.quantized = QuantizeFacts(**quantize_facts), True
         stage_done("quantize")
     edge = stages.lower_multi(
-        methods, examples, request.soc, request.dtype, request.mode.skip_mutable_buffer, card.online_prepare
+        methods,
+        examples,
+        request.soc,
+        request.dtype,
+        request.mode.skip_mutable_buffer,
+        online_prepare=card.online_prepare,
+        profile_level=request.profile_level,
     )
     facts.partitions = PartitionFacts.of(stages.partition_facts_multi(edge, card.methods, card.mutated_buffers))
     stage_done("lower")

@@ -158,8 +158,10 @@ def lower(
     dtype: str,
     skip_mutable_buffer: bool,
     online_prepare: bool = False,
+    profile_level: int = 0,
 ):
-    """online_prepare: the card's ModelCard.online_prepare (the device composes the graph from QNN IR at load)."""
+    """online_prepare: the card's ModelCard.online_prepare (the device composes the graph from QNN IR at load);
+    profile_level: executorch's QNN profiling (--profile-level; 0 off), a program of its own (cached apart)."""
     from executorch.backends.qualcomm.utils.utils import (
         generate_htp_compiler_spec,
         generate_qnn_executorch_compiler_spec,
@@ -171,6 +173,7 @@ def lower(
         soc_model=get_soc_to_chipset_map()[soc_name],
         backend_options=generate_htp_compiler_spec(use_fp16=dtype == "fp16"),
         online_prepare=online_prepare,
+        profile_level=profile_level,
     )
     with private_working_folder() if online_prepare else contextlib.nullcontext():
         return to_edge_transform_and_lower_to_qnn(model, example, specs, skip_mutable_buffer=skip_mutable_buffer)
@@ -330,10 +333,11 @@ def lower_multi(
     dtype: str,
     skip_mutable_buffer: bool,
     online_prepare: bool = False,
+    profile_level: int = 0,
 ):
     """All methods lowered together, as one program (a dict of modules and inputs, one compiler spec): lower()
     with dicts, which to_edge_transform_and_lower_to_qnn takes as a method each."""
-    return lower(methods, examples, soc_name, dtype, skip_mutable_buffer, online_prepare)
+    return lower(methods, examples, soc_name, dtype, skip_mutable_buffer, online_prepare, profile_level)
 
 
 def partition_facts_multi(edge_manager, methods: tuple[str, ...], buffers: tuple[str, ...]) -> dict[str, Any]:

@@ -19,7 +19,17 @@ from harness.report.document import (
     with_verdict,
 )
 from harness.report.gate import GateResult, clip
-from harness.report.perf_gate import FAIL, PASS, PHONE, WARN, basis_of, finding_candidates, speedups
+from harness.report.perf_gate import (
+    FAIL,
+    PASS,
+    PHONE,
+    PROFILE_TOP,
+    WARN,
+    basis_of,
+    finding_candidates,
+    profile_top,
+    speedups,
+)
 from harness.repro.layout import REPRO_DIR, BundleSize
 from harness.text import markdown_text
 from harness.vocabulary import VERDICTS
@@ -120,6 +130,20 @@ def _performance(document: dict) -> list[str]:
     if candidates:
         lines += ["", "### Finding candidates (phones: delegation made it slower)", ""]
         lines += [f"- {markdown_text(line)}" for line in candidates[:LISTED]]
+    if profiled := profile_top(document):
+        lines += [
+            "",
+            f"### QNN profile (--profile-level; a run of its own): each case's {PROFILE_TOP} costliest events",
+            "",
+            "| case | event | unit | per step |",
+            "| --- | --- | --- | --- |",
+        ]
+        lines += [
+            f"| {markdown_text(row.case_id)} | {markdown_text(row.event)} | {markdown_text(row.unit)} "
+            f"| {' · '.join(f'{value:,.0f}' for value in row.values)} |"
+            for row in profiled[: LISTED * PROFILE_TOP]
+        ]
+        lines += _more(len(profiled), LISTED * PROFILE_TOP, "report.json's timing.profile has every event")
     return lines
 
 

@@ -26,7 +26,7 @@ from harness.report.document import (
     with_verdict,
 )
 from harness.report.gate import GateResult
-from harness.report.perf_gate import FAIL, PASS, PHONE, WARN, finding_candidates, speedups
+from harness.report.perf_gate import FAIL, PASS, PHONE, WARN, finding_candidates, profile_top, speedups
 from harness.repro.layout import LINK
 from harness.text import printable
 from harness.vocabulary import DTYPES, MODE_ORDER, VERDICTS
@@ -319,6 +319,7 @@ def _performance(document: dict) -> dict | None:
         "cases": timed,
         "speedups": speedups(document),
         "candidates": finding_candidates(document),
+        "profile": profile_top(document),
         "charts": [(name, Markup(step_time_chart(modes))) for name, modes in series.items()],
     }
 

@@ -18,7 +18,8 @@ times, never compared with a phone's). A FAIL fails the run only with `--perf-ga
 
 Also here: the delegation speed-up of a card x dtype x SoC (skip-mode p50 over delegated p50), and, on
 phones only, the finding candidate of a delegated case slower than its skip-mode twin by more than the
-budget. The module reads report documents and records as data; it imports nothing of the other gate.
+budget (the run's `--perf-budget`, which report.json keeps as its environment's `perf_budget_pct`, so a page
+rendered again from report.json applies the budget the run was judged with). The module reads report documents and records as data; it imports nothing of the other gate.
 """
 
 from __future__ import annotations
@@ -178,9 +179,21 @@ def speedups(document: dict) -> list[Speedup]:
     return rows
 
 
-def finding_candidates(document: dict, budget_pct: float = DEFAULT_BUDGET_PCT) -> list[str]:
+def budget_of(document: dict) -> float:
+    """The budget a report's run was judged with: its environment's `perf_budget_pct` (a report written
+    before it was recorded, or one whose value is not a finite percentage: the default)."""
+    value = (document.get("environment") or {}).get("perf_budget_pct")
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < float("inf"):
+        return float(value)
+    return DEFAULT_BUDGET_PCT
+
+
+def finding_candidates(document: dict, budget_pct: float | None = None) -> list[str]:
     """On phones only: a delegated case slower than its skip-mode twin by more than the budget, one line each
-    (an emulated device's simulator says nothing about the NPU's speed, so never there)."""
+    (an emulated device's simulator says nothing about the NPU's speed, so never there). budget_pct: None
+    takes the run's own (budget_of)."""
+    if budget_pct is None:
+        budget_pct = budget_of(document)
     return [
         f"{row.card} {row.dtype} {row.soc}: delegated p50 step {row.delegated_us} us is slower than skip-mode "
         f"{row.skipped_us} us by {(row.delegated_us / row.skipped_us - 1) * 100:.0f}% (budget {budget_pct:g}%): "
@@ -188,3 +201,46 @@ def finding_candidates(document: dict, budget_pct: float = DEFAULT_BUDGET_PCT) -
         for row in speedups(document)
         if not row.simulator and row.skipped_us > 0 and row.delegated_us > row.skipped_us * (1 + budget_pct / 100)
     ]
+
+
+PROFILE_TOP = 5  # events per case in summary.md and report.html (report.json keeps them all, up to its bound)
+
+
+@dataclass(frozen=True)
+class ProfileRow:
+    case_id: str
+    event: str
+    unit: str
+    values: tuple[float, ...]  # per step, plan order (a step the profile lacks: absent)
+
+    @property
+    def total(self) -> float:
+        return sum(self.values)
+
+
+def profile_top(document: dict, count: int = PROFILE_TOP) -> list[ProfileRow]:
+    """Per profiled case (--profile-level), its `count` costliest backend events of its largest unit (the QNN
+    per-op events' cycles, where the profile has them; values of different units are never ranked together),
+    each with its value per step. Cases in report order, events by their total over the steps, largest first."""
+    rows = []
+    for case in document["cases"]:
+        profile = (case.get("timing") or {}).get("profile")
+        if not isinstance(profile, dict) or not profile.get("events"):
+            continue
+        per_event: dict[tuple[str, str], list[float]] = {}
+        for entry in profile["events"]:
+            per_event.setdefault((entry["event"], entry["unit"]), []).append(entry["value"])
+        units: dict[str, int] = {}
+        for _, unit in per_event:
+            units[unit] = units.get(unit, 0) + 1
+        unit = max(units, key=lambda name: (units[name], name == "cycles"))
+        ranked = sorted(
+            (
+                ProfileRow(case["case_id"], event, u, tuple(values))
+                for (event, u), values in per_event.items()
+                if u == unit
+            ),
+            key=lambda row: -row.total,
+        )
+        rows += ranked[:count]
+    return rows

@@ -31,6 +31,9 @@ CXX_FLAGS = ("-std=c++17", "-O2", "-Wall", "-Werror")
 # The wheel's portable c10 headers are included as <c10/...> by the runtime's headers.
 C10_INCLUDE = Path("executorch") / "runtime" / "core" / "portable_type" / "c10"
 PROBE_HEADER = Path("executorch") / "extension" / "module" / "module.h"
+# Optional: the event tracer that records an ETDump (the QNN profile, --profile-level).
+ETDUMP_HEADER = Path("executorch") / "devtools" / "etdump" / "etdump_flatcc.h"
+ETDUMP_LIBRARY = "executorch_etdump"
 COMPILE_TIMEOUT_S = 600
 
 
@@ -89,19 +92,27 @@ def find_compiler() -> str:
     return compiler
 
 
+def has_etdump(install: ExecutorchInstall) -> bool:
+    """Whether this executorch ships ETDump (its header and library): the runner's --etdump_path, the QNN
+    profile's path (suite_runner.cpp's header), is built only then."""
+    return (install.include / ETDUMP_HEADER).is_file() and (install.lib / f"lib{ETDUMP_LIBRARY}.so").is_file()
+
+
 def compile_command(compiler: str, install: ExecutorchInstall, output: Path) -> list[str]:
     """The one command that builds the runner; also what a repro bundle would record."""
     includes = [install.include, install.include / C10_INCLUDE, install.torch_include]
+    etdump = has_etdump(install)
     return [
         compiler,
         *CXX_FLAGS,
+        *(["-DSUITE_RUNNER_ETDUMP"] if etdump else []),
         *(f"-isystem{path}" for path in includes),
         "-o",
         str(output),
         str(SOURCE),
         f"-L{install.lib}",
         "-Wl,--no-as-needed",
-        *(f"-l{name}" for name in LIBRARIES),
+        *(f"-l{name}" for name in (*LIBRARIES, *([ETDUMP_LIBRARY] if etdump else []))),
         "-Wl,--as-needed",
         f"-Wl,-rpath,{install.lib}",
     ]

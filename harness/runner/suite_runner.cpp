@@ -9,6 +9,7 @@
  * Usage:
  *   suite_runner --model_path M.pte --plan_path plan.txt --output_folder_path OUT
  *                [--log_level N] [--performance_mode N] [--share_memory_arenas] [--shared_buffer]
+ *                [--etdump_path FILE]
  *
  * Step plan (a strict, line-based text file; '#' starts a comment line, blank lines are ignored):
  *   qnnsuite-plan 1                      first meaningful line: the format and its version
@@ -29,6 +30,7 @@
  *   runner: load method METHOD load_us N        once per distinct method of the plan, before the first step
  *   step S method METHOD execute_us N            per execute (wall time of Module::execute, inputs included)
  *   runner: peak_rss_kb N                        at the end (getrusage(RUSAGE_SELF).ru_maxrss)
+ *   runner: etdump_bytes N                       with --etdump_path, once the ETDump is written
  *
  * Errors: one line on stderr starting "suite_runner: error: " that names the problem and the fix, and a
  * distinct exit code (executorch's own log lines may precede it for load or execute failures):
@@ -56,12 +58,22 @@
  * rpcmem and QnnExecuTorchAllocCustomMem crashes there with SIGSEGV (measured with executorch 1.5.1).
  * --share_memory_arenas is Module's share_memory_arenas (one set of planned arenas for all methods), which
  * programs exported with share_mutable_buffers rely on.
+ * ETDump (--etdump_path, the QNN profile of issue 33): the Module gets executorch's ETDumpGen as its event
+ * tracer; every Method::execute is an event block of its own, and the QNN backend logs its profile events
+ * (per op, when the program was lowered with a profile_level) into the block of the execute that made them.
+ * The ETDump is written once, after the last step; harness/runner/profile.py reads it with the devtools
+ * Inspector. Built only where the executorch under test ships libexecutorch_etdump.so and its header
+ * (harness/runner/build.py defines SUITE_RUNNER_ETDUMP); elsewhere --etdump_path stops with exit 11. The timed
+ * executes of a profiled run carry the tracer's cost, so the suite profiles in a run of its own.
  */
 #include <executorch/extension/module/module.h>
 #include <executorch/extension/tensor/tensor_ptr.h>
 #include <executorch/runtime/backend/interface.h>
 #include <executorch/runtime/backend/options.h>
 #include <executorch/runtime/platform/runtime.h>
+#if defined(SUITE_RUNNER_ETDUMP)
+#include <executorch/devtools/etdump/etdump_flatcc.h>
+#endif
 
 #include <sys/resource.h>
 
@@ -103,7 +115,7 @@ constexpr size_t kSharedAlignment = 64;
 }
 
 struct Options {
-  std::string model, plan, output;
+  std::string model, plan, output, etdump;
   int log_level = -1, performance_mode = -1;
   bool share_memory_arenas = false, shared_buffer = false;
 };
@@ -133,11 +145,19 @@ Options parse_args(int argc, char** argv) {
     else if (flag == "--performance_mode") options.performance_mode = parse_int(flag, value(), 0, 8);
     else if (flag == "--share_memory_arenas") options.share_memory_arenas = true;
     else if (flag == "--shared_buffer") options.shared_buffer = true;
+    else if (flag == "--etdump_path") options.etdump = value();
     else fail(kUsage, "unknown argument '" + flag + "': see the usage in suite_runner.cpp's header");
   }
   if (options.model.empty() || options.plan.empty() || options.output.empty()) {
     fail(kUsage, "--model_path, --plan_path and --output_folder_path are required");
   }
+#if !defined(SUITE_RUNNER_ETDUMP)
+  if (!options.etdump.empty()) {
+    fail(kBadOption, "--etdump_path: this runner was built without executorch's ETDump (the executorch under test "
+                     "ships no libexecutorch_etdump.so): run without a profile, or build executorch with "
+                     "EXECUTORCH_BUILD_DEVTOOLS=ON");
+  }
+#endif
 #if defined(__x86_64__)
   if (options.shared_buffer) {
     fail(kBadOption, "--shared_buffer needs rpcmem, which the host (x86_64) QNN backend does not have: run without it "
@@ -322,6 +342,32 @@ int heap_pattern() {
   return fill;
 }
 
+std::unique_ptr<executorch::runtime::EventTracer> event_tracer(const Options& options) {
+#if defined(SUITE_RUNNER_ETDUMP)
+  if (!options.etdump.empty()) return std::make_unique<executorch::etdump::ETDumpGen>();
+#endif
+  (void)options;
+  return nullptr;
+}
+
+// The ETDump of the whole plan, written once after the last step (see the header).
+void write_etdump(const Options& options, Module& module) {
+#if defined(SUITE_RUNNER_ETDUMP)
+  if (options.etdump.empty()) return;
+  auto* generator = static_cast<executorch::etdump::ETDumpGen*>(module.event_tracer());
+  executorch::etdump::ETDumpResult result = generator->get_etdump_data();
+  if (result.buf == nullptr || result.size == 0) fail(kOutputFailed, "the event tracer recorded no ETDump");
+  std::ofstream file(options.etdump, std::ios::binary | std::ios::trunc);
+  file.write(static_cast<const char*>(result.buf), static_cast<std::streamsize>(result.size));
+  std::free(result.buf);
+  if (!file) fail(kOutputFailed, "cannot write the ETDump to " + options.etdump + ": check that its folder is writable");
+  std::cout << "runner: etdump_bytes " << result.size << std::endl;
+#else
+  (void)options;
+  (void)module;
+#endif
+}
+
 long long micros_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start).count();
 }
@@ -342,7 +388,8 @@ int main(int argc, char** argv) {
     fail(kOutputFailed, "the output folder " + options.output + " does not exist: create it first");
   }
 
-  Module module(options.model, Module::LoadMode::File, nullptr, nullptr, nullptr, options.share_memory_arenas);
+  Module module(options.model, Module::LoadMode::File, event_tracer(options), nullptr, nullptr,
+                options.share_memory_arenas);
   if (module.load() != Error::Ok) fail(kBadProgram, "cannot load the program " + options.model + ": is it a .pte?");
   resolve_method_indices(module, steps);
   check_plan(module, steps);
@@ -382,6 +429,7 @@ int main(int argc, char** argv) {
                    (*outputs)[output]);
     }
   }
+  write_etdump(options, module);
   struct rusage usage {};
   getrusage(RUSAGE_SELF, &usage);
   std::cout << "runner: peak_rss_kb " << usage.ru_maxrss << std::endl;

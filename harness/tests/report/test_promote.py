@@ -112,6 +112,7 @@ def test_pytest_baseline_option_resolves_a_store(tmp_path, monkeypatch):
         "--models": [],
         "--perf-repeats": 1,
         "--perf-budget": 10.0,
+        "--profile-level": "off",
     }
 
     class Config:  # what pytest.Config.getoption answers for a run given only --baseline
