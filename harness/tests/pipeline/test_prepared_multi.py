@@ -1,7 +1,7 @@
 """A multi-method card's cases share its export facts and each dtype's quantized methods (harness/pipeline/prepared.py,
 issue 32 item 5), and the program a case lowers from the shared entry is the one it lowers on its own.
 
-Real lowerings (HTP simulator) of the prepared/decode card, whose two methods are quantized with their own
+Real lowerings (HTP simulator) of the prefill/decode card, whose two methods are quantized with their own
 calibrations: the case that makes the entry, a case of another mode and share_mutable_buffers that reads it,
 and the same case lowering alone (exported and quantized in memory, as every multi-method case was before)
 must give the same program bytes (the QNN context signature, a time stamp, aside) and the same facts, the
