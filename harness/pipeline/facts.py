@@ -249,6 +249,10 @@ class PreparedFacts:
     quantize: QuantizeFacts | None
     program: ProgramFacts | None
     error: LoweringError | None = None
+    # A multi-method card's entry: each method's program (<method>.pt2; program is None) and encodings of each
+    # mutated buffer (LoweringFacts.buffer_encodings).
+    methods: dict[str, ProgramFacts] = field(default_factory=dict)
+    buffer_encodings: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
 
     def write(self, path: Path) -> None:
@@ -262,8 +266,10 @@ class PreparedFacts:
                 quantize=QuantizeFacts(**data["quantize"]) if data["quantize"] else None,
                 program=ProgramFacts(**data["program"]) if data["program"] else None,
                 error=LoweringError(**data["error"]) if data.get("error") else None,
+                methods={str(name): ProgramFacts(**program) for name, program in data.get("methods", {}).items()},
+                buffer_encodings=dict(data.get("buffer_encodings", {})),
             )
-            if facts.error is None and (facts.quantize is None or facts.program is None):
+            if facts.error is None and (facts.quantize is None or (facts.program is None) == (not facts.methods)):
                 raise KeyError("quantize or program")
             return facts
 

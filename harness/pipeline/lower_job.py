@@ -18,13 +18,11 @@ from pathlib import Path
 
 from harness.files import write_bytes_atomically
 from harness.pipeline.facts import (
-    ExportFacts,
     LoweringFacts,
     LoweringRequest,
     PartitionFacts,
     ProgramFacts,
     QuantizationFailed,
-    QuantizeFacts,
     lowering_error,
     quantizes,
 )
@@ -96,20 +94,18 @@ def _lower_multi(
 ) -> None:
     """A multi-method card (issue 32): every method exported, quantized with its own calibration (as users
     do, which is where two encodings of one buffer come from) and lowered together with a dict, then
-    serialized with share_mutable_buffers as the case says. Export and quantization are not shared with
-    other cases here (prepared.py keeps one program per card and dtype): these cards are tiny."""
-    from harness.pipeline import stages
+    serialized with share_mutable_buffers as the case says. The export facts and the quantized methods are
+    the card's and the card x dtype's shared entries, as a single-method card's (prepared.py)."""
+    from harness.pipeline import prepared, stages
 
     per_method = stages.method_calibration(card, calibration)
     examples = {method: rows[0] for method, rows in per_method.items()}
-    facts.export = ExportFacts(**stages.export_facts_multi(card, model, examples))
-    facts.exported = True
-    stage_done("export")
+    facts.export, facts.exported = prepared.export_facts(_path(request.exported_dir), card, model, examples, stage_done)
     methods = {method: stages.method_view(model, method) for method in card.methods}
     if quantizes(request.dtype, request.mode):
-        methods, quantize_facts, facts.buffer_encodings = stages.quantize_multi(card, model, request.dtype, per_method)
-        facts.quantize, facts.quantized = QuantizeFacts(**quantize_facts), True
-        stage_done("quantize")
+        shared = prepared.quantized(_path(request.prepared_dir), card, model, request.dtype, calibration, stage_done)
+        facts.quantize, facts.quantized, methods = shared.facts, shared.made, shared.module
+        facts.buffer_encodings = shared.buffer_encodings
     edge = stages.lower_multi(
         methods,
         examples,

@@ -10,6 +10,13 @@ quantized program, torch.export.save) and prepared.json (its facts, or the error
 written last) for a card x dtype. Each
 is made under a file lock, so workers needing the same entry wait for the one that makes it.
 
+A multi-method card (issue 32) shares the same way, its entry holding a program per method: export.json has
+the union of what its methods mutate (stages.export_facts_multi), and the card x dtype's entry <method>.pt2
+for each method (each quantized with its own calibration: stages.quantize_multi) and, in prepared.json, their
+facts and each method's encodings of the shared buffers. Its cases (two buffer modes, with and without
+share_mutable_buffers, each SoC) differ only in how the methods are lowered and serialized, yet each case
+exported and quantized both methods again before (measured: about 11 s a case, 4-5 times a zoo case's).
+
 Why on disk rather than kept in a process that forks the lowerings: the quantized module exists only after
 calibration ran tensor ops, and a fork server must not run any (its children would inherit a torch thread
 pool without its threads: harness/process/fork_server.py); on disk it is also shared across xdist workers
@@ -61,7 +68,8 @@ from harness.user_state import UnsafeStateDir, base_dir
 
 T = TypeVar("T")
 PROGRAM = "program.pt2"
-SEAL = "program.pt2.hmac"  # HMAC-SHA256 of the program under this user's key: only programs this user made are read
+SEAL_SUFFIX = ".hmac"
+SEAL = PROGRAM + SEAL_SUFFIX  # HMAC-SHA256 of the program under this user's key: only programs this user made are read
 KEY_FILE = "cache-hmac.key"  # in the user's private state folder (harness/user_state.py)
 KEY_BYTES = 32
 FACTS = "prepared.json"
@@ -70,21 +78,32 @@ EXPORT_FACTS = "export.json"
 _PRELOADED: dict[str, torch.nn.Module] = {}
 
 
+Example = tuple | dict[str, tuple]  # a multi-method card's: one per method
+Program = torch.nn.Module | dict[str, torch.nn.Module]  # a multi-method card's: one per method
+
+
 @dataclass
 class Quantized:
     facts: QuantizeFacts
-    module: torch.nn.Module  # the quantized program to lower
+    module: Program  # the quantized program to lower (a multi-method card's: a dict, as stages.lower takes)
     made: bool  # quantized here, not read from the card and dtype's entry
+    buffer_encodings: dict[str, dict[str, dict[str, str]]]  # a multi-method card's (stages.buffer_encodings)
+
+
+def _exported(card: ModelCard, model: torch.nn.Module, example: Example) -> ExportFacts:
+    if card.multi_method:
+        return ExportFacts(**stages.export_facts_multi(card, model, example))
+    return ExportFacts(**stages.export_facts(card, model, example))
 
 
 def export_facts(
-    directory: Path | None, card: ModelCard, model: torch.nn.Module, example: tuple, stage_done: Callable[[str], None]
+    directory: Path | None, card: ModelCard, model: torch.nn.Module, example: Example, stage_done: Callable[[str], None]
 ) -> tuple[ExportFacts, bool]:
     """The card's export facts from its entry, computed now (and written) if missing or damaged, and whether
     they were computed here; directory None: this case's own. Asked before quantizing, so a quantization
-    that fails leaves the export check its facts."""
+    that fails leaves the export check its facts. example: a multi-method card's is a dict, one per method."""
     if directory is None:
-        facts = ExportFacts(**stages.export_facts(card, model, example))
+        facts = _exported(card, model, example)
         stage_done("export")
         return facts, True
     with _locked(directory):
@@ -98,7 +117,7 @@ def export_facts(
                 print(
                     f"qnnsuite: export facts {directory.name} are damaged ({error}); exporting again", file=sys.stderr
                 )
-        facts = ExportFacts(**stages.export_facts(card, model, example))
+        facts = _exported(card, model, example)
         ExportedFacts(facts).write(path)
         stage_done("export")
         return facts, True
@@ -115,22 +134,63 @@ def quantized(
     """The card's quantized program in dtype from its entry, made now if missing or damaged; directory None:
     this case's own, in memory (the quantized module lowered itself, as every case was before entries
     were shared). QuantizationFailed if it failed, now or when the entry was made (a failure of the
-    machine is raised as it is and not kept)."""
+    machine is raised as it is and not kept). A multi-method card's program is a dict of its methods'."""
     if directory is None:
-        converted, facts = _failing_once(None, lambda: stages.quantize(card, model, dtype, calibration))
+        converted, facts, encodings = _failing_once(None, lambda: _quantized_now(card, model, dtype, calibration))
         stage_done("quantize")
-        return Quantized(QuantizeFacts(**facts), converted, made=True)
+        modules = {name: module for name, (module, _) in converted.items()}
+        return Quantized(QuantizeFacts(**facts), _program(card, modules), True, encodings)
     with _locked(directory):
-        found = _read_entry(directory)
+        found = _read_entry(directory, _wanted(card))
         if found is not None:
             stage_done("read_prepared")
-            entry, module = found
+            entry, modules = found
             if entry.error is not None:
                 raise QuantizationFailed(entry.error, made=False)
-            return Quantized(entry.quantize, module, made=False)
-        entry, module = _failing_once(directory, lambda: _quantize(directory, card, model, dtype, calibration))
+            return Quantized(entry.quantize, _program(card, modules), False, entry.buffer_encodings)
+        entry, modules = _failing_once(directory, lambda: _quantize(directory, card, model, dtype, calibration))
         stage_done("quantize")
-        return Quantized(entry.quantize, module, made=True)
+        return Quantized(entry.quantize, _program(card, modules), True, entry.buffer_encodings)
+
+
+def _quantized_now(
+    card: ModelCard, model: torch.nn.Module, dtype: str, calibration: list[tuple]
+) -> tuple[dict[str, tuple[torch.nn.Module, tuple]], dict, dict[str, dict[str, dict[str, str]]]]:
+    """The card quantized now: its programs by their file in the entry (program.pt2, or <method>.pt2 each),
+    each with its example (what it is exported with to be saved); its facts; its methods' buffer encodings."""
+    if not card.multi_method:
+        converted, facts = stages.quantize(card, model, dtype, calibration)
+        return {PROGRAM: (converted, calibration[0])}, facts, {}
+    per_method = stages.method_calibration(card, calibration)
+    converted, facts, encodings = stages.quantize_multi(card, model, dtype, per_method)
+    return {_file(method): (module, per_method[method][0]) for method, module in converted.items()}, facts, encodings
+
+
+def _file(method: str) -> str:
+    """The entry's file of a method's program. Method names come from the card and from an entry's facts
+    (data): only an identifier names a file, so no name reaches outside the entry."""
+    if not method.isidentifier():
+        raise FactsError(f"method {method!r} is not an identifier: no program file is named after it")
+    return f"{method}.pt2"
+
+
+def _wanted(card: ModelCard) -> frozenset[str]:
+    """The files of the card's programs in its entries."""
+    return frozenset(_file(method) for method in card.methods) if card.multi_method else frozenset({PROGRAM})
+
+
+def _program(card: ModelCard, modules: dict[str, torch.nn.Module]) -> Program:
+    """The modules by file, as the lowering takes them: one, or a dict by method in the card's order."""
+    if not card.multi_method:
+        return modules[PROGRAM]
+    return {method: modules[_file(method)] for method in card.methods}
+
+
+def _files(facts: PreparedFacts) -> dict[str, ProgramFacts]:
+    """A complete entry's programs by file."""
+    if facts.program is not None:
+        return {PROGRAM: facts.program}
+    return {_file(method): program for method, program in facts.methods.items()}
 
 
 def _failing_once(directory: Path | None, quantize: Callable[[], T]) -> T:
@@ -156,62 +216,85 @@ def _locked(directory: Path) -> Iterator[None]:
 
 def _quantize(
     directory: Path, card: ModelCard, model: torch.nn.Module, dtype: str, calibration: list[tuple]
-) -> tuple[PreparedFacts, torch.nn.Module]:
-    converted, quantize_facts = stages.quantize(card, model, dtype, calibration)
-    buffer = io.BytesIO()
-    torch.export.save(torch.export.export(converted, calibration[0], strict=True), buffer)
-    data = buffer.getvalue()
-    write_bytes_atomically(directory / PROGRAM, data)
-    write_bytes_atomically(directory / SEAL, _seal(data).encode())
-    facts = PreparedFacts(QuantizeFacts(**quantize_facts), ProgramFacts(hashlib.sha256(data).hexdigest(), len(data)))
+) -> tuple[PreparedFacts, dict[str, torch.nn.Module]]:
+    converted, quantize_facts, encodings = _quantized_now(card, model, dtype, calibration)
+    programs, modules = {}, {}
+    for name, (module, example) in converted.items():
+        buffer = io.BytesIO()
+        torch.export.save(torch.export.export(module, example, strict=True), buffer)
+        data = buffer.getvalue()
+        write_bytes_atomically(directory / name, data)
+        write_bytes_atomically(directory / _seal_file(name), _seal(data).encode())
+        programs[name], modules[name] = ProgramFacts(hashlib.sha256(data).hexdigest(), len(data)), _load(data)
+    if card.multi_method:
+        by_method = {name.removesuffix(".pt2"): program for name, program in programs.items()}
+        facts = PreparedFacts(QuantizeFacts(**quantize_facts), None, methods=by_method, buffer_encodings=encodings)
+    else:
+        facts = PreparedFacts(QuantizeFacts(**quantize_facts), programs[PROGRAM])
     facts.write(directory / FACTS)
-    return facts, _load(data)
+    return facts, modules
 
 
 def preload(directory: Path) -> None:
-    """Read the entry's program into this process, if it is complete and sound, for the lowerings it will
+    """Read the entry's programs into this process, if it is complete and sound, for the lowerings it will
     fork (the lowering server's preparation of a request: harness/pipeline/lower_job.py)."""
     try:
         facts = PreparedFacts.read(directory / FACTS)
-        if facts.error is None and facts.program.sha256 not in _PRELOADED:
-            _PRELOADED[facts.program.sha256] = _load(_program_bytes(directory, facts))
+        if facts.error is None:
+            for name, program in _files(facts).items():
+                if program.sha256 not in _PRELOADED:
+                    _PRELOADED[program.sha256] = _load(_program_bytes(directory, name, program))
     except (FactsError, OSError, UnsafeStateDir):
         return  # not made yet, damaged or not sealed: the child makes it, or says why and makes it again
 
 
-def _read_entry(directory: Path) -> tuple[PreparedFacts, torch.nn.Module | None] | None:
-    """The entry if it is complete (a failed one has no program) and its program is the one its facts
-    describe; None (said in the lowering's log) if it must be made again."""
+def _read_entry(
+    directory: Path, wanted: frozenset[str] = frozenset({PROGRAM})
+) -> tuple[PreparedFacts, dict[str, torch.nn.Module]] | None:
+    """The entry if it is complete (a failed one has no program), holds the programs wanted (by file: the
+    card's one, or one per method) and each is the one its facts describe; None (said in the lowering's log)
+    if it must be made again."""
     if not (directory / FACTS).exists():
         return None
     try:
         facts = PreparedFacts.read(directory / FACTS)
         if facts.error is not None:
-            return facts, None
-        if facts.program.sha256 in _PRELOADED:  # read by the server that forked this child, bytes checked
-            return facts, _PRELOADED.pop(facts.program.sha256)
-        data = _program_bytes(directory, facts)
+            return facts, {}
+        files = _files(facts)
+        if set(files) != wanted:
+            raise FactsError(f"it holds {sorted(files)}, the card's programs are {sorted(wanted)}")
+        modules = {}
+        for name, program in files.items():
+            if program.sha256 in _PRELOADED:  # read by the server that forked this child, bytes checked
+                modules[name] = _PRELOADED.pop(program.sha256)
+            else:
+                modules[name] = _load(_program_bytes(directory, name, program))
     except (FactsError, OSError) as error:
         print(f"qnnsuite: prepared program {directory.name} is damaged ({error}); preparing it again", file=sys.stderr)
         return None
-    return facts, _load(data)
+    return facts, modules
 
 
-def _program_bytes(directory: Path, facts: PreparedFacts) -> bytes:
-    """The entry's program, if it is the one its facts describe and this user sealed it (else FactsError).
+def _seal_file(name: str) -> str:
+    return name + SEAL_SUFFIX
+
+
+def _program_bytes(directory: Path, name: str, program: ProgramFacts) -> bytes:
+    """The entry's program in file `name`, if it is the one its facts describe and this user sealed it (else
+    FactsError).
 
     torch.export.load unpickles: a program.pt2 planted with a matching prepared.json would run code in the
     lowering server. The sha256 in the facts only says the files agree; the seal, an HMAC under a key only
     this user can read, says this user's suite wrote them."""
-    data = (directory / PROGRAM).read_bytes()
-    if len(data) != facts.program.bytes or hashlib.sha256(data).hexdigest() != facts.program.sha256:
-        raise FactsError(f"{PROGRAM} is not the program its facts describe")
+    data = (directory / name).read_bytes()
+    if len(data) != program.bytes or hashlib.sha256(data).hexdigest() != program.sha256:
+        raise FactsError(f"{name} is not the program its facts describe")
     try:
-        seal = (directory / SEAL).read_text(encoding="ascii").strip()
+        seal = (directory / _seal_file(name)).read_text(encoding="ascii").strip()
     except (OSError, UnicodeDecodeError):
         seal = ""
     if not hmac.compare_digest(seal.encode("ascii", "replace"), _seal(data).encode()):
-        raise FactsError(f"{PROGRAM} is not sealed by this user's key (made elsewhere, or planted): not read")
+        raise FactsError(f"{name} is not sealed by this user's key (made elsewhere, or planted): not read")
     return data
 
 
