@@ -267,8 +267,13 @@ def run(args: argparse.Namespace) -> dict:
                         f"exit {found['exit_status']}, {found['verdicts']}",
                         flush=True,
                     )
-                if render is None:
-                    render = render_cost(checkouts["after"], root / f"after-{pair}" / "reports", args.render_repeats)
+                if render is None:  # a revision without the step-time sections costs the figure, not the pairs
+                    try:
+                        render = render_cost(
+                            checkouts["after"], root / f"after-{pair}" / "reports", args.render_repeats
+                        )
+                    except SystemExit as error:
+                        print(error, flush=True)
                 write(args.output, {**result, **summarise(runs, render), "render": render, "runs": runs})
         finally:
             for checkout in checkouts.values():
