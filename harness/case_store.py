@@ -24,7 +24,6 @@ from harness.pipeline import references
 from harness.pipeline.lower import LoweredArtifact, lower_case
 from harness.pipeline.lowering_cache import lowering_directory, served
 from harness.qnn.toolchain import Toolchain
-from harness.record import TIMING_STEPS
 from harness.runner.profile import PROFILE_NAMES, ProfileError, profile_of, read_etdump
 from harness.vocabulary import Case, Mode
 
@@ -137,36 +136,24 @@ class CaseStore:
                 (directory / "facts.json").unlink(missing_ok=True)  # the next run lowers it again
             return artifact
 
-    def _device_run(
-        self,
-        outcome: CaseOutcome,
-        name: str,
-        local: Path,
-        pte: Path | None = None,
-        step_count: int | None = None,
-        **choice: Any,
-    ):
-        """One device run of the case's program (pte: its profiled twin) and inputs (the case's own, a timing
-        run, the profile or another runner's), its device folder `name`: the one place the run's arguments are
-        derived from the outcome. step_count: the plan's steps (inputs, methods, output sizes) cycled to that
-        many, for a timing run."""
+    def _device_run(self, outcome: CaseOutcome, name: str, local: Path, pte: Path | None = None, **choice: Any):
+        """One device run of the case's program (pte: its profiled twin) and inputs (the case's own, a perf
+        repeat, the profile or another runner's), its device folder `name`: the one place the run's arguments
+        are derived from the outcome."""
         case = outcome.case
-        n = len(outcome.steps)
-        order = [index % n for index in range(step_count or n)]
-        methods = case.card.step_methods(n) if case.card.multi_method else None
         return run_with_reconnects(
             self._pool,
             case.soc,
             f"{self._worker}:{name}",
             name,
             pte or outcome.artifact.pte,
-            [outcome.steps[index] for index in order],
+            outcome.steps,
             local,
             output_count=len(outcome.reference[0]),
             timeout_s=self._runner_timeout_s,
             method_index=outcome.artifact.facts.method_index,
-            output_bytes=[[array.nbytes for array in outcome.reference[index]] for index in order],
-            methods=[methods[index] for index in order] if methods else None,
+            output_bytes=[[array.nbytes for array in row] for row in outcome.reference],
+            methods=case.card.step_methods(len(outcome.steps)) if case.card.multi_method else None,
             **choice,
         )
 
@@ -198,15 +185,13 @@ class CaseStore:
                 outcome.timings_s["profile"] = time.perf_counter() - started  # its lowering, run and reading
 
     def _repeat(self, outcome: CaseOutcome) -> None:
-        """--perf-repeats - 1 timing runs: the plan cycled to TIMING_STEPS steps, each in a fresh runner process
-        (so from the program's initial state); only the step times are kept, for the performance gate's time
-        and noise band (record.steady_p50). A timing run that fails ends them (the gate then has fewer) and is
-        said on the outcome's device log."""
+        """The plan run again, --perf-repeats - 1 times, each in a fresh runner process (so from the program's
+        initial state): only the step times are kept, for the performance gate's noise band. A repeat that
+        fails ends the repeats (the gate then has fewer of them) and is said on the outcome's device log."""
         case = outcome.case
-        steps = max(TIMING_STEPS, len(outcome.steps))
         for repeat in range(1, self._perf_repeats):
             name = f"{case.id}.repeat{repeat}"
-            attempt = self._device_run(outcome, name, self._work_dir / "runs" / self._worker / name, step_count=steps)
+            attempt = self._device_run(outcome, name, self._work_dir / "runs" / self._worker / name)
             if attempt.run is None:
                 outcome.device_log += f"\n--perf-repeats: repeat {repeat} failed: {attempt.error}"
                 return

@@ -22,7 +22,7 @@ import numpy as np
 
 from harness import numerics
 from harness.pipeline import eager, mutbuf
-from harness.record import steady_p50, step_stats
+from harness.record import step_stats
 from harness.vocabulary import FLOAT_DTYPE, Case
 
 if TYPE_CHECKING:
@@ -126,8 +126,8 @@ class CaseOutcome:
     retries: int = 0  # device runs repeated after a dropped connection
     run_dir: Path | None = None  # where the device run's inputs, outputs and log were put (in the run's work dir)
     timings_s: dict[str, float] = field(default_factory=dict)
-    # Step times of the timing runs under --perf-repeats (each the plan cycled to record.TIMING_STEPS steps, in
-    # a fresh runner process: fresh state); only their times are kept, the checks read the case's own run.
+    # Step times of the plan's later runs under --perf-repeats (a fresh runner process each: fresh state);
+    # only their times are kept, the checks read the first run's outputs.
     repeat_steps_us: list[list[int]] = field(default_factory=list)
     # The QNN profile of the case's profiled twin (--profile-level; harness/runner/profile.py profile_of).
     profile: dict | None = None
@@ -144,8 +144,7 @@ class CaseOutcome:
             return None
         steps = [int(micros) for micros in self.run.step_times_us]
         stats = step_stats(steps)
-        timed = [steady_p50(list(run)) for run in self.repeat_steps_us]
-        repeats, basis = (timed, "steady") if timed else ([stats["p50_us"]], "plan")
+        repeats = [stats["p50_us"], *(step_stats(list(r))["p50_us"] for r in self.repeat_steps_us)]
         return {
             "runner": self.run.runner,
             "steps_us": steps,
@@ -154,7 +153,6 @@ class CaseOutcome:
             "device_kind": self.device_kind,  # emulated: simulator times, never compared with a phone's
             **stats,
             "repeats_p50_us": [p50 for p50 in repeats if p50 is not None],
-            "repeats_basis": basis,  # the performance gate compares only like with like
             **({"profile": self.profile} if self.profile is not None else {}),
         }
 

@@ -41,8 +41,7 @@ class CheckRecord:
     work: dict[str, int] = field(default_factory=dict)  # the case's exports, quantizations, lowerings in this run
     timings_s: dict[str, float] = field(default_factory=dict)
     # The case's device run timing: {runner, steps_us, first_step_us, peak_rss_kb, p50_us, p90_us,
-    # repeats_p50_us, repeats_basis} (None: not run); p50/p90 from step_stats; repeats_p50_us one per timing run
-    # (steady_p50, repeats_basis "steady"), or the case's own run's p50_us where none ran (basis "plan")
+    # repeats_p50_us} (None: not run); p50/p90 from step_stats, repeats_p50_us one per --perf-repeats run
     timing: dict[str, Any] | None = None
     duration_s: float = 0.0
     check_s: float | None = None
@@ -74,25 +73,10 @@ def percentile(values: list[int], fraction: float) -> int | None:
 
 def step_stats(steps_us: list[int]) -> dict[str, int | None]:
     """p50 and p90 execute time of a run's steps after the first: the first includes load and graph set-up,
-    which the later ones do not (a one-step run has none: both None). The reading of the case's own run, for
-    the record (harness/outcome.py) and the reports; its later steps may still be warming up (steady_p50)."""
+    which the later ones do not (a one-step run has none: both None). The one reading of a run's step times,
+    for the record (harness/outcome.py), the reports and the performance gate (harness/report/perf_gate.py)."""
     later = [int(micros) for micros in steps_us[1:]]
     return {"p50_us": percentile(later, 0.5), "p90_us": percentile(later, 0.9)}
-
-
-# A timing run (a --perf-repeats run after the case's own) executes the case's plan cycled to this many steps,
-# and its time is the p50 of its second half. Measured on the HTP simulator (suite_runner, 12 executes of four
-# zoo programs): the first three executes take 10-60 ms, every later one 0.2-0.4 ms with a rare 3-7 ms outlier,
-# so a four-step plan's "steps after the first" time warm-up, not the delegate: a regression that doubled the
-# steady execute would hide under it. Half of 16 is past any warm-up seen, and a median of 8 shrugs off outliers.
-TIMING_STEPS = 16
-
-
-def steady_p50(steps_us: list[int]) -> int | None:
-    """A timing run's time: the p50 of the second half of its executes (the steady state, see TIMING_STEPS).
-    The one reading of a timing run, for the record (harness/outcome.py) and the performance gate."""
-    values = [int(micros) for micros in steps_us]
-    return percentile(values[len(values) // 2 :], 0.5)
 
 
 def finding_in(text: str) -> str:

@@ -1,11 +1,8 @@
 """The performance gate, beside the conformance gate (harness/report/gate.py): one body for the rule.
 
-A case's time is the fastest of its timing runs' steady p50 (`--perf-repeats N` adds N - 1 timing runs, the
-plan cycled to record.TIMING_STEPS steps in a fresh runner process each, timed over their second half:
-harness/record.py steady_p50). Without timing runs it is the case's own run's p50 of the steps after the
-first, which on the simulator still times warm-up (basis "plan"); two runs of different bases are compared
-as if their noise were not measured. Load on the host only ever adds time, so the fastest repeat is the
-steadiest reading. The noise band is the spread of those
+A case's time is the fastest of its repeats' p50 step times (steps after the first: harness/record.py
+step_stats; `--perf-repeats N` runs the plan N times, a fresh runner process each). Load on the host only
+ever adds time, so the fastest repeat is the steadiest reading. The noise band is the spread of those
 repeats, (slowest - fastest) / fastest, the larger of the baseline's and this run's (one repeat: no band).
 Against the baseline, growth = now / before - 1, and a case is
 - PASS: growth within the budget (`--perf-budget`, default 10%);
@@ -36,11 +33,6 @@ DELEGATED, SKIPPED = "delegate_mutbuf", "skip_mutbuf"
 PHONE = "phone"  # harness/device/kinds.py: the only kind whose times are a real NPU's
 
 Key = tuple[str, str]  # soc, case_id
-
-
-def basis_of(timing: dict[str, Any]) -> str:
-    """What a timing's repeats time: "steady" (timing runs) or "plan" (the case's own run; older reports)."""
-    return "steady" if timing.get("repeats_basis") == "steady" else "plan"
 
 
 def repeats_of(timing: dict[str, Any] | None) -> list[int]:
@@ -104,14 +96,13 @@ class PerfVerdict:
         )
 
 
-def judge(before: list[int], after: list[int], budget_pct: float, comparable: bool = True) -> tuple[str, float, float]:
-    """The rule: (verdict, growth %, band %) of a case's repeats in the baseline and now (both non-empty);
-    comparable=False (the two runs timed different things) judges as if the noise were not measured."""
+def judge(before: list[int], after: list[int], budget_pct: float) -> tuple[str, float, float]:
+    """The rule: (verdict, growth %, band %) of a case's repeats in the baseline and now (both non-empty)."""
     band = max(spread(before), spread(after)) * 100
     growth = (min(after) / min(before) - 1) * 100 if min(before) > 0 else 0.0
     if growth <= budget_pct:
         return PASS, growth, band
-    measured = comparable and min(len(before), len(after)) >= MIN_REPEATS
+    measured = min(len(before), len(after)) >= MIN_REPEATS
     return (FAIL if measured and growth > budget_pct + band else WARN), growth, band
 
 
@@ -136,11 +127,11 @@ def compare(baseline: dict[Key, dict], records: list[CheckRecord], budget_pct: f
         before, after = repeats_of(before_timing), repeats_of(after_timing)
         if not before or not after:
             continue
-        comparable = basis_of(before_timing) == basis_of(after_timing)
-        verdict, growth, band = judge(before, after, budget_pct, comparable)
-        repeats = min(len(before), len(after)) if comparable else 1
+        verdict, growth, band = judge(before, after, budget_pct)
         verdicts.append(
-            PerfVerdict(key[0], key[1], verdict, min(before), min(after), growth, band, budget_pct, repeats)
+            PerfVerdict(
+                key[0], key[1], verdict, min(before), min(after), growth, band, budget_pct, min(len(before), len(after))
+            )
         )
     return tuple(verdicts)
 

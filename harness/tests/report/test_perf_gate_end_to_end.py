@@ -1,7 +1,7 @@
 """Must show of issue 33: the performance gate on real runs of emulated devices (about 2-3 minutes).
 
 Three child `pytest suites` runs of one card on one emulated SM8650, fp16, both buffer modes, each with
-`--perf-repeats 3` (two timing runs of 16 steps each): a baseline, the same selection again (it must pass `--perf-gate`: no false alarm on this
+`--perf-repeats 3`: a baseline, the same selection again (it must pass `--perf-gate`: no false alarm on this
 noisy machine), and one with the emulated slowdown switch on the delegated mode's executes (runner_slow_execute,
 docs/FAULTS.md), whose gate must fail naming exactly the delegated case. They share the user's artifact cache
 (the default --cache-dir), so only the first run ever lowers.
@@ -23,7 +23,7 @@ from harness.report.perf_gate import FAIL, PASS, WARN
 SOC, CARD = "SM8650", "counter_add"
 SLOWED = f"{CARD}-fp16-delegate_mutbuf-{SOC}"
 UNTOUCHED = f"{CARD}-fp16-skip_mutbuf-{SOC}"
-SLOWDOWN_MS = 5  # per execute: 20 times the simulator's steady execute (0.2-0.4 ms) that timing runs measure
+SLOWDOWN_MS = 200  # per execute: well beyond the simulator's noise here (steps of 0.3 to 40 ms)
 
 
 def _suite(reports: Path, *extra: str, faults: dict | None = None) -> subprocess.CompletedProcess:
@@ -78,9 +78,7 @@ def test_the_same_selection_again_passes_the_performance_gate(baseline, tmp_path
     assert {entry["verdict"] for entry in performance} <= {PASS, WARN}, performance
     assert "no regressions; performance: " in output and "FAIL" not in output.split("performance: ", 1)[1][:60]
     report = json.loads((reports / "latest" / SOC / "report.json").read_text())
-    timings = [case["timing"] for case in report["cases"]]
-    assert all(len(t["repeats_p50_us"]) == 2 and t["repeats_basis"] == "steady" for t in timings), "both timing runs"
-    assert all(len(t["steps_us"]) == 4 for t in timings), "the checks' own run keeps the card's plan"
+    assert all(len(case["timing"]["repeats_p50_us"]) == 3 for case in report["cases"]), "every repeat measured"
 
 
 def test_a_slowed_mode_fails_the_performance_gate_naming_exactly_its_cases(baseline, tmp_path):
