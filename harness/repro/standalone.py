@@ -54,6 +54,7 @@ SUITE_MODULES = (
     "harness.pipeline.meta_llama",
     "harness.pipeline.lower_job",
     "harness.pipeline.cases",
+    "harness.qnn.soc",
     "harness.check_registry",
     "harness.record",
     "harness.outcome",

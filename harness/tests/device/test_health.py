@@ -380,7 +380,7 @@ def test_the_terminal_summary_warns_once_where_device_and_host_qnn_builds_differ
         "run1", (spec,), {}, (), tmp_path / "work", provenance={spec.label: _found(tmp_path, device_build)}
     )
     options = SimpleNamespace(
-        qnn_sdk=None, report_dir=tmp_path / "reports", baseline=None, allow_missing=False, shard=None
+        qnn_sdk=None, report_dir=tmp_path / "reports", baseline=None, allow_missing=False, shard=None, perf_budget=10.0
     )
     reporter = reporter_module.ConformanceReporter(options, context, None)
     for record in make_records(cards={"counter_add": ("counter",)}, socs=("SM8650",)):
