@@ -154,6 +154,7 @@ class CaseStore:
             method_index=outcome.artifact.facts.method_index,
             output_bytes=[[array.nbytes for array in row] for row in outcome.reference],
             methods=case.card.step_methods(len(outcome.steps)) if case.card.multi_method else None,
+            shared_buffer=case.card.shared_buffer,
             **choice,
         )
 

@@ -50,6 +50,7 @@ class DeviceOutputs(Protocol):
     runner: str  # which runner measured it: "suite_runner" or "qnn_executor_runner"
     step_times_us: list[int]  # execute wall time per step, in plan order ([] when the runner gives none)
     peak_rss_kb: int | None  # the runner process's peak resident memory (None when it gives none)
+    io_memory: str | None  # rpcmem or ordinary: the memory the runner gave inputs and unplanned outputs
 
 
 class DeviceTraits(Protocol):
@@ -150,6 +151,7 @@ class CaseOutcome:
             "steps_us": steps,
             "first_step_us": steps[0] if steps else None,
             "peak_rss_kb": self.run.peak_rss_kb,
+            **({"io_memory": self.run.io_memory} if self.run.io_memory else {}),
             "device_kind": self.device_kind,  # emulated: simulator times, never compared with a phone's
             **stats,
             "repeats_p50_us": [p50 for p50 in repeats if p50 is not None],

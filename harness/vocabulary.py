@@ -24,6 +24,7 @@ DEFAULT_CARD_MODULES = (
     "fixtures.families",
     "fixtures.multi_method",
     "fixtures.online_prepare",
+    "fixtures.shared_buffer",
 )
 # 16a4w_block: 16-bit activations, 4-bit weights with a scale per block of input channels (QNN's LPBQ, what
 # upstream's static llama flow ships; QuantDtype.use_16a4w_block). It acts on linear weights only, so a card
@@ -95,6 +96,11 @@ class ModelCard:
     # QNN IR (DLC) program that the device composes into a graph when the program loads, instead of a context
     # binary prepared at lowering. Off: the offline-prepared program users ship by default.
     online_prepare: bool = False
+    # Lowered with generate_qnn_executorch_compiler_spec(shared_buffer=True) and its graph inputs and outputs left
+    # unplanned (issue 32): the application supplies their memory, which the QNN backend registers with QNN
+    # instead of copying where it is QNN's shared memory (rpcmem, a phone's), as upstream's export_utils.py and
+    # runner's --shared_buffer do. Off: executorch plans the I/O and the backend copies it.
+    shared_buffer: bool = False
 
     @property
     def reference(self) -> str:

@@ -80,6 +80,7 @@ class DeviceRun:
     runner: str = RUNNER_NAME  # the payload command that ran the plan (and measured what follows)
     step_times_us: list[int] = field(default_factory=list)  # execute wall time per step, plan order; [] if none
     peak_rss_kb: int | None = None  # the runner process's peak resident memory, when it reports it
+    io_memory: str | None = None  # the memory of the program's inputs and unplanned outputs, when it says
     etdump: Path | None = None  # the runner's ETDump, when asked for (etdump=True) and written
 
 
@@ -257,11 +258,14 @@ def run_case(
     methods: list[str] | None = None,
     runner: str = SUITE_RUNNER_NAME,
     etdump: bool = False,
+    shared_buffer: bool = False,
 ) -> DeviceRun:
     """etdump: the suite's runner also writes its ETDump (the QNN profile of a profiled program), pulled with
     the outputs; output_bytes: eager's byte size of each output [step][index]; a larger file fails the case unpulled.
     methods: the method of each step (None: the program's method at method_index, every step); runner: the
-    payload command to run the plan with (see the module's docstring; choose_runner says which one runs)."""
+    payload command to run the plan with (see the module's docstring; choose_runner says which one runs);
+    shared_buffer: the program was lowered for shared buffers (ModelCard.shared_buffer), so the runner gives its
+    inputs and outputs QNN's shared memory where it can (both runners take upstream's --shared_buffer)."""
     if methods is not None and len(methods) != len(steps):
         raise ValueError(f"{len(methods)} method(s) for {len(steps)} step(s): give one method per step")
     chosen = choose_runner(workspace, runner, methods, device.serial)
@@ -272,6 +276,8 @@ def run_case(
     argv, plan = _runner_command(chosen, workspace, local_dir, input_files, methods, method_index)
     if etdump and chosen == SUITE_RUNNER_NAME:
         argv += ["--etdump_path", f"outputs/{ETDUMP_NAME}"]
+    if shared_buffer:
+        argv.append("--shared_buffer")
     files = [pte, plan, *(path for row in input_files for path in row)]
     # A folder of this run's: nothing on the device to compare hashes with; all in one sync session (a retry
     # writes over the same names).
@@ -371,5 +377,6 @@ def run_case(
         runner=chosen,
         step_times_us=[step.execute_us for step in measured.steps],
         peak_rss_kb=measured.peak_rss_kb,
+        io_memory=measured.io_memory,
         etdump=local_dir / "outputs" / ETDUMP_NAME if ETDUMP_NAME in present else None,
     )

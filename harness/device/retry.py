@@ -52,6 +52,7 @@ def run_with_reconnects(
     methods: list[str] | None = None,
     runner: str = SUITE_RUNNER_NAME,
     etdump: bool = False,
+    shared_buffer: bool = False,
 ) -> Attempt:
     """Run the case on a device of its SoC; every failure is one line in the result, never an exception."""
     attempt = Attempt()
@@ -76,6 +77,7 @@ def run_with_reconnects(
                     methods=methods,
                     runner=runner,
                     etdump=etdump,
+                    shared_buffer=shared_buffer,
                 )
                 attempt.timings_s.update(attempt.run.timings_s)
             break

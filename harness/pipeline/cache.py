@@ -44,6 +44,8 @@ def key(case: Case, steps: int, toolchain: Toolchain) -> str:
     ]
     if case.card.online_prepare:  # never served for the card's offline-prepared program, nor it for this one
         parts.append("online_prepare")
+    if case.card.shared_buffer:  # another compiler spec and memory plan than the card's plain program
+        parts.append("shared_buffer")
     return f"{case.id}-{_digest(case, steps, parts)}"
 
 

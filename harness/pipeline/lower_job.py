@@ -74,6 +74,7 @@ def main(argv: list[str]) -> int:
                     request.mode.skip_mutable_buffer,
                     online_prepare=card.online_prepare,
                     profile_level=request.profile_level,
+                    shared_buffer=card.shared_buffer,
                 )
                 facts.partitions = PartitionFacts.of(stages.partition_facts(edge, card.mutated_buffers))
                 stage_done("lower")
@@ -114,6 +115,7 @@ def _lower_multi(
         request.mode.skip_mutable_buffer,
         online_prepare=card.online_prepare,
         profile_level=request.profile_level,
+        shared_buffer=card.shared_buffer,
     )
     facts.partitions = PartitionFacts.of(stages.partition_facts_multi(edge, card.methods, card.mutated_buffers))
     stage_done("lower")

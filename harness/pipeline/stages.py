@@ -159,8 +159,10 @@ def lower(
     skip_mutable_buffer: bool,
     online_prepare: bool = False,
     profile_level: int = 0,
+    shared_buffer: bool = False,
 ):
     """online_prepare: the card's ModelCard.online_prepare (the device composes the graph from QNN IR at load);
+    shared_buffer: the card's ModelCard.shared_buffer (graph I/O in memory the application shares with QNN);
     profile_level: executorch's QNN profiling (--profile-level; 0 off), a program of its own (cached apart)."""
     from executorch.backends.qualcomm.utils.utils import (
         generate_htp_compiler_spec,
@@ -174,6 +176,7 @@ def lower(
         backend_options=generate_htp_compiler_spec(use_fp16=dtype == "fp16"),
         online_prepare=online_prepare,
         profile_level=profile_level,
+        shared_buffer=shared_buffer,
     )
     with private_working_folder() if online_prepare else contextlib.nullcontext():
         return to_edge_transform_and_lower_to_qnn(model, example, specs, skip_mutable_buffer=skip_mutable_buffer)
@@ -230,7 +233,22 @@ def backend_config(card: ModelCard):
 
     # The pass matches placeholder names, where an FQN's dots are underscores (b_layers_0_..._k_cache).
     patterns = [name.replace(".", "_") for name in card.mutated_buffers]
-    return ExecutorchBackendConfig(passes=[InitializedMutableBufferPass(patterns)])
+    return ExecutorchBackendConfig(
+        passes=[InitializedMutableBufferPass(patterns)], memory_planning_pass=memory_planning(card)
+    )
+
+
+def memory_planning(card: ModelCard, share_mutable_buffers: bool = False):
+    """executorch's MemoryPlanningPass as the card's program needs it: a shared-buffer card's graph inputs and
+    outputs unplanned, so the application supplies their memory (what upstream's export_utils.py does for
+    shared_buffer); share_mutable_buffers: one allocation per mutable buffer for every method."""
+    from executorch.exir.passes import MemoryPlanningPass
+
+    return MemoryPlanningPass(
+        share_mutable_buffers=share_mutable_buffers,
+        alloc_graph_input=not card.shared_buffer,
+        alloc_graph_output=not card.shared_buffer,
+    )
 
 
 # Multi-method cards (issue 32) ----------------------------------------------------------------------------
@@ -334,10 +352,11 @@ def lower_multi(
     skip_mutable_buffer: bool,
     online_prepare: bool = False,
     profile_level: int = 0,
+    shared_buffer: bool = False,
 ):
     """All methods lowered together, as one program (a dict of modules and inputs, one compiler spec): lower()
     with dicts, which to_edge_transform_and_lower_to_qnn takes as a method each."""
-    return lower(methods, examples, soc_name, dtype, skip_mutable_buffer, online_prepare, profile_level)
+    return lower(methods, examples, soc_name, dtype, skip_mutable_buffer, online_prepare, profile_level, shared_buffer)
 
 
 def partition_facts_multi(edge_manager, methods: tuple[str, ...], buffers: tuple[str, ...]) -> dict[str, Any]:
@@ -357,8 +376,6 @@ def partition_facts_multi(edge_manager, methods: tuple[str, ...], buffers: tuple
 def backend_config_multi(card: ModelCard, share_mutable_buffers: bool):
     """backend_config, with memory planning sharing mutable buffers across methods when asked (executorch's
     MemoryPlanningPass(share_mutable_buffers=True), as its LLM export builder passes it)."""
-    from executorch.exir.passes import MemoryPlanningPass
-
     config = backend_config(card)
-    config.memory_planning_pass = MemoryPlanningPass(share_mutable_buffers=share_mutable_buffers)
+    config.memory_planning_pass = memory_planning(card, share_mutable_buffers)
     return config

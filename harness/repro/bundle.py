@@ -168,6 +168,9 @@ class BundleWriter:
                 "steps_source": _source(case.card.steps),
                 "methods": list(case.card.methods),
                 "plan_source": _source(case.card.plan) if case.card.plan is not None else "",
+                # The compiler-spec options the card asks for (issue.md names them in its pipeline)
+                "online_prepare": case.card.online_prepare,
+                "shared_buffer": case.card.shared_buffer,
             },
             "environment": {
                 "executorch": package_version("executorch"),

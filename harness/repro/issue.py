@@ -58,6 +58,10 @@ def _expectations() -> dict[str, str]:
     }
 
 
+# ModelCard's compiler-spec options (generate_qnn_executorch_compiler_spec keywords) a bundle's card records
+SPEC_OPTIONS = ("online_prepare", "shared_buffer")
+
+
 def _pipeline(case: dict) -> str:
     buffers = ", ".join(name.replace(".", "_") for name in case["card"]["mutated_buffers"])
     quantize = (
@@ -72,11 +76,15 @@ def _pipeline(case: dict) -> str:
         lower = (
             f"lowers {'its methods ' + ', '.join(map(code, methods)) + ' together (a dict of modules and inputs) ' if methods else ''}"
             f"with `to_edge_transform_and_lower_to_qnn` for {case['soc']} "
-            f"(`skip_mutable_buffer={case['skip_mutable_buffer']}`{', fp16' if case['dtype'] == 'fp16' else ''})"
+            f"(`skip_mutable_buffer={case['skip_mutable_buffer']}`{', fp16' if case['dtype'] == 'fp16' else ''}"
+            + "".join(f"; compiler spec `{option}=True`" for option in SPEC_OPTIONS if case["card"].get(option))
+            + ")"
         )
     serialise = f"`InitializedMutableBufferPass([{buffers}])`"
     if case.get("plan"):  # a multi-method program: memory planning shares the mutable buffers or not
         serialise += f" and `MemoryPlanningPass(share_mutable_buffers={bool(case.get('share_mutable_buffers'))})`"
+    if case["card"].get("shared_buffer"):  # graph I/O left to the application, as upstream's export_utils.py does
+        serialise += " and `MemoryPlanningPass(alloc_graph_input=False, alloc_graph_output=False)`"
     return f"exports with `torch.export`, {quantize}{lower}, serialises with {serialise}"
 
 

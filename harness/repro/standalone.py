@@ -491,6 +491,7 @@ class BundleRun:
     runner: str = "qnn_executor_runner"  # the outcome protocol's (harness/outcome.py DeviceOutputs)
     step_times_us: list[int] = field(default_factory=list)
     peak_rss_kb: int | None = None
+    io_memory: str | None = None
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,9 @@ METHOD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|@[0-9]{1,4}")
 STEP_LINE = re.compile(r"\bstep (\d+) method (\S+) execute_us (\d+)$", re.MULTILINE)
 LOAD_LINE = re.compile(r"\brunner: load method (\S+) load_us (\d+)$", re.MULTILINE)
 PEAK_LINE = re.compile(r"\brunner: peak_rss_kb (\d+)$", re.MULTILINE)
+# Which memory the runner gave a program's inputs and unplanned outputs: rpcmem (QNN's shared allocator, with
+# --shared_buffer where executorch loads it) or ordinary (suite_runner.cpp's header says when).
+IO_MEMORY_LINE = re.compile(r"\brunner: io memory (rpcmem|ordinary)$", re.MULTILINE)
 
 
 def plan_options(methods: list[str]) -> tuple[str, ...]:
@@ -78,6 +81,7 @@ class RunnerRun:
     steps: list[StepTime] = field(default_factory=list)
     load_us: dict[str, int] = field(default_factory=dict)
     peak_rss_kb: int | None = None
+    io_memory: str | None = None  # "rpcmem" or "ordinary"; None from a runner that does not say
 
     @property
     def error_line(self) -> str | None:
@@ -114,6 +118,7 @@ def runner_env(toolchain: Toolchain, trace: Path | None = None, base: dict[str, 
 
 def parse(exit_code: int, stdout: str, stderr: str) -> RunnerRun:
     peak = PEAK_LINE.search(stdout)
+    io_memory = IO_MEMORY_LINE.search(stdout)
     return RunnerRun(
         exit_code,
         stdout,
@@ -121,6 +126,7 @@ def parse(exit_code: int, stdout: str, stderr: str) -> RunnerRun:
         [StepTime(int(step), method, int(micros)) for step, method, micros in STEP_LINE.findall(stdout)],
         {method: int(micros) for method, micros in LOAD_LINE.findall(stdout)},
         int(peak.group(1)) if peak else None,
+        io_memory.group(1) if io_memory else None,
     )
 
 

@@ -51,11 +51,16 @@
  * with. They are set only when given on the command line. The wheel ships no QNN backend headers, so the keys
  * are spelled here (upstream: backends/qualcomm/runtime/QnnExecuTorch.h).
  * Shared buffers: the wheel's libexecutorch_backend_qnn.so exports QnnExecuTorchAllocCustomMem (declared here,
- * as upstream's header does). With --shared_buffer every input's storage comes from it (the QNN backend then
- * registers it as shared memory instead of copying, where the program leaves inputs unplanned); when it
- * cannot allocate (no rpcmem) the runner stops with exit 11 rather than silently using ordinary memory. The
- * x86_64 (host simulator) build refuses --shared_buffer at once, exit 11: the wheel's host QNN backend has no
- * rpcmem and QnnExecuTorchAllocCustomMem crashes there with SIGSEGV (measured with executorch 1.5.1).
+ * as upstream's header does). A program lowered for shared buffers (compiler spec shared_buffer=True, memory
+ * planning with alloc_graph_input/alloc_graph_output off, as upstream's export_utils.py builds it) leaves its
+ * inputs and outputs unplanned: the application supplies their memory. This runner supplies every unplanned
+ * output (Module::set_output) and every input. With --shared_buffer that memory comes from the QNN shared
+ * allocator (rpcmem), which the QNN backend registers with QNN instead of copying; when it cannot allocate the
+ * runner stops with exit 11 rather than silently using ordinary memory. executorch loads rpcmem
+ * (libcdsprpc.so) only in Android builds (backends/qualcomm/runtime/SharedBuffer.cpp, __ANDROID__); elsewhere
+ * QnnExecuTorchAllocCustomMem calls a null rpcmem_alloc and crashes (docs/FINDINGS.md#F20), so a build for
+ * another OS (the host simulator's) supplies ordinary memory and says so: the line
+ * "runner: io memory rpcmem|ordinary" names which memory the run used.
  * --share_memory_arenas is Module's share_memory_arenas (one set of planned arenas for all methods), which
  * programs exported with share_mutable_buffers rely on.
  * ETDump (--etdump_path, the QNN profile of issue 33): the Module gets executorch's ETDumpGen as its event
@@ -156,12 +161,6 @@ Options parse_args(int argc, char** argv) {
     fail(kBadOption, "--etdump_path: this runner was built without executorch's ETDump (the executorch under test "
                      "ships no libexecutorch_etdump.so): run without a profile, or build executorch with "
                      "EXECUTORCH_BUILD_DEVTOOLS=ON");
-  }
-#endif
-#if defined(__x86_64__)
-  if (options.shared_buffer) {
-    fail(kBadOption, "--shared_buffer needs rpcmem, which the host (x86_64) QNN backend does not have: run without it "
-                     "on the simulator, use it on a phone");
   }
 #endif
   return options;
@@ -279,19 +278,22 @@ void set_backend_options(const Options& options) {
   }
 }
 
-// An input's bytes, in memory the tensor keeps alive (the QNN shared allocator's with --shared_buffer).
-executorch::extension::TensorPtr read_input(const std::string& path, const executorch::runtime::TensorInfo& info,
-                                            bool shared) {
+// Where --shared_buffer can use the QNN shared allocator: where executorch's backend loads rpcmem (see the header).
+#if defined(__ANDROID__)
+constexpr bool kHasRpcmem = true;
+#else
+constexpr bool kHasRpcmem = false;
+#endif
+
+// A tensor of info's shape and dtype in memory it keeps alive: the QNN shared allocator's when `shared`.
+executorch::extension::TensorPtr allocate_tensor(const executorch::runtime::TensorInfo& info, bool shared,
+                                                 const std::string& what) {
   size_t bytes = info.nbytes();
   void* data = shared ? QnnExecuTorchAllocCustomMem(bytes, kSharedAlignment) : std::malloc(bytes ? bytes : 1);
   if (data == nullptr) {
-    if (shared) fail(kBadOption, "--shared_buffer: QnnExecuTorchAllocCustomMem could not allocate (no rpcmem on this "
-                                 "device, e.g. the host simulator): run without --shared_buffer");
-    fail(kBadInputFile, "out of memory reading " + path);
-  }
-  std::ifstream file(path, std::ios::binary);
-  if (!file.read(static_cast<char*>(data), static_cast<std::streamsize>(bytes))) {
-    fail(kBadInputFile, "cannot read " + std::to_string(bytes) + " bytes from " + path + ": check the file");
+    if (shared) fail(kBadOption, "--shared_buffer: QnnExecuTorchAllocCustomMem could not allocate " + what +
+                                     " (no rpcmem on this device?): run without --shared_buffer");
+    fail(kBadInputFile, "out of memory allocating " + what);
   }
   std::vector<executorch::aten::SizesType> sizes(info.sizes().begin(), info.sizes().end());
   std::vector<executorch::aten::DimOrderType> dim_order(info.dim_order().begin(), info.dim_order().end());
@@ -300,6 +302,35 @@ executorch::extension::TensorPtr read_input(const std::string& path, const execu
   return executorch::extension::make_tensor_ptr(std::move(sizes), data, std::move(dim_order), {}, info.scalar_type(),
                                                 executorch::aten::Device(executorch::aten::DeviceType::CPU),
                                                 executorch::aten::TensorShapeDynamism::STATIC, deleter);
+}
+
+// An input's bytes, in memory the tensor keeps alive.
+executorch::extension::TensorPtr read_input(const std::string& path, const executorch::runtime::TensorInfo& info,
+                                            bool shared) {
+  executorch::extension::TensorPtr tensor = allocate_tensor(info, shared, "input " + path);
+  std::ifstream file(path, std::ios::binary);
+  if (!file.read(static_cast<char*>(tensor->mutable_data_ptr()), static_cast<std::streamsize>(info.nbytes()))) {
+    fail(kBadInputFile, "cannot read " + std::to_string(info.nbytes()) + " bytes from " + path + ": check the file");
+  }
+  return tensor;
+}
+
+// Memory for each output the program left unplanned (a shared-buffer program's), given to the method before
+// its execute: without it QNN fails the execute with "clientBuf is null" (measured with executorch 1.5.1).
+std::vector<executorch::extension::TensorPtr> supply_outputs(Module& module, const std::string& method,
+                                                             const MethodMeta& meta, bool shared) {
+  std::vector<executorch::extension::TensorPtr> supplied;
+  for (size_t output = 0; output < meta.num_outputs(); ++output) {
+    auto tag = meta.output_tag(output);
+    if (!tag.ok() || tag.get() != Tag::Tensor) continue;
+    auto info = meta.output_tensor_meta(output);
+    if (!info.ok() || info->is_memory_planned()) continue;
+    supplied.push_back(allocate_tensor(info.get(), shared, "output " + std::to_string(output) + " of " + method));
+    if (module.set_output(method, EValue(*supplied.back()), output) != Error::Ok) {
+      fail(kExecuteFailed, "method " + method + " refused memory for its unplanned output " + std::to_string(output));
+    }
+  }
+  return supplied;
 }
 
 void write_output(const std::string& path, const EValue& value) {
@@ -394,6 +425,8 @@ int main(int argc, char** argv) {
   resolve_method_indices(module, steps);
   check_plan(module, steps);
   set_backend_options(options);
+  const bool use_rpcmem = options.shared_buffer && kHasRpcmem;
+  std::cout << "runner: io memory " << (use_rpcmem ? "rpcmem" : "ordinary") << std::endl;
 
   std::set<std::string> loaded;
   for (const Step& step : steps) {
@@ -412,9 +445,10 @@ int main(int argc, char** argv) {
     std::vector<executorch::extension::TensorPtr> tensors;
     std::vector<EValue> inputs;
     for (size_t input = 0; input < step.inputs.size(); ++input) {
-      tensors.push_back(read_input(step.inputs[input], meta.input_tensor_meta(input).get(), options.shared_buffer));
+      tensors.push_back(read_input(step.inputs[input], meta.input_tensor_meta(input).get(), use_rpcmem));
       inputs.emplace_back(tensors.back());
     }
+    auto supplied = supply_outputs(module, step.method, meta, use_rpcmem);
     auto start = std::chrono::steady_clock::now();
     auto outputs = module.execute(step.method, inputs);
     long long elapsed = micros_since(start);

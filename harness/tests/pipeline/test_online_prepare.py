@@ -60,8 +60,9 @@ def test_the_family_is_in_the_default_matrix_online_prepared_and_narrowed():
     assert not any(card.online_prepare for card in cards.cards() if card.module != online_prepare.__name__)
 
 
-@pytest.mark.parametrize("online", [False, True])
-def test_lower_puts_the_cards_option_in_the_compiler_spec(monkeypatch, online):
+@pytest.mark.parametrize("option", ["online_prepare", "shared_buffer"])  # ModelCard's compiler-spec options
+@pytest.mark.parametrize("value", [False, True])
+def test_lower_puts_the_cards_option_in_the_compiler_spec(monkeypatch, option, value):
     from executorch.backends.qualcomm.utils import utils
 
     seen = {}
@@ -72,10 +73,12 @@ def test_lower_puts_the_cards_option_in_the_compiler_spec(monkeypatch, online):
 
     monkeypatch.setattr(utils, "generate_qnn_executorch_compiler_spec", spec)
     monkeypatch.setattr(utils, "to_edge_transform_and_lower_to_qnn", lambda model, example, specs, **kw: specs)
-    assert stages.lower(object(), (), "SM8650", "fp16", False, online_prepare=online) == ["spec"]
-    assert seen.pop("online_prepare") is online
-    assert stages.lower_multi({"prefill": object()}, {"prefill": ()}, "SM8650", "fp16", False, online) == ["spec"]
-    assert seen.pop("online_prepare") is online, "a multi-method card's option reaches its one compiler spec too"
+    assert stages.lower(object(), (), "SM8650", "fp16", False, **{option: value}) == ["spec"]
+    assert seen.pop(option) is value
+    assert stages.lower_multi({"prefill": object()}, {"prefill": ()}, "SM8650", "fp16", False, **{option: value}) == [
+        "spec"
+    ]
+    assert seen.pop(option) is value, "a multi-method card's option reaches its one compiler spec too"
 
 
 def test_an_online_prepared_lowering_writes_and_reads_its_dlc_in_a_private_folder(monkeypatch, tmp_path):

@@ -230,26 +230,38 @@ def test_without_shared_arenas_each_method_has_its_own_state(
 
 
 @pytest.mark.qnn
-@pytest.mark.parametrize("mode", ["delegate_mutbuf", "skip_mutbuf"])
-def test_counter_add_bit_equal_to_python_runtime(mode, runner_binary, toolchain, tmp_path):
+@pytest.mark.parametrize(
+    "card_reference, mode",
+    [
+        ("fixtures.zoo:counter_add", "delegate_mutbuf"),
+        ("fixtures.zoo:counter_add", "skip_mutbuf"),
+        # A shared-buffer program (inputs and outputs unplanned): the runner supplies the outputs' memory, which
+        # QNN writes (without it: "clientBuf is null", exit 9), ordinary memory on the host with --shared_buffer.
+        ("fixtures.shared_buffer:shared_buffer_kv_write", "delegate_mutbuf"),
+        ("fixtures.shared_buffer:shared_buffer_counter", "skip_mutbuf"),
+    ],
+)
+def test_runner_bit_equal_to_python_runtime(card_reference, mode, runner_binary, toolchain, tmp_path):
     """Both runners run with an emulated device's heap (every fresh allocation holds one byte): the delegated
     buffer is never initialised (docs/FINDINGS.md F1), so without it the two processes read different heap
     bytes at step 0 and differ in the delegated mode only (measured: 2.0 vs 2.6e5 in element 0)."""
-    from fixtures import zoo  # noqa: F401  (registers the cards)
+    from fixtures import shared_buffer, zoo  # noqa: F401  (registers the cards)
     from harness.device.kinds import EmulatedKind
     from harness.pipeline import card as cards
     from harness.pipeline.lower import lower_case
     from harness.vocabulary import Case, Mode
 
-    case = Case(cards.find("fixtures.zoo:counter_add"), "fp16", Mode(mode), SOC)
+    case = Case(cards.find(card_reference), "fp16", Mode(mode), SOC)
     lowered = lower_case(case, toolchain, tmp_path / "lowered", STEPS)
     assert lowered.ok, lowered.failure
     files = _raw_inputs(case.card.steps(STEPS), tmp_path / "inputs")
     plan = runner_run.write_plan([("forward", row) for row in files], tmp_path / "plan.txt")
     env = EmulatedKind.heap_environment(runner_run.runner_env(toolchain))
-    compiled = runner_run.run_plan(runner_binary, lowered.pte, plan, tmp_path / "compiled", env)
+    options = ("--shared_buffer",) if case.card.shared_buffer else ()
+    compiled = runner_run.run_plan(runner_binary, lowered.pte, plan, tmp_path / "compiled", env, options)
     assert compiled.exit_code == 0, (compiled.stdout + compiled.stderr)[-3000:]
     assert len(compiled.steps) == STEPS
+    assert compiled.io_memory == "ordinary", "the host build has no rpcmem: it must say it used ordinary memory"
     _child(toolchain, "pybindings", str(lowered.pte), str(plan), str(tmp_path / "python"), env=env)
     compared = 0
     for step in range(STEPS):
@@ -309,7 +321,6 @@ BAD_INPUTS = {
     "missing_input_file": ("qnnsuite-plan 1\nstep write {x}.gone\n", (), 6, "cannot read input file"),
     "input_count": ("qnnsuite-plan 1\nstep write {x} {x}\n", (), 7, "2 input file(s) given, the method takes 1"),
     "input_size": ("qnnsuite-plan 1\nstep write {short}\n", (), 7, "has 12 bytes, input 0 takes 32"),
-    "shared_buffer_on_the_host": ("qnnsuite-plan 1\nstep write {x}\n", ("--shared_buffer",), 11, "needs rpcmem"),
 }
 
 
