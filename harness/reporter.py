@@ -8,6 +8,7 @@ was read before this run wrote anything, so `--baseline reports/latest` means th
 
 from __future__ import annotations
 
+import collections
 import json
 import sys
 import time
@@ -68,10 +69,15 @@ class ConformanceReporter:
         self._started = _now()
         self.failed = False  # reporting failed: the run's work folder must be kept
         self._printed_records: list[str] = []  # the records, when no folder could take them
+        self._skipped: collections.Counter[str] = collections.Counter()  # reasons of checks skipped unjudged
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         data = getattr(report, REPORT_ATTRIBUTE, None)
         if data is None:
+            if getattr(report, "skipped", False) and isinstance(
+                report.longrepr, tuple
+            ):  # skipped before a verdict: (file, line, reason)
+                self._skipped[str(report.longrepr[2]).removeprefix("Skipped: ")] += 1
             return
         try:
             self.records.append(CheckRecord.from_dict(data))
@@ -93,6 +99,7 @@ class ConformanceReporter:
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         """Writes the reports (before pytest's terminal summary: see pytest_sessionfinish_last for the lines)."""
         if not self.records:
+            self._lines = nothing_judged_lines(self._skipped)
             return
         try:
             self._report(session)
@@ -235,6 +242,18 @@ def _perf_counts(verdict: GateResult) -> str:
     if counts[FAIL] and not verdict.perf_fails_gate:
         said += " (reported; --perf-gate fails on it)"
     return said
+
+
+def nothing_judged_lines(skipped: collections.Counter[str]) -> list[str]:
+    """Why a run wrote no report: no check was judged (a selection of cells the matrix cannot run, or of no
+    cell at all); the distinct skip reasons, so the fix is on the terminal rather than an absent report."""
+    if not skipped:
+        return []
+    lines = [f"no check was judged, so no report was written: {sum(skipped.values())} check(s) skipped:"]
+    lines += [f"  {count} x {reason}" for reason, count in skipped.most_common(REASON_LINES)]
+    if len(skipped) > REASON_LINES:
+        lines.append(f"  and {len(skipped) - REASON_LINES} more reason(s) (pytest -rs lists each)")
+    return lines
 
 
 def reason_lines(records: list[CheckRecord]) -> list[str]:

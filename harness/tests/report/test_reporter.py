@@ -65,3 +65,27 @@ def test_a_failed_report_keeps_the_records(tmp_path, monkeypatch):
     assert kept == [record.to_dict()]
     assert "the records are in" in reporter._lines[-1] and "work folder is kept" in reporter._lines[-1]
     assert reporter._lines[-1].startswith("reports not written: No space left on device")
+
+
+def test_a_run_that_judged_nothing_says_why_it_wrote_no_report(tmp_path):
+    """Every selected cell skipped before a verdict (e.g. 16a4w_block on an SoC older than V69): no report, and
+    the terminal names the distinct reasons with counts instead of saying nothing."""
+    reporter = _reporter(tmp_path)
+    reason = "16a4w_block needs HTP V69 or newer; SM8350 has V68"
+    for index in range(3):
+        skipped = SimpleNamespace(nodeid=f"t[{index}]", skipped=True, longrepr=("f.py", 1, f"Skipped: {reason}"))
+        reporter.pytest_runtest_logreport(skipped)
+    reporter.pytest_sessionfinish(SimpleNamespace(exitstatus=0))
+    assert not (tmp_path / "reports").exists()
+    assert reporter._lines == [
+        "no check was judged, so no report was written: 3 check(s) skipped:",
+        f"  3 x {reason}",
+    ]
+
+
+def test_a_run_with_no_selected_check_adds_no_lines(tmp_path):
+    """The twin: nothing collected, nothing skipped: pytest's own "no tests ran" is the whole story."""
+    reporter = _reporter(tmp_path)
+    reporter.pytest_runtest_logreport(SimpleNamespace(nodeid="t", skipped=False, longrepr=None))
+    reporter.pytest_sessionfinish(SimpleNamespace(exitstatus=0))
+    assert reporter._lines == []
