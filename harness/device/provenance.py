@@ -16,7 +16,7 @@ from pathlib import Path
 
 from harness.device import kinds
 from harness.device.device import Device, DeviceError, shell_line
-from harness.device.payload import RUNNER_NAME, PayloadFile
+from harness.device.payload import RUNNER_NAME, SUITE_RUNNER_BINARY_NAME, SUITE_RUNNER_NAME, PayloadFile
 from harness.qnn import qairt
 from harness.qnn.sdk import QnnSdk
 
@@ -83,6 +83,9 @@ def measure(device: Device, kind_name: str, payload: list[PayloadFile], payload_
     return {
         "kind": kind_name,
         "runner": by_name.get(RUNNER_NAME),
+        # The suite's compiled runner, which runs the cases: the binary (emulated devices push it beside the
+        # `suite_runner` command that starts it; phones push the binary as `suite_runner`). None: not pushed.
+        "suite_runner": by_name.get(SUITE_RUNNER_BINARY_NAME) or by_name.get(SUITE_RUNNER_NAME),
         "backend": backend,
         "qnn_libraries": [entry for entry in files if QNN_LIBRARY.match(entry["name"])],
         "qnn_build_id": htp.get("build_id") if htp else None,
@@ -101,7 +104,7 @@ def warnings(provenance: dict[str, dict], host_build_id: str) -> list[str]:
                 f"{host_build_id}: push the libraries of the SDK that lowers (--qnn-sdk), or lower with "
                 f"the device's"
             )
-        for entry in [found.get("runner"), found.get("backend"), *found.get("qnn_libraries", [])]:
+        for entry in [found.get(k) for k in ("runner", "suite_runner", "backend")] + found.get("qnn_libraries", []):
             if entry and entry.get("pushed") and entry.get("device_sha256") not in (None, entry.get("sha256")):
                 lines.append(
                     f"warning: device {serial} holds another {entry['name']} than the one pushed "

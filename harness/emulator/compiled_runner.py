@@ -246,7 +246,7 @@ def main(argv: list[str]) -> int:
         return int(faults["runner_exit"])
     if faults.get("runner_lose_delegate_state") and plan_path:
         through_pybindings(argv, Path(plan_path), here)
-    device_log.copy_stderr()  # before the trace is opened: the copier holds nothing of the runner's
+    device_log.copy_stderr("suite_runner")  # before the trace is opened: the copier holds nothing of the runner's
     env = dict(os.environ)
     pass_fds: tuple[int, ...] = ()
     if PHONE_ENV in env:  # an emulated phone: the loader finds the pushed libraries, as the phone's would

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 LOG_ENV = "QNNSUITE_DEVICE_LOG"
 LOG_PATH = "/data/misc/logd/qnnsuite.jsonl"  # on the device (adbd gives its host path when shells are not jailed)
-RUNNER_TAG = "qnn_executor_runner"  # lines without a library's prefix are the runner's own
+RUNNER_TAG = "qnn_executor_runner"  # lines without a library's prefix are the runner's own (its name, by default)
 PRIORITIES = "VDIWEFS"
 # "[ERROR] [Qnn ExecuTorch]: message" (QNN backend), "E 00:00:01.234567 executorch:file.cpp:12] message" (ET_LOG
 # of the portable runtime), "[program.cpp:114] message" (ET_LOG as the python bindings print it: no level)
@@ -30,8 +30,8 @@ _ET_BINDING_LINE = re.compile(r"\[[\w.-]+\.(?:cpp|cc|h):\d+\] ")
 _QNN_PRIORITY = {"VERBOSE": "V", "DEBUG": "D", "INFO": "I", "WARN": "W", "ERROR": "E"}
 
 
-def entry(line: str, pid: int, now: float) -> dict:
-    """A log entry for one stderr line: tag and priority from its prefix."""
+def entry(line: str, pid: int, now: float, runner_tag: str = RUNNER_TAG) -> dict:
+    """A log entry for one stderr line: tag and priority from its prefix (runner_tag: a line without one)."""
     if match := _QNN_LINE.match(line):
         return {
             "time": now,
@@ -50,10 +50,10 @@ def entry(line: str, pid: int, now: float) -> dict:
         }
     if _ET_BINDING_LINE.match(line):  # the level is not printed: I, the lowest that logcat's defaults show
         return {"time": now, "pid": pid, "priority": "I", "tag": "ExecuTorch", "message": line}
-    return {"time": now, "pid": pid, "priority": "I", "tag": RUNNER_TAG, "message": line}
+    return {"time": now, "pid": pid, "priority": "I", "tag": runner_tag, "message": line}
 
 
-def tee(source: int, copy_to: int, log: TextIO, pid: int) -> None:
+def tee(source: int, copy_to: int, log: TextIO, pid: int, runner_tag: str = RUNNER_TAG) -> None:
     """Copy everything from fd `source` to fd `copy_to`, and each line of it into the device log, until EOF.
     Drains `source` whatever fails: a writer to a pipe nobody reads would block."""
     pending = b""
@@ -65,17 +65,18 @@ def tee(source: int, copy_to: int, log: TextIO, pid: int) -> None:
                 pass  # stderr gone: the log still gets the lines
             pending += chunk
             *lines, pending = pending.split(b"\n")
-            _append(log, lines, pid)
-        _append(log, [pending] if pending else [], pid)
+            _append(log, lines, pid, runner_tag)
+        _append(log, [pending] if pending else [], pid, runner_tag)
     os.close(source)
 
 
-def copy_stderr() -> None:
+def copy_stderr(runner_tag: str = RUNNER_TAG) -> None:
     """From now on this process's stderr (and that of what it execs or starts) goes through a pipe that a
     forked copier tees to the real stderr and into the device log ($QNNSUITE_DEVICE_LOG) until every writer
     has ended: a runner that execs after this keeps its own exit status and signals, and loses none of its
     last words when it crashes. Nothing changes without a device log, or when it cannot be opened: the run
-    itself must not depend on its log. Call it before opening anything the copier should not hold."""
+    itself must not depend on its log. Call it before opening anything the copier should not hold. runner_tag:
+    the log tag of the runner's own lines (its command's name, as a phone's runner logs under)."""
     log_path = os.environ.get(LOG_ENV)
     try:
         log = open(log_path, "a", encoding="utf-8", errors="backslashreplace") if log_path else None
@@ -90,7 +91,7 @@ def copy_stderr() -> None:
             os.close(write_end)
             for fd in (0, 1):
                 os.close(fd)
-            tee(read_end, 2, log, writer)
+            tee(read_end, 2, log, writer, runner_tag)
         finally:
             os._exit(0)
     log.close()
@@ -99,12 +100,14 @@ def copy_stderr() -> None:
     os.close(write_end)
 
 
-def _append(log: TextIO, lines: list[bytes], pid: int) -> None:
+def _append(log: TextIO, lines: list[bytes], pid: int, runner_tag: str) -> None:
     import json  # in the copier only: the runner's start does not wait for it
 
     try:
         for line in lines:
-            log.write(json.dumps(entry(line.decode(errors="replace").rstrip("\r"), pid, time.time())) + "\n")
+            log.write(
+                json.dumps(entry(line.decode(errors="replace").rstrip("\r"), pid, time.time(), runner_tag)) + "\n"
+            )
         log.flush()
     except (OSError, ValueError):
         pass  # a full or closed log loses lines, never the run

@@ -227,7 +227,7 @@ class DeviceProvenanceRow:
     serial: str
     kind: str
     health: str
-    runner: str  # "<name> <sha256>", or what is missing
+    runner: str  # "<name> <sha256>", or what is missing; the suite's compiled runner's after it, when pushed
     backend: str
     qnn_build_id: str
 
@@ -249,7 +249,7 @@ def _provenance(document: dict) -> dict | None:
             str(d.get("serial")),
             str(d.get("kind", "")),
             str(d.get("health", "")),
-            _file_line(d.get("runner")),
+            "; ".join(_file_line(d.get(key)) for key in ("runner", "suite_runner") if key == "runner" or d.get(key)),
             _file_line(d.get("backend")),
             str(d.get("qnn_build_id") or "none readable"),
         )

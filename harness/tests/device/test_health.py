@@ -121,11 +121,14 @@ def test_a_device_failing_its_health_check_gets_infrastructure_errors_the_other_
         assert found["health"].startswith(verdict), found
         runner = found["runner"]
         assert runner["pushed"] and runner["sha256"] == runner["device_sha256"], "measured on the device"
+        compiled = found["suite_runner"]  # the binary the cases ran with, not the command that starts it
+        assert compiled["name"] == "suite_runner.bin" and compiled["sha256"] == compiled["device_sha256"], compiled
         assert found["backend"]["name"] == "libexecutorch_backend_qnn.so" and not found["backend"]["pushed"]
         assert found["qnn_build_id"] == document["provenance"]["host"]["qnn_build_id"]
         assert document["provenance"]["warnings"] == []
     html = (reports / "latest" / HEALTHY / "report.html").read_text()
     assert 'id="provenance"' in html and _device_provenance(healthy)["runner"]["sha256"] in html
+    assert _device_provenance(healthy)["suite_runner"]["sha256"] in html
 
 
 def test_a_failed_run_brings_its_device_log_into_the_evidence(tmp_path, shared_cache):
@@ -390,3 +393,11 @@ def test_the_terminal_summary_warns_once_where_device_and_host_qnn_builds_differ
     assert len(warnings) == warned and all(
         f"device {SERVER}/S1 runs QNN v2.50.0.260801000000" in line for line in warnings
     )
+
+
+def test_a_runners_own_lines_are_logged_under_its_name():
+    """The compiled runner's lines are tagged suite_runner (was: qnn_executor_runner, the other runner's name);
+    a library's prefixed line keeps the library's tag whichever runner wrote it."""
+    assert device_log.entry("step 0 method forward execute_us 9", 1, 0.0)["tag"] == "qnn_executor_runner"
+    assert device_log.entry("step 0 method forward execute_us 9", 1, 0.0, "suite_runner")["tag"] == "suite_runner"
+    assert device_log.entry("[ERROR] [Qnn ExecuTorch]: failed", 1, 0.0, "suite_runner")["tag"] == "[Qnn ExecuTorch]"
