@@ -33,7 +33,11 @@ def setup(args: argparse.Namespace) -> int:
         print(f"setup: {error}", file=sys.stderr)
         return 1
     bridge = "on" if toolchain.probe.bridge_device_config else "off"
-    print(f"setup: QNN {toolchain.probe.build_id} from {toolchain.sdk.origin}, device-config bridge {bridge}")
+    compose = "on" if toolchain.probe.bridge_compose_graphs else "off"
+    print(
+        f"setup: QNN {toolchain.probe.build_id} from {toolchain.sdk.origin}, device-config bridge {bridge}, "
+        f"composeGraphs bridge {compose}"
+    )
     return 0
 
 
@@ -54,6 +58,9 @@ def doctor(args: argparse.Namespace) -> int:
         )
         print(
             f"bridge      {'on' if probe.bridge_device_config else 'off'} (without: {probe.without_bridge}; with: {probe.with_bridge or '-'})"
+        )
+        print(
+            f"compose     {'on' if probe.bridge_compose_graphs else 'off'} (composeGraphs bridge, docs/FINDINGS.md#F19: {probe.compose_probe or '-'})"
         )
         print(f"interposer  {toolchain.interposer}")
         _overlays(toolchain)

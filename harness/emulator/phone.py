@@ -50,6 +50,7 @@ HOST_ONLY_VARIABLES = (
     "LD_LIBRARY_PATH",
     "QNNSUITE_TRACE",
     "QNNSUITE_BRIDGE_DEVICE_CONFIG",
+    "QNNSUITE_BRIDGE_COMPOSE_GRAPHS",
     "MALLOC_PERTURB_",
     "GLIBC_TUNABLES",
 )
@@ -83,6 +84,7 @@ def device_environment(toolchain: Toolchain, base: dict[str, str]) -> dict[str, 
     env["LD_LIBRARY_PATH"] = str(runtime.resolve()) if runtime.exists() else ""
     env[PHONE_ENV] = str(bridge_library().parent)
     env[f"{BRIDGE_PREFIX}BRIDGE_DEVICE_CONFIG"] = "1" if toolchain.probe.bridge_device_config else "0"
+    env[f"{BRIDGE_PREFIX}BRIDGE_COMPOSE_GRAPHS"] = "1" if toolchain.probe.bridge_compose_graphs else "0"
     return env
 
 

@@ -7,7 +7,8 @@ command's LD_LIBRARY_PATH is what the loader searches, as on a phone (a runner s
 start). One thing sits in front: the device's own adaptation of the host library to the host executorch
 (the device-config bridge, harness/qnn/interposer.c built with the QNNSUITE_PHONE_HW_ prefix), which then
 loads the first libQnnHtp.so of LD_LIBRARY_PATH, pushed there by the harness: Qualcomm's library, or the
-harness's trace interposer in front of it (--android-ndk).
+harness's trace interposer in front of it (--android-ndk). Its system bridge (system_bridge.c, the same
+prefix) sits in front of the pushed libQnnSystem.so likewise.
 Imported by runner_client, whose start-up time counts: os only.
 """
 
@@ -17,7 +18,9 @@ import os
 
 PHONE_ENV = "QNNSUITE_EMULATED_PHONE"  # set on an emulated phone's commands: the folder of its bridge library
 REAL_LIBRARY_ENV = "QNNSUITE_PHONE_HW_REAL_QNNHTP"  # the bridge's -DENV_PREFIX (harness/emulator/phone.py)
+REAL_SYSTEM_LIBRARY_ENV = "QNNSUITE_PHONE_HW_REAL_QNNSYSTEM"  # its system bridge's (harness/qnn/system_bridge.c)
 HTP_LIBRARY = "libQnnHtp.so"
+SYSTEM_LIBRARY = "libQnnSystem.so"
 
 
 class NoQnnLibrary(RuntimeError):
@@ -34,4 +37,9 @@ def runner_environment(env: dict[str, str]) -> dict[str, str]:
             f"cannot load {HTP_LIBRARY}: it is in none of LD_LIBRARY_PATH={env.get('LD_LIBRARY_PATH', '')!r}"
         )
     bridge = env[PHONE_ENV]
-    return {**env, "LD_LIBRARY_PATH": ":".join([bridge, *folders]), REAL_LIBRARY_ENV: os.path.join(pushed, HTP_LIBRARY)}
+    return {
+        **env,
+        "LD_LIBRARY_PATH": ":".join([bridge, *folders]),
+        REAL_LIBRARY_ENV: os.path.join(pushed, HTP_LIBRARY),
+        REAL_SYSTEM_LIBRARY_ENV: os.path.join(pushed, SYSTEM_LIBRARY),
+    }

@@ -1,9 +1,12 @@
-"""Building the interposer (interposer.c) and the overlay tree that puts it in front of an SDK.
+"""Building the interposer (interposer.c), the system bridge (system_bridge.c) and the overlay tree that puts
+them in front of an SDK.
 
 The overlay is ROOT/lib/x86_64-linux-clang/ with a link to every library of the chosen SDK, except
 that libQnnHtp.so is the interposer and the real one sits beside it as libQnnHtp.real.so. ExecuTorch
 loads libQnnHtp.so both by absolute path ($QNN_SDK_ROOT/...) and by name (LD_LIBRARY_PATH); the
-overlay makes both reach the interposer, and the SDK itself is never modified.
+overlay makes both reach the interposer, and the SDK itself is never modified. Likewise libQnnSystem.so is the
+system bridge (docs/FINDINGS.md#F19), the real one beside it as libQnnSystem.real.so; it changes nothing unless
+QNNSUITE_BRIDGE_COMPOSE_GRAPHS=1 (harness/qnn/toolchain.py decides).
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ from harness.qnn.sdk import HOST_LIB_DIR, OVERLAY_MARKER, WHEEL_RUNTIME_DIR, Qnn
 
 SOURCE = Path(__file__).with_name("interposer.c")
 REAL_LIBRARY_NAME = "libQnnHtp.real.so"
+SYSTEM_SOURCE = Path(__file__).with_name("system_bridge.c")
+SYSTEM_LIBRARY_NAME = "libQnnSystem.so"  # built beside the interposer when asked (system_bridge=True)
+REAL_SYSTEM_LIBRARY_NAME = "libQnnSystem.real.so"
 
 
 # Where an Android NDK keeps its clang drivers, one per API level (aarch64-linux-android30-clang, ...).
@@ -35,7 +41,6 @@ COMMON_FLAGS = (
     "-fPIC",
     "-shared",
     "-fvisibility=hidden",
-    "-Wl,-soname,libQnnHtp.so",
     "-Wl,-z,nodelete",
     "-Wl,-Bsymbolic",
 )
@@ -51,33 +56,44 @@ def build(
     defines: tuple[str, ...] = (),
     libraries: tuple[str, ...] = HOST_LIBRARIES,
     folder: str = "interposer",
+    system_bridge: bool = True,
 ) -> Path:
-    """Compile once per source, compiler and defines; later calls return the cached library.
+    """Compile once per source, compiler and defines; later calls return the cached library (libQnnHtp.so).
 
-    compiler: default the system's cc; defines: -D options (e.g. the emulated phone's variable prefix)."""
+    compiler: default the system's cc; defines: -D options (e.g. the emulated phone's variable prefix);
+    system_bridge: also build the system bridge, as libQnnSystem.so beside it (hosts and emulated phones, which
+    run the host's x86_64 libraries; never a phone's build, whose need is not measured: F19)."""
     compiler = compiler or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise InterposerBuildError("no C compiler found (cc/gcc): install one, e.g. `apt-get install gcc`")
-    key = SOURCE.read_bytes()
+    key = SOURCE.read_bytes() + (SYSTEM_SOURCE.read_bytes() if system_bridge else b"")
     if (defines, libraries, folder) != ((), HOST_LIBRARIES, "interposer"):  # the host build keeps its key
         key += "|".join([compiler, _compiler_identity(compiler), *defines, *libraries]).encode()
     output = state_dir() / folder / hashlib.sha256(key).hexdigest()[:16] / "libQnnHtp.so"
-    if output.exists():
+    if output.exists():  # built last: the folder is complete
         return output
+    if system_bridge:
+        _compile(compiler, defines, libraries, SYSTEM_SOURCE, output.with_name(SYSTEM_LIBRARY_NAME))
+    _compile(compiler, defines, libraries, SOURCE, output)
+    return output
+
+
+def _compile(compiler: str, defines: tuple[str, ...], libraries: tuple[str, ...], source: Path, output: Path) -> None:
     output.parent.mkdir(parents=True, exist_ok=True)
     partial = output.with_suffix(f".{os.getpid()}.partial")
-    command = [compiler, *COMMON_FLAGS, *defines, "-o", str(partial), str(SOURCE), *libraries]
+    command = [compiler, *COMMON_FLAGS, f"-Wl,-soname,{output.name}", *defines, "-o", str(partial), str(source)]
     try:
-        result = subprocess.run(command, capture_output=True, text=True)
+        result = subprocess.run([*command, *libraries], capture_output=True, text=True)
     except OSError as error:
         raise InterposerBuildError(
             f"cannot run {compiler} ({error}): check that it is an executable C compiler"
         ) from error
     if result.returncode != 0:
         first_error = next((line for line in result.stderr.splitlines() if "error" in line), result.stderr.strip())
-        raise InterposerBuildError(f"building the interposer with {compiler} failed: {first_error[:300]}")
+        raise InterposerBuildError(
+            f"building the interposer ({source.name}) with {compiler} failed: {first_error[:300]}"
+        )
     partial.rename(output)
-    return output
 
 
 def _compiler_identity(compiler: str) -> str:
@@ -109,7 +125,7 @@ def android_clang(ndk: Path) -> Path:
 
 def build_for_android(ndk: Path) -> Path:
     """The interposer built for phones with the NDK's clang (bionic has pthread in libc, so only -ldl)."""
-    return build(str(android_clang(ndk)), libraries=("-ldl",), folder="interposer-android")
+    return build(str(android_clang(ndk)), libraries=("-ldl",), folder="interposer-android", system_bridge=False)
 
 
 def overlay(sdk: QnnSdk, interposer: Path) -> Path:
@@ -121,6 +137,10 @@ def overlay(sdk: QnnSdk, interposer: Path) -> Path:
     links = {entry.name: entry.resolve() for entry in sdk.host_lib_dir.iterdir()}
     links[REAL_LIBRARY_NAME] = links.pop("libQnnHtp.so")
     links["libQnnHtp.so"] = interposer.resolve()
+    system_bridge = interposer.with_name(SYSTEM_LIBRARY_NAME)
+    if system_bridge.exists() and SYSTEM_LIBRARY_NAME in links:
+        links[REAL_SYSTEM_LIBRARY_NAME] = links.pop(SYSTEM_LIBRARY_NAME)
+        links[SYSTEM_LIBRARY_NAME] = system_bridge.resolve()
     for name, target in links.items():
         _link(lib_dir / name, target)
     runtime_dir = sdk.root / "lib" / WHEEL_RUNTIME_DIR

@@ -1,4 +1,4 @@
-"""The host QNN toolchain of a run: SDK, interposer overlay, versions and whether the bridge is on.
+"""The host QNN toolchain of a run: SDK, interposer overlay, versions and whether the bridges are on.
 
 `prepare()` is what the plugin, the doctor and the set-up call; `Toolchain.child_env()` is the
 environment every process that loads QNN gets (lowering jobs, the emulated host runner).
@@ -9,15 +9,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from importlib import metadata
 from pathlib import Path
 
 from harness.files import read_state, write_atomically
 from harness.paths import REPO_ROOT, state_dir
-from harness.qnn import interposer, qnnlog
+from harness.qnn import compose_probe, interposer, qnnlog
 from harness.qnn.sdk import QnnSdk, resolve
 
 PROBE_TIMEOUT_S = 300
@@ -37,6 +38,10 @@ class Probe:
     built_for_api: str | None
     without_bridge: str  # "ok" or the first error line
     with_bridge: str | None
+    # docs/FINDINGS.md#F19: composeGraphs' by-value interface re-laid by the system bridge (system_bridge.c),
+    # on only where an online-prepared program crashes at load without it and runs correctly with it
+    bridge_compose_graphs: bool = False
+    compose_probe: str = ""  # what the online-prepared probe program did, without the bridge and with it
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,7 @@ class Toolchain:
             [str(self.overlay_lib_dir)] + [p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p]
         )
         env["QNNSUITE_BRIDGE_DEVICE_CONFIG"] = "1" if self.probe.bridge_device_config else "0"
+        env["QNNSUITE_BRIDGE_COMPOSE_GRAPHS"] = "1" if self.probe.bridge_compose_graphs else "0"
         env["PYTHONPATH"] = os.pathsep.join(
             [str(REPO_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
         )
@@ -114,21 +120,27 @@ def _cached_probe(sdk: QnnSdk, overlay_root: Path, library: Path) -> Probe:
     if (cached := read_state(cache, "probe cache", lambda data: Probe(**data))) is not None:
         return cached
     probe = _probe(overlay_root)
+    probe = replace(probe, **_compose_probe(overlay_root, probe))
     cache.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(cache, json.dumps(asdict(probe), indent=1))
     return probe
 
 
-def _run_probe(overlay_root: Path, bridge: bool) -> tuple[dict, str]:
-    draft = Toolchain(QnnSdk(overlay_root, "probe"), overlay_root, Path(), Probe("", bridge, None, None, "", None))
-    completed = subprocess.run(
-        [sys.executable, "-m", "harness.qnn.probe"],
+def _probe_child(module: str, overlay_root: Path, probe: Probe) -> subprocess.CompletedProcess:
+    """A probe module run in a child with the overlay and the bridges `probe` says (a draft toolchain's env)."""
+    draft = Toolchain(QnnSdk(overlay_root, "probe"), overlay_root, Path(), probe)
+    return subprocess.run(
+        [sys.executable, "-m", module],
         cwd=REPO_ROOT,
         env=draft.child_env(),
         capture_output=True,
         text=True,
         timeout=PROBE_TIMEOUT_S,
     )
+
+
+def _run_probe(overlay_root: Path, bridge: bool) -> tuple[dict, str]:
+    completed = _probe_child("harness.qnn.probe", overlay_root, Probe("", bridge, None, None, "", None))
     log = completed.stdout + completed.stderr
     for line in completed.stdout.splitlines():
         if line.startswith("QNNSUITE_PROBE "):
@@ -166,3 +178,26 @@ def _probe(overlay_root: Path) -> Probe:
         qnnlog.api_versions(bridged_log) if library_api is None else (library_api, built_for_api)
     )
     return Probe(bridged["build_id"], True, library_api, built_for_api, without, with_bridge)
+
+
+def _run_compose_probe(overlay_root: Path, device_config: bool, compose: bool) -> tuple[dict | None, str]:
+    """The online-prepared probe program in a child (None: it died, e.g. SIGSEGV at load) and how it ended."""
+    probe = Probe("", device_config, None, None, "", None, bridge_compose_graphs=compose)
+    completed = _probe_child("harness.qnn.compose_probe", overlay_root, probe)
+    for line in completed.stdout.splitlines():
+        if line.startswith(compose_probe.PREFIX):
+            outcome = json.loads(line.removeprefix(compose_probe.PREFIX))
+            return outcome, "ok" if outcome["ok"] else (outcome["error"] or f"gave {outcome['value']}, not 2")
+    signal_name = f" ({signal.Signals(-completed.returncode).name})" if completed.returncode < 0 else ""
+    return None, f"died with exit {completed.returncode}{signal_name}"
+
+
+def _compose_probe(overlay_root: Path, probe: Probe) -> dict[str, object]:
+    """Load an online-prepared program without the system bridge; only if that kills the process, try with it,
+    and keep the bridge only if the program then runs correctly (docs/FINDINGS.md#F19)."""
+    plain, without = _run_compose_probe(overlay_root, probe.bridge_device_config, compose=False)
+    if plain is not None:
+        return {"bridge_compose_graphs": False, "compose_probe": f"without the bridge: {without}"}
+    bridged, with_bridge = _run_compose_probe(overlay_root, probe.bridge_device_config, compose=True)
+    said = f"without the bridge: {without}; with it: {with_bridge}"
+    return {"bridge_compose_graphs": bool(bridged and bridged["ok"]), "compose_probe": said}

@@ -13,7 +13,7 @@ import shlex
 from harness.qnn.toolchain import Toolchain
 
 # What repro.py's children need of Toolchain.child_env(); PYTHONPATH is not one (a bundle imports only itself).
-EXPORTED = ("QNN_SDK_ROOT", "LD_LIBRARY_PATH", "QNNSUITE_BRIDGE_DEVICE_CONFIG")
+EXPORTED = ("QNN_SDK_ROOT", "LD_LIBRARY_PATH", "QNNSUITE_BRIDGE_DEVICE_CONFIG", "QNNSUITE_BRIDGE_COMPOSE_GRAPHS")
 
 
 def lines(toolchain: Toolchain) -> list[str]:
