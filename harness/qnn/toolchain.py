@@ -119,11 +119,17 @@ def _cached_probe(sdk: QnnSdk, overlay_root: Path, library: Path) -> Probe:
     cache = state_dir() / "probe" / (hashlib.sha256(key_source.encode()).hexdigest()[:16] + ".json")
     if (cached := read_state(cache, "probe cache", lambda data: Probe(**data))) is not None:
         return cached
-    probe = _probe(overlay_root)
-    probe = replace(probe, **_compose_probe(overlay_root, probe))
+    probe = _measure(overlay_root)
     cache.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(cache, json.dumps(asdict(probe), indent=1))
     return probe
+
+
+def _measure(overlay_root: Path) -> Probe:
+    """Both probes, in order: does the backend start (device-config bridge), then does an online-prepared
+    program load (composeGraphs bridge), which needs the first one's answer."""
+    probe = _probe(overlay_root)
+    return replace(probe, **_compose_probe(overlay_root, probe))
 
 
 def _probe_child(module: str, overlay_root: Path, probe: Probe) -> subprocess.CompletedProcess:

@@ -199,7 +199,7 @@ def _probe_cache(tmp_path: Path, monkeypatch) -> tuple[object, list, callable]:
     probes = []
     fresh = toolchain_module.Probe("build-1", False, None, None, "ok", None)
     monkeypatch.setattr(toolchain_module, "state_dir", lambda: tmp_path / "state")
-    monkeypatch.setattr(toolchain_module, "_probe", lambda overlay: probes.append(overlay) or fresh)
+    monkeypatch.setattr(toolchain_module, "_measure", lambda overlay: probes.append(overlay) or fresh)
     library = tmp_path / "libQnnHtp.so"
     library.write_bytes(b"\x7fELF")
     sdk = SimpleNamespace(htp_library=library)
