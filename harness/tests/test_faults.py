@@ -33,6 +33,7 @@ from harness.device.payload import RUNNER_NAME
 from harness.emulator.launcher import EmulatorFleet
 from harness.files import say
 from harness.paths import REPO_ROOT
+from harness.tests.waiting import is_gone, wait_for
 
 # --- device output and adb calls are bounded ------------------------------------------------------------
 
@@ -669,8 +670,8 @@ def _run_killing_its_server(tmp_path: Path, cache_dir: Path, replace: Path | Non
         server = servers[0]
         os.kill(server, signal.SIGKILL)
         killed = time.monotonic()
-        if replace is not None:
-            time.sleep(1)
+        if replace is not None:  # once the killed server is gone, so the replacement does not race its exit
+            wait_for(lambda: is_gone(server), timeout_s=30, what=f"the killed adb server {server} to exit")
             replace = context.work_dir / "emulator" if replace == Path("run") else replace
             (replace / "adb-home").mkdir(parents=True, exist_ok=True)
             address = context.devices[0].server
