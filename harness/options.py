@@ -258,7 +258,24 @@ def _adb_servers(values: list[str]) -> tuple[adb.AdbServer, ...]:
     return servers
 
 
+def _check_selection_expressions(config: pytest.Config) -> None:
+    """-k and -m read here, where the run starts: under xdist only the workers collect, and a bad expression
+    then crashes every worker (a 56-line INTERNALERROR, exit 3) after the devices were started for nothing."""
+    from _pytest.mark.expression import Expression
+
+    for flag, expression in (("-k", config.option.keyword), ("-m", config.option.markexpr)):
+        if expression and expression.strip():
+            try:
+                Expression.compile(expression.lstrip())
+            except SyntaxError as error:
+                raise pytest.UsageError(
+                    f"{flag} {expression!r}: {error.msg} at column {error.offset}: join names with and, or, not and "
+                    f'parentheses, e.g. {flag} "counter_add and fp16"'
+                ) from None
+
+
 def parse(config: pytest.Config) -> RunOptions:
+    _check_selection_expressions(config)
     steps = config.getoption("--steps")
     if steps is not None and steps < 1:
         raise pytest.UsageError(f"--steps {steps}: give a step count of 1 or more")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import check_registry, environment, report
+from harness import check_registry, environment, report, selection
 from harness.context import RunContext
 from harness.files import say, unwritable, write_atomically
 from harness.options import RunOptions
@@ -96,10 +96,24 @@ class ConformanceReporter:
             return STATUS[verdict]
         return None
 
+    def _empty_selection_lines(self, session: pytest.Session) -> list[str]:
+        """A run that selected nothing (pytest's exit 5): the filter that emptied it, in one line."""
+        if getattr(session, "exitstatus", None) != pytest.ExitCode.NO_TESTS_COLLECTED:
+            return []
+        options = self._options
+        line = selection.empty_selection_line(
+            self._context.socs(()),
+            options.soc_filter,
+            options.dtypes,
+            session.config.option.keyword,
+            options.shard.label if options.shard else None,
+        )
+        return [line] if line else []
+
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         """Writes the reports (before pytest's terminal summary: see pytest_sessionfinish_last for the lines)."""
         if not self.records:
-            self._lines = nothing_judged_lines(self._skipped)
+            self._lines = nothing_judged_lines(self._skipped) or self._empty_selection_lines(session)
             return
         try:
             self._report(session)
