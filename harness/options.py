@@ -16,7 +16,7 @@ import pytest
 
 from harness import shard as sharding
 from harness.device import adb
-from harness.files import unwritable_reason
+from harness.files import no_room_reason, unwritable_reason
 from harness.known_failures import MANIFEST
 from harness.paths import REPO_ROOT
 from harness.qnn import soc as soc_table
@@ -180,6 +180,12 @@ def add_options(parser: pytest.Parser) -> None:
     )
 
 
+# The run's exit code when its reports cannot be written (disk full, read-only or foreign folder): at the end,
+# with the records kept elsewhere (harness/reporter.py), or before anything starts, when the report folder's
+# disk is already full. Not 1, which reads as "tests failed", nor pytest's own 0-5. docs/FAULTS.md lists it.
+REPORTS_NOT_WRITTEN = 6
+
+
 @dataclass(frozen=True)
 class RunOptions:
     device_options: tuple[str, ...]
@@ -284,6 +290,11 @@ def parse(config: pytest.Config) -> RunOptions:
     report_dir = Path(config.getoption("--report-dir"))
     if (problem := unwritable_reason(report_dir)) is not None:  # found now, not after an hour of running
         raise pytest.UsageError(f"--report-dir {report_dir}: {problem}: pass a folder this user can write to")
+    if (problem := no_room_reason(report_dir)) is not None:  # a lab fault, not a usage error: the reports' code
+        pytest.exit(
+            f"--report-dir {report_dir}: {problem}: free some space there or pass another folder (nothing was run)",
+            returncode=REPORTS_NOT_WRITTEN,
+        )
     emulate = config.getoption("--emulate")
     perf_repeats, perf_budget = config.getoption("--perf-repeats"), config.getoption("--perf-budget")
     if perf_repeats < 1:
