@@ -25,6 +25,7 @@ from harness.pipeline.lower import LoweredArtifact, lower_case
 from harness.pipeline.lowering_cache import lowering_directory, served
 from harness.qnn.toolchain import Toolchain
 from harness.runner.profile import PROFILE_NAMES, ProfileError, profile_of, read_etdump
+from harness.user_state import claim_entry
 from harness.vocabulary import Case, Mode
 
 
@@ -128,6 +129,8 @@ class CaseStore:
         shared = (self._cache_dir or self._work_dir / "artifacts") / "prepared"
         directory.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(directory) + ".lock"):
+            if self._cache_dir is not None:
+                claim_entry(directory, "cached lowering")
             cached = served(case, directory)
             if cached is not None:
                 return cached
