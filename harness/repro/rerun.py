@@ -6,8 +6,9 @@ The case is looked up in the run's report.json files (default reports/latest), s
 be rerun, not only bundled ones. The run folder is data, never code or arguments: its soc, dtype and mode
 must be what the suite knows (the SoC table of the executorch under test, vocabulary.DTYPES and Mode), its
 case id must be the one they and a known card make, and card modules come from --models or the defaults
-(a bundle's case.json names a module, but importing what a run folder names would run its code). Anything
-else is one line, exit 2.
+(a bundle's case.json names a module, but importing what a run folder names would run its code). A
+report.json that is no report (harness/report/intake.py refuses it) is one line, exit 4; anything else is one
+line, exit 2.
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ class RerunError(ValueError):
     """The case cannot be found or named safely; the message is one line naming the fix."""
 
 
+class MalformedReport(RerunError):
+    """A report.json that is no report (a FIFO, too large, not the schema's): exit 4, as for diff and merge."""
+
+
 def find_case(run: Path, case_id: str, read_report: Callable[[Path], dict]) -> tuple[dict, Path]:
     """(the case's entry in its report.json, that SoC's report folder). read_report: how a report.json from
     elsewhere is read (harness/report/intake.py's, which the caller passes: bounded, never blocking on a FIFO,
@@ -48,7 +53,7 @@ def find_case(run: Path, case_id: str, read_report: Callable[[Path], dict]) -> t
         try:
             document = read_report(path)
         except ValueError as error:
-            raise RerunError(str(error)) from None
+            raise MalformedReport(str(error)) from None
         for case in document["cases"]:
             if case.get("case_id") == case_id:
                 return case, path.parent
@@ -146,7 +151,7 @@ def main(args: argparse.Namespace, read_report: Callable[[Path], dict]) -> int:
         fields = checked_case(case, card_names(args.models))
     except RerunError as error:
         print(f"repro: {error}", file=sys.stderr)
-        return 2
+        return 4 if isinstance(error, MalformedReport) else 2
     line = command(fields, args.case_id, args.models, args.device, args.pytest_args)
     print("repro: " + " ".join(line[1:]), flush=True)
     return subprocess.run(line, cwd=REPO_ROOT).returncode

@@ -15,7 +15,7 @@ CASE = "kv_arange_init-fp16-delegate_mutbuf-SM8650"
 
 def test_a_fifo_planted_as_report_json_does_not_hang_repro(tmp_path):
     """The attack: report.json read with read_text() waited forever on a FIFO nobody writes; through intake it
-    is refused (not a regular file) in one line, exit 2, at once."""
+    is refused (not a regular file) in one line, exit 4 (a malformed report file, as for diff and merge)."""
     for where in (tmp_path / "top", tmp_path / "soc" / "SM8650"):
         where.mkdir(parents=True)
         os.mkfifo(where / "report.json")
@@ -27,7 +27,7 @@ def test_a_fifo_planted_as_report_json_does_not_hang_repro(tmp_path):
             text=True,
             timeout=120,
         )
-        assert completed.returncode == 2, completed.stdout + completed.stderr
+        assert completed.returncode == 4, completed.stdout + completed.stderr
         (line,) = completed.stderr.strip().splitlines()
         assert "is not a regular file" in line and line.startswith("repro: ")
 
