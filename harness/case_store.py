@@ -128,6 +128,8 @@ class CaseStore:
             directory = directory.with_name(f"{directory.name}-profile{profile_level}")
         shared = (self._cache_dir or self._work_dir / "artifacts") / "prepared"
         directory.parent.mkdir(parents=True, exist_ok=True)
+        if self._cache_dir is not None:  # filelock opens its file following links, truncating it
+            claim_entry(Path(f"{directory}.lock"), "cache lock")
         with FileLock(str(directory) + ".lock"):
             if self._cache_dir is not None:
                 claim_entry(directory, "cached lowering")

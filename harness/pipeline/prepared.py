@@ -211,6 +211,7 @@ def _failing_once(directory: Path | None, quantize: Callable[[], T]) -> T:
 def _locked(directory: Path) -> Iterator[None]:
     """The entry, this user's own (one another account owns is set aside, never read) and locked."""
     directory.parent.mkdir(parents=True, exist_ok=True)
+    claim_entry(Path(f"{directory}.lock"), "cache lock")  # filelock opens its file following links, truncating it
     with FileLock(str(directory) + ".lock"):
         claim_entry(directory, "shared cache entry")
         directory.mkdir(exist_ok=True)

@@ -112,3 +112,22 @@ def test_eager_results_another_uid_owns_are_not_read(tmp_path: Path, monkeypatch
     got = references.eager_results(case, steps, tmp_path / "cache")
     assert all(np.array_equal(a, b) for row, want in zip(got.reference, truth.reference) for a, b in zip(row, want))
     assert planted.stat().st_uid == os.getuid(), "this user's own results took its place"
+
+
+@needs_root
+def test_a_lock_file_another_uid_left_is_set_aside_not_opened(tmp_path: Path, capsys) -> None:
+    """filelock opens KEY.lock following links and truncating: another account's link there (left when it
+    could write the cache) would have truncated whatever it names, as this user (or root)."""
+    from harness.pipeline import prepared
+
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    entry = tmp_path / "cache" / "prepared" / "counter_add-fp16-0123"
+    entry.parent.mkdir(parents=True)
+    lock = Path(f"{entry}.lock")
+    lock.symlink_to(victim)
+    os.chown(lock, OTHER, OTHER, follow_symlinks=False)
+    with prepared._locked(entry):
+        pass
+    assert victim.read_text() == "precious" and not lock.is_symlink()
+    assert "cache lock counter_add-fp16-0123.lock belongs to uid 65534" in capsys.readouterr().err

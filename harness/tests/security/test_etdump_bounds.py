@@ -16,31 +16,30 @@ from harness.runner import etdump_size
 from harness.runner.profile import EXPANDED_MAX_BYTES, ProfileError, bounded_etdump, read_etdump
 
 
+def _repeated(builder: flatbuffers.Builder, offset: int, count: int) -> int:
+    """A vector of `count` offsets, all to one node."""
+    builder.StartVector(4, count, 4)
+    for _ in range(count):
+        builder.PrependUOffsetTRelative(offset)
+    return builder.EndVector()
+
+
+def _table(builder: flatbuffers.Builder, slots: int, children: dict[int, int]) -> int:
+    builder.StartObject(slots)
+    for slot, child in children.items():
+        builder.PrependUOffsetTRelativeSlot(slot, child, 0)
+    return builder.EndObject()
+
+
 def _hostile(copies: int = 30000, runs: int = 10, name_bytes: int = 1000) -> bytes:
     """One profile event with a long name, pointed at `copies` times from one events vector, which `runs`
     run_data entries all point at: 121 KB that flatc prints as a copy per pointer (over a GB of JSON)."""
     builder = flatbuffers.Builder(0)
-    name = builder.CreateString("x" * name_bytes)
-    builder.StartObject(8)
-    builder.PrependUOffsetTRelativeSlot(0, name, 0)
-    profile_event = builder.EndObject()
-    builder.StartObject(3)
-    builder.PrependUOffsetTRelativeSlot(0, profile_event, 0)
-    event = builder.EndObject()
-    builder.StartVector(4, copies, 4)
-    for _ in range(copies):
-        builder.PrependUOffsetTRelative(event)
-    events = builder.EndVector()
-    builder.StartObject(4)
-    builder.PrependUOffsetTRelativeSlot(3, events, 0)
-    run = builder.EndObject()
-    builder.StartVector(4, runs, 4)
-    for _ in range(runs):
-        builder.PrependUOffsetTRelative(run)
-    run_data = builder.EndVector()
-    builder.StartObject(2)
-    builder.PrependUOffsetTRelativeSlot(1, run_data, 0)
-    builder.FinishSizePrefixed(builder.EndObject(), b"ED00")
+    profile_event = _table(builder, 8, {0: builder.CreateString("x" * name_bytes)})
+    event = _table(builder, 3, {0: profile_event})
+    run = _table(builder, 4, {3: _repeated(builder, event, copies)})
+    root = _table(builder, 2, {1: _repeated(builder, run, runs)})
+    builder.FinishSizePrefixed(root, b"ED00")
     return bytes(builder.Output())
 
 
