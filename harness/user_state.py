@@ -67,12 +67,19 @@ def entry_problem(entry: Path) -> str:
         return ""
     if info.st_uid != os.getuid():
         return f"belongs to uid {info.st_uid}"
-    if stat.S_ISDIR(info.st_mode):
+    if not stat.S_ISDIR(info.st_mode):
+        return ""
+    try:
         with os.scandir(entry) as found:
             for item in found:
-                owner = item.stat(follow_symlinks=False).st_uid
+                try:
+                    owner = item.stat(follow_symlinks=False).st_uid
+                except FileNotFoundError:
+                    continue  # a worker's temporary file, renamed into place meanwhile
                 if owner != os.getuid():
                     return f"holds {item.name}, which belongs to uid {owner}"
+    except FileNotFoundError:
+        return ""  # set aside meanwhile by another worker
     return ""
 
 
