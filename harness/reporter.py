@@ -21,7 +21,7 @@ import pytest
 from harness import check_registry, environment, report, selection
 from harness.context import RunContext
 from harness.files import say, unwritable, write_atomically
-from harness.options import RunOptions
+from harness.options import REPORTS_NOT_WRITTEN, RunOptions
 from harness.qnn.toolchain import prepare
 from harness.record import REPORT_ATTRIBUTE, CheckRecord
 from harness.report import perf_gate
@@ -39,9 +39,6 @@ GATE_LINES = 20  # the gate's lines the terminal shows; gate.json, summary.md an
 # its section carry the device's words, and junit and CI annotations see it); the closing line counts it apart.
 STATUS = {"not_measured": (SPOKEN["not_measured"], "n", "NOT MEASURED")}
 REASON_LINES = 5  # per verdict that is not executorch's: the distinct reasons the terminal names
-# The run's exit code when its reports could not be written (disk full, read-only or foreign folder): not 1,
-# which reads as "tests failed", nor pytest's own 0-5. docs/FAULTS.md lists it.
-REPORTS_NOT_WRITTEN = 6
 KEPT_RECORDS = "records"  # the user's state folder for records no report could take
 
 

@@ -12,8 +12,11 @@ from __future__ import annotations
 import os
 import stat
 import tempfile
+import time
 from pathlib import Path
 from typing import IO
+
+from harness.files import say
 
 
 class UnsafeStateDir(RuntimeError):
@@ -34,6 +37,64 @@ def folder_problem(info: os.stat_result, forbidden_mode: int, mode_words: str) -
     if info.st_mode & forbidden_mode:
         return f"has mode {stat.S_IMODE(info.st_mode):o} ({mode_words})"
     return ""
+
+
+def ancestry_problem(path: Path) -> str:
+    """Why the folders above path (an absolute, resolved path) would let another account swap it or what it
+    holds ("" when none would): each, from the root down, must be a real directory owned by this user or
+    root that nobody else may write, unless it is sticky (as /tmp is: there only an entry's owner may
+    rename or remove it). A check of the folder alone holds only until a writable parent renames it away."""
+    for parent in reversed(path.parents):
+        try:
+            info = os.lstat(parent)
+        except OSError as error:
+            return f"its parent {parent} cannot be examined ({error.strerror})"
+        if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+            return f"its parent {parent} is not a directory (a link, swapped since the path was resolved)"
+        if info.st_uid not in (0, os.getuid()):
+            return f"its parent {parent} belongs to uid {info.st_uid}"
+        if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not info.st_mode & stat.S_ISVTX:
+            return f"its parent {parent} has mode {stat.S_IMODE(info.st_mode):o} (others may swap what it holds)"
+    return ""
+
+
+def entry_problem(entry: Path) -> str:
+    """Why a cache entry (a file, or a folder and the files in it) is not this user's own ("" when it is, or
+    is not there): what another account owns is never served, whatever it holds, nor written into."""
+    try:
+        info = os.lstat(entry)
+    except FileNotFoundError:
+        return ""
+    if info.st_uid != os.getuid():
+        return f"belongs to uid {info.st_uid}"
+    if not stat.S_ISDIR(info.st_mode):
+        return ""
+    try:
+        with os.scandir(entry) as found:
+            for item in found:
+                try:
+                    owner = item.stat(follow_symlinks=False).st_uid
+                except FileNotFoundError:
+                    continue  # a worker's temporary file, renamed into place meanwhile
+                if owner != os.getuid():
+                    return f"holds {item.name}, which belongs to uid {owner}"
+    except FileNotFoundError:
+        return ""  # set aside meanwhile by another worker
+    return ""
+
+
+def claim_entry(entry: Path, what: str) -> None:
+    """Make way for this user's own entry where another account's is: that one is renamed aside in the cache
+    folder (this user's, checked), never read, followed or written, and named in one line."""
+    problem = entry_problem(entry)
+    if not problem:
+        return
+    aside = entry.with_name(f".foreign-{entry.name}-{os.getpid()}-{time.monotonic_ns()}")
+    try:
+        os.rename(entry, aside)
+    except FileNotFoundError:
+        return  # another worker set it aside first
+    say(f"qnnsuite: {what} {entry.name} {problem}, not yours: not served, moved aside to {aside} (remove it)")
 
 
 def checked_dir(path: Path) -> Path:

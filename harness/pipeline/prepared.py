@@ -64,7 +64,7 @@ from harness.pipeline.facts import (
     QuantizeFacts,
     lowering_error,
 )
-from harness.user_state import UnsafeStateDir, base_dir
+from harness.user_state import UnsafeStateDir, base_dir, claim_entry, entry_problem
 
 T = TypeVar("T")
 PROGRAM = "program.pt2"
@@ -209,8 +209,12 @@ def _failing_once(directory: Path | None, quantize: Callable[[], T]) -> T:
 
 @contextmanager
 def _locked(directory: Path) -> Iterator[None]:
-    directory.mkdir(parents=True, exist_ok=True)
+    """The entry, this user's own (one another account owns is set aside, never read) and locked."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    claim_entry(Path(f"{directory}.lock"), "cache lock")  # filelock opens its file following links, truncating it
     with FileLock(str(directory) + ".lock"):
+        claim_entry(directory, "shared cache entry")
+        directory.mkdir(exist_ok=True)
         yield
 
 
@@ -237,7 +241,10 @@ def _quantize(
 
 def preload(directory: Path) -> None:
     """Read the entry's programs into this process, if it is complete and sound, for the lowerings it will
-    fork (the lowering server's preparation of a request: harness/pipeline/lower_job.py)."""
+    fork (the lowering server's preparation of a request: harness/pipeline/lower_job.py); not one another
+    account owns (the lowering sets it aside)."""
+    if entry_problem(directory):
+        return
     try:
         facts = PreparedFacts.read(directory / FACTS)
         if facts.error is None:
