@@ -234,6 +234,62 @@ def versions_under_test() -> VersionsUnderTest:
     return VersionsUnderTest()
 
 
+@dataclass(frozen=True)
+class SignatureHint:
+    """A known finding's signature as a rule any card can meet (the manifest's [[signature_hint]] tables): a
+    failure of `check` whose signature, or one of the explanations it names (its evidence's "explanations"),
+    is `signature`, in `mode` where one is given, on a case the manifest expects nothing of that way. Such a
+    failure stays failed (nothing here says it is that finding) and its message says it matches."""
+
+    finding: str  # F<n>, an anchor of docs/FINDINGS.md
+    check: str
+    signature: str
+    mode: str = ""  # the buffer mode the finding needs (a Mode's value; empty: any)
+    rule: str = ""  # the finding's rule in words (why this signature in this mode is that finding)
+
+    def matches(self, check: str, mode: str, failure: BaseException) -> bool:
+        if not isinstance(failure, CheckFailure) or check != self.check or (self.mode and mode != self.mode):
+            return False
+        named = failure.evidence.get("explanations") if isinstance(failure.evidence, dict) else None
+        return failure.signature == self.signature or (isinstance(named, list) and self.signature in named)
+
+
+@cache
+def hints(path: Path = MANIFEST) -> tuple[SignatureHint, ...]:
+    """The manifest's signature hints; one ValueError naming the file and the table for one that cannot be
+    used (an unknown field, a signature no check declares, a finding docs/FINDINGS.md does not have)."""
+    signatures = check_registry.signatures()
+    try:
+        raws = tomllib.loads(path.read_text(encoding="utf-8")).get("signature_hint", [])
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
+        raise ValueError(f"{path} is not a readable TOML manifest ({error})") from None
+    if not isinstance(raws, list) or not all(isinstance(raw, dict) for raw in raws):
+        raise ValueError(f"{path}: signature_hint must be a list of tables ([[signature_hint]] entries)")
+    found = []
+    for raw in raws:
+        try:
+            hint = SignatureHint(**raw)
+        except TypeError as error:
+            raise ValueError(f"{path}: signature_hint {raw.get('finding')!r}: {error}") from None
+        if hint.signature not in signatures:
+            raise ValueError(f"{path}: signature_hint {hint.finding}: signature {hint.signature!r} is no check's")
+        if finding_titles() and hint.finding not in finding_titles():
+            raise ValueError(f"{path}: signature_hint {hint.finding}: docs/FINDINGS.md has no finding {hint.finding}")
+        found.append(hint)
+    return tuple(found)
+
+
+def hint_for(check: str, mode: str, failure: BaseException, path: Path = MANIFEST) -> str:
+    """The words a failure that no entry expects carries when it matches known findings' signatures and rules,
+    e.g. "matches F15's signature (state_per_method, docs/FINDINGS.md#F15)"; "" when none matches."""
+    matched = [hint for hint in hints(path) if hint.matches(check, mode, failure)]
+    if not matched:
+        return ""
+    named = " and ".join(f"{hint.finding}'s" for hint in matched)
+    where = ", ".join(f"docs/FINDINGS.md#{hint.finding}" for hint in matched)
+    return f"matches {named} signature{'s' if len(matched) > 1 else ''} ({failure.signature}, {where})"
+
+
 def matching(test_name: str, versions: VersionsUnderTest | None = None, path: Path = MANIFEST) -> list[KnownFailure]:
     named = [entry for entry in load(path) if fnmatch.fnmatchcase(test_name, _literal_brackets(entry.pattern))]
     return [entry for entry in named if entry.in_scope(versions or versions_under_test())]
