@@ -148,19 +148,25 @@ def _checked_message(path: Path, entry: KnownFailure) -> None:
         )
 
 
+def _tables(path: Path, kind: str) -> list[dict]:
+    """The manifest's [[kind]] tables; a file that is not a readable TOML manifest, or whose `kind` is not a list
+    of tables, is one ValueError naming it."""
+    try:
+        raws = tomllib.loads(path.read_text(encoding="utf-8")).get(kind, [])
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
+        raise ValueError(f"{path} is not a readable TOML manifest ({error})") from None
+    if not isinstance(raws, list) or not all(isinstance(raw, dict) for raw in raws):
+        raise ValueError(f"{path}: {kind} must be a list of tables ([[{kind}]] entries)")
+    return raws
+
+
 @cache
 def load(path: Path = MANIFEST) -> tuple[KnownFailure, ...]:
     """The manifest's entries; every signature must be one a registered check declares (load the checks first).
     A manifest that cannot be used is one ValueError naming the file (and the entry)."""
     signatures = check_registry.signatures()
-    try:
-        raws = tomllib.loads(path.read_text(encoding="utf-8")).get("known_failure", [])
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
-        raise ValueError(f"{path} is not a readable TOML manifest ({error})") from None
-    if not isinstance(raws, list) or not all(isinstance(raw, dict) for raw in raws):
-        raise ValueError(f"{path}: known_failure must be a list of tables ([[known_failure]] entries)")
     entries = []
-    for raw in raws:
+    for raw in _tables(path, "known_failure"):
         try:
             entry = KnownFailure(**raw)
         except TypeError as error:
@@ -259,14 +265,8 @@ def hints(path: Path = MANIFEST) -> tuple[SignatureHint, ...]:
     """The manifest's signature hints; one ValueError naming the file and the table for one that cannot be
     used (an unknown field, a signature no check declares, a finding docs/FINDINGS.md does not have)."""
     signatures = check_registry.signatures()
-    try:
-        raws = tomllib.loads(path.read_text(encoding="utf-8")).get("signature_hint", [])
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
-        raise ValueError(f"{path} is not a readable TOML manifest ({error})") from None
-    if not isinstance(raws, list) or not all(isinstance(raw, dict) for raw in raws):
-        raise ValueError(f"{path}: signature_hint must be a list of tables ([[signature_hint]] entries)")
     found = []
-    for raw in raws:
+    for raw in _tables(path, "signature_hint"):
         try:
             hint = SignatureHint(**raw)
         except TypeError as error:
