@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from fixtures import (
     multi_method,  # noqa: F401  (registers the cards)
@@ -30,7 +31,7 @@ from harness.outcome import CaseOutcome
 from harness.pipeline import card as cards, eager
 from harness.pipeline.facts import ExportFacts, LoweringFacts, ProgramFacts
 from harness.pipeline.lower import LoweredArtifact
-from harness.vocabulary import Case, Mode
+from harness.vocabulary import Case, Mode, ModelCard
 
 STEPS = 4
 CARD = "fixtures.multi_method:mm_prefill_decode"
@@ -157,8 +158,8 @@ def _models(reads_prefill_off_by: float = 0.0) -> dict:
 def test_a_quantized_runtime_keeping_per_method_caches_fails_naming_steps_and_values(tmp_path):
     """The regression F18 used to hide: the encodings differ (as measured), but the device is not what the
     methods' quantized programs compute with the state carried; it is what they compute with a cache per
-    method. It fails as state_per_method, naming the steps and both errors, and the F18 entry that expects
-    buffer_encoding_mismatch on this card does not explain it."""
+    method. It fails as state_per_method, naming the steps and both errors, which F18's former entry
+    (buffer_encoding_mismatch on every quantized case of this card) does not explain."""
     models = _models()
     outcome = _outcome(models["per_method"], facts=_quantized_facts(models), tmp=tmp_path, dtype="16a8w")
     with pytest.raises(CheckFailure) as raised:
@@ -171,9 +172,10 @@ def test_a_quantized_runtime_keeping_per_method_caches_fails_naming_steps_and_va
     assert ", ".join(f"{device[step].max_abs_error:.4g}" for step in (1, 2, 3)) in message
     assert "the 16a8w CPU quantize/dequantize programs with the state carried across methods by 0, 0, 0" in message
     assert "each method on its own copy of the state" in message
-    test = "test_cross_method_state[mm_prefill_decode-16a8w-skip_mutbuf-SM8650]"
-    entries = known_failures.matching(test, known_failures.VersionsUnderTest("1.5.1", "2.51"))
-    assert entries and not any(entry.explains(failure) for entry in entries)
+    f18 = known_failures.KnownFailure(
+        "test_cross_method_state[mm_prefill_decode-*a8w-*]", "buffer_encoding_mismatch", ""
+    )
+    assert not f18.explains(failure), "the entry that explained every quantized case of this card before"
 
 
 def test_a_quantized_device_equal_to_its_programs_with_the_state_carried_is_their_encodings(tmp_path):
@@ -266,3 +268,63 @@ def test_single_method_cases_are_not_applicable(tmp_path):
     """(The other checks judge multi-method cases per method: harness/tests/core/test_per_method.py.)"""
     with pytest.raises(NotApplicable):
         checks.check_cross_method_state(_outcome(None, "fixtures.zoo:counter_add", tmp=tmp_path))
+
+
+class _TotalAndLast(torch.nn.Module):
+    """`add` writes both buffers; `carry` adds `last` (which only `add` writes) into `total`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("total", torch.zeros(1, 4))
+        self.register_buffer("last", torch.zeros(1, 4))
+
+    def add(self, x: torch.Tensor) -> torch.Tensor:
+        self.total.add_(x)
+        self.last.mul_(0.0).add_(x)
+        return self.total * 1.0
+
+    def carry(self, x: torch.Tensor) -> torch.Tensor:
+        self.total.add_(self.last)
+        return self.total + x * 0.0
+
+
+TOTAL_AND_LAST = ModelCard(
+    name="total_and_last",
+    build=_TotalAndLast,
+    steps=lambda n: [(torch.full((1, 4), float(step + 1)),) for step in range(n)],
+    mutated_buffers=("total", "last"),
+    module=__name__,
+    methods=("add", "carry"),
+    plan=lambda n: ["add" if step % 2 == 0 else "carry" for step in range(n)],
+)
+
+
+def test_a_method_reading_a_buffer_it_never_writes_as_a_constant_is_named_so(tmp_path):
+    """Only the constant read explains it (carry shares `total` with add but reads `last` as registered): its
+    own signature, no other explanation named; a device that carried everything passes."""
+    steps = TOTAL_AND_LAST.steps(STEPS)
+    writes = {"add": ["last", "total"], "carry": ["total"]}
+    constant = eager.run_plan_isolated(TOTAL_AND_LAST, steps, False, model="constant_read", writes=writes)
+    facts = LoweringFacts(
+        program=ProgramFacts("0" * 64, 1),
+        methods=["add", "carry"],
+        export=ExportFacts(["last", "total"], ["last", "total"], writes),
+    )
+    case = Case(TOTAL_AND_LAST, "fp16", Mode.SKIP, "SM8650")
+    (tmp_path / "model.pte").write_bytes(b"x")
+
+    def outcome(device) -> CaseOutcome:
+        raw = [[np.ascontiguousarray(array).view(np.uint8).reshape(-1) for array in row] for row in device]
+        return CaseOutcome(
+            case,
+            steps,
+            LoweredArtifact(case, tmp_path, facts, "", 0.0),
+            eager.run_steps(TOTAL_AND_LAST, steps),
+            run=DeviceRun(raw, [], None, ""),
+        )
+
+    with pytest.raises(CheckFailure) as raised:
+        checks.check_cross_method_state(outcome(_rows(constant)))
+    assert raised.value.signature == "state_read_as_constant"
+    assert raised.value.evidence["explanations"] == ["state_read_as_constant"]
+    checks.check_cross_method_state(outcome(_rows(eager.run_steps(TOTAL_AND_LAST, steps))))
