@@ -88,6 +88,7 @@ class Quantized:
     module: Program  # the quantized program to lower (a multi-method card's: a dict, as stages.lower takes)
     made: bool  # quantized here, not read from the card and dtype's entry
     buffer_encodings: dict[str, dict[str, dict[str, str]]]  # a multi-method card's (stages.buffer_encodings)
+    modelled: dict[str, list[list[list[float]]]]  # a multi-method card's (stages.quantized_models)
 
 
 def _exported(card: ModelCard, model: torch.nn.Module, example: Example) -> ExportFacts:
@@ -130,16 +131,21 @@ def quantized(
     dtype: str,
     calibration: list[tuple],
     stage_done: Callable[[str], None],
+    writes: dict[str, list[str]] | None = None,
 ) -> Quantized:
     """The card's quantized program in dtype from its entry, made now if missing or damaged; directory None:
     this case's own, in memory (the quantized module lowered itself, as every case was before entries
     were shared). QuantizationFailed if it failed, now or when the entry was made (a failure of the
-    machine is raised as it is and not kept). A multi-method card's program is a dict of its methods'."""
+    machine is raised as it is and not kept). A multi-method card's program is a dict of its methods', and
+    its entry keeps the quantized programs run on the plan (stages.quantized_models; writes: what each method
+    writes, the export facts' methods)."""
     if directory is None:
-        converted, facts, encodings = _failing_once(None, lambda: _quantized_now(card, model, dtype, calibration))
+        converted, facts, encodings, modelled = _failing_once(
+            None, lambda: _quantized_now(card, model, dtype, calibration, writes)
+        )
         stage_done("quantize")
         modules = {name: module for name, (module, _) in converted.items()}
-        return Quantized(QuantizeFacts(**facts), _program(card, modules), True, encodings)
+        return Quantized(QuantizeFacts(**facts), _program(card, modules), True, encodings, modelled)
     with _locked(directory):
         found = _read_entry(directory, _wanted(card))
         if found is not None:
@@ -147,23 +153,26 @@ def quantized(
             entry, modules = found
             if entry.error is not None:
                 raise QuantizationFailed(entry.error, made=False)
-            return Quantized(entry.quantize, _program(card, modules), False, entry.buffer_encodings)
-        entry, modules = _failing_once(directory, lambda: _quantize(directory, card, model, dtype, calibration))
+            return Quantized(entry.quantize, _program(card, modules), False, entry.buffer_encodings, entry.modelled)
+        entry, modules = _failing_once(directory, lambda: _quantize(directory, card, model, dtype, calibration, writes))
         stage_done("quantize")
-        return Quantized(entry.quantize, _program(card, modules), True, entry.buffer_encodings)
+        return Quantized(entry.quantize, _program(card, modules), True, entry.buffer_encodings, entry.modelled)
 
 
 def _quantized_now(
-    card: ModelCard, model: torch.nn.Module, dtype: str, calibration: list[tuple]
-) -> tuple[dict[str, tuple[torch.nn.Module, tuple]], dict, dict[str, dict[str, dict[str, str]]]]:
+    card: ModelCard, model: torch.nn.Module, dtype: str, calibration: list[tuple], writes: dict[str, list[str]] | None
+) -> tuple[dict[str, tuple[torch.nn.Module, tuple]], dict, dict[str, dict[str, dict[str, str]]], dict]:
     """The card quantized now: its programs by their file in the entry (program.pt2, or <method>.pt2 each),
-    each with its example (what it is exported with to be saved); its facts; its methods' buffer encodings."""
+    each with its example (what it is exported with to be saved); its facts; its methods' buffer encodings;
+    a multi-method card's quantized programs run on the plan (stages.quantized_models)."""
     if not card.multi_method:
         converted, facts = stages.quantize(card, model, dtype, calibration)
-        return {PROGRAM: (converted, calibration[0])}, facts, {}
+        return {PROGRAM: (converted, calibration[0])}, facts, {}, {}
     per_method = stages.method_calibration(card, calibration)
-    converted, facts, encodings = stages.quantize_multi(card, model, dtype, per_method)
-    return {_file(method): (module, per_method[method][0]) for method, module in converted.items()}, facts, encodings
+    converted, facts, encodings = stages.quantize_multi(card, model, dtype, calibration)
+    modelled = stages.quantized_models(card, converted, calibration, writes)
+    files = {_file(method): (module, per_method[method][0]) for method, module in converted.items()}
+    return files, facts, encodings, modelled
 
 
 def _file(method: str) -> str:
@@ -219,9 +228,14 @@ def _locked(directory: Path) -> Iterator[None]:
 
 
 def _quantize(
-    directory: Path, card: ModelCard, model: torch.nn.Module, dtype: str, calibration: list[tuple]
+    directory: Path,
+    card: ModelCard,
+    model: torch.nn.Module,
+    dtype: str,
+    calibration: list[tuple],
+    writes: dict[str, list[str]] | None,
 ) -> tuple[PreparedFacts, dict[str, torch.nn.Module]]:
-    converted, quantize_facts, encodings = _quantized_now(card, model, dtype, calibration)
+    converted, quantize_facts, encodings, modelled = _quantized_now(card, model, dtype, calibration, writes)
     programs, modules = {}, {}
     for name, (module, example) in converted.items():
         buffer = io.BytesIO()
@@ -232,7 +246,9 @@ def _quantize(
         programs[name], modules[name] = ProgramFacts(hashlib.sha256(data).hexdigest(), len(data)), _load(data)
     if card.multi_method:
         by_method = {name.removesuffix(".pt2"): program for name, program in programs.items()}
-        facts = PreparedFacts(QuantizeFacts(**quantize_facts), None, methods=by_method, buffer_encodings=encodings)
+        facts = PreparedFacts(
+            QuantizeFacts(**quantize_facts), None, methods=by_method, buffer_encodings=encodings, modelled=modelled
+        )
     else:
         facts = PreparedFacts(QuantizeFacts(**quantize_facts), programs[PROGRAM])
     facts.write(directory / FACTS)
