@@ -9,11 +9,17 @@ are opened without following symlinks.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
+import secrets
 import stat
 import tempfile
+from functools import cache
 from pathlib import Path
 from typing import IO
+
+KEY_BYTES = 32
 
 
 class UnsafeStateDir(RuntimeError):
@@ -33,6 +39,19 @@ def folder_problem(info: os.stat_result, forbidden_mode: int, mode_words: str) -
         return f"belongs to uid {info.st_uid}"
     if info.st_mode & forbidden_mode:
         return f"has mode {stat.S_IMODE(info.st_mode):o} ({mode_words})"
+    return ""
+
+
+def parents_problem(path: Path) -> str:
+    """Why a folder's ancestors would let another account swap it ("" when none could): each must be a
+    directory owned by root or this user that others cannot write, unless it is sticky like /tmp (there
+    nobody can rename or remove another's entry). path: absolute, its links resolved."""
+    for parent in path.parents:
+        info = os.lstat(parent)
+        if info.st_uid not in (0, os.getuid()):
+            return f"its parent {parent} belongs to uid {info.st_uid}"
+        if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not info.st_mode & stat.S_ISVTX:
+            return f"its parent {parent} has mode {stat.S_IMODE(info.st_mode):o} (writable by others)"
     return ""
 
 
@@ -76,3 +95,45 @@ def open_append(path: Path) -> IO[str]:
     """Append to a file in a state folder, never through a symlink, creating it 0600."""
     descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     return os.fdopen(descriptor, "a")
+
+
+@cache
+def user_key(name: str) -> bytes:
+    """This user's secret key `name` (e.g. the cache's, the nightly store's): made once (0600, atomically: the
+    first writer wins) in the user's private 0700 state folder, and read only if it is a regular file of
+    this user's that nobody else can read. What it seals (harness/pipeline/prepared.py's programs, the nights
+    of harness/report/promote.py) was written by this user's suite, not planted."""
+    path = base_dir() / name
+    if not os.path.lexists(path):
+        temporary = path.with_name(f".{name}.{os.getpid()}.{secrets.token_hex(4)}")
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(descriptor, secrets.token_bytes(KEY_BYTES))
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+        try:
+            os.link(temporary, path)  # fails if another process made it first: then theirs is the key
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(temporary)
+    descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(descriptor, "rb") as file:
+        info = os.fstat(descriptor)
+        key = file.read(KEY_BYTES + 1)
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077 or len(key) != KEY_BYTES:
+        raise UnsafeStateDir(
+            f"key {path} is not a 0600 file of {KEY_BYTES} bytes of yours: remove it (a new one is made; "
+            f"what the old one sealed is made again or refused)"
+        )
+    return key
+
+
+def seal(data: bytes, key: bytes) -> str:
+    """HMAC-SHA256 of data under key, hex: compare with `sealed_by`, never with ==."""
+    return hmac.new(key, data, hashlib.sha256).hexdigest()
+
+
+def sealed_by(data: bytes, mark: str, key: bytes) -> bool:
+    return hmac.compare_digest(mark.encode("ascii", "replace"), seal(data, key).encode())

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from harness.report import history as histories, issues as findings, merge as merging, promote as promotion
 from harness.report.gate import BaselineError, MalformedReport, changes, compare, load
-from harness.report.writer import summary_line
+from harness.report.writer import DocsUrlError, docs_url, summary_line
 from harness.text import printable
 
 MALFORMED = 4  # a report file that is not a valid report.json: pytest's usage-error code, as --baseline gets
@@ -48,14 +48,17 @@ def diff(before_path: Path, after_path: Path) -> int:
     return 1 if result.regressions or result.new_failures else 0
 
 
-def merge(folders: list[Path], out: Path, baseline: Path | None, allow_missing: bool) -> int:
+def merge(
+    folders: list[Path], out: Path, baseline: Path | None, allow_missing: bool, run_id: str | None, url: str | None
+) -> int:
     try:
-        baseline = promotion.baseline_path(baseline) if baseline else None  # a nightly store: its newest night
-        merged = merging.merge(folders, out, baseline, allow_missing)
+        url = docs_url(url)
+        baseline = promotion.baseline_path(baseline) if baseline else None  # a store: its newest night that passed
+        merged = merging.merge(folders, out, baseline, allow_missing, run_id, url)
     except MalformedReport as error:
         print(f"merge: {error}", file=sys.stderr)
         return MALFORMED
-    except (merging.MergeError, BaselineError) as error:
+    except (merging.MergeError, BaselineError, DocsUrlError) as error:
         print(f"merge: {error}", file=sys.stderr)
         return 2
     socs = sorted({record.soc for record in merged.records})
@@ -81,11 +84,16 @@ def promote(run: Path, store: Path, keep: int, bundles: bool) -> int:
     return 0
 
 
-def history(store: Path, out: Path | None) -> int:
+def history(store: Path, out: Path | None, url: str | None) -> int:
     if not promotion.is_store(store):
         print(f"history: {store} is not a nightly store: pass the folder given to promote --to", file=sys.stderr)
         return 2
-    json_path, html_path = histories.write(store, out)
+    try:
+        promotion.check_store(store, "history:")
+        json_path, html_path = histories.write(store, out, docs_url(url))
+    except (BaselineError, DocsUrlError) as error:
+        print(f"history: {error}", file=sys.stderr)
+        return 2
     for line in histories.headline(json.loads(json_path.read_text(encoding="utf-8"))):
         print(printable(line))
     print(f"history: {html_path} and {json_path.name}")
@@ -117,6 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     command.add_argument(
         "--allow-missing", action="store_true", help="gate: baseline checks absent here do not fail it"
     )
+    command.add_argument(
+        "--run-id", metavar="ID", help="the merged run's id (default: the parts'; never the --out folder's name)"
+    )
+    docs = "where docs/ is published, for FINDINGS.md links (default: $QNNSUITE_DOCS_URL, else a copy in the folder)"
+    command.add_argument("--docs-url", metavar="URL", help=docs)
     command = commands.add_parser("promote", help="copy a finished run into a nightly store as its newest night")
     command.add_argument("run", type=Path, metavar="RUN", help="a run folder (reports/<run>, or a merged folder)")
     command.add_argument("--to", type=Path, required=True, metavar="DIR", help="the nightly store (made if new)")
@@ -125,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     command = commands.add_parser("history", help="history.html and history.json of a nightly store")
     command.add_argument("store", type=Path, metavar="DIR", help="a nightly store (promote --to DIR)")
     command.add_argument("--out", type=Path, metavar="DIR", help="where to write them (default: DIR)")
+    command.add_argument("--docs-url", metavar="URL", help=docs)
     command = commands.add_parser("issues", help="one upstream issue.md (and script) per finding of a run")
     command.add_argument("run", type=Path, metavar="RUN", help="a run folder (reports/<run>, or a merged folder)")
     command.add_argument("--out", type=Path, metavar="DIR", help="where to write them (default: RUN/issues)")
@@ -134,9 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "promote":
         return promote(args.run, args.to, args.keep, not args.no_bundles)
     if args.command == "history":
-        return history(args.store, args.out)
+        return history(args.store, args.out, args.docs_url)
     if args.command == "merge":
-        return merge(args.folders, args.out, args.baseline, args.allow_missing)
+        return merge(args.folders, args.out, args.baseline, args.allow_missing, args.run_id, args.docs_url)
     return diff(args.before, args.after)
 
 

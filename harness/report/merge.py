@@ -17,6 +17,7 @@ names a folder there, and nothing else), and only directories and regular files 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import stat
 import sys
@@ -26,12 +27,13 @@ from pathlib import Path
 from harness.record import CheckRecord
 from harness.report.document import Column, records_of
 from harness.report.gate import BaselineError, GateResult, MalformedReport, compare, load, of_records, read_documents
-from harness.report.writer import write_soc
+from harness.report.writer import copy_findings, write_soc
 from harness.repro.layout import REPRO_DIR
 
 VERSION_KEYS = ("executorch", "torch", "torchao", "qnn_build_id")  # what the verdicts depend on
 JOINED_KEYS = ("host", "device_serial", "device_model")  # where each part ran, listed in the merge
 UNSHARDED = "unsharded"
+RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,120}$")  # a name in a folder name (a night's, in a store)
 
 
 class MergeError(ValueError):
@@ -207,19 +209,40 @@ def _provenance(documents: list[tuple[Part, dict]]) -> dict | None:
     return {"host": measured[0]["host"], "devices": list(devices.values()), "warnings": list(warnings)}
 
 
+def run_id_of(parts: list[Part], given: str | None) -> str:
+    """The merged run's id: --run-id, else the parts' (one run's shards share it; parts run by separate
+    jobs each have their own, and the earliest is taken: a run id starts with its start time). Never the
+    --out folder's name, which a CI job reuses every night."""
+    if given is not None:
+        if not RUN_ID.match(given):
+            raise MergeError(f"--run-id {given!r}: use letters, digits, '.', '_' and '-' (at most 121), e.g. the date")
+        return given
+    return min(str(document["run_id"]) for part in parts for document in part.documents)
+
+
 @dataclass(frozen=True)
 class Merged:
     records: list[CheckRecord]  # every part's, for the summary lines
     verdict: GateResult | None  # None without a baseline
 
 
-def merge(folders: list[Path], out: Path, baseline: Path | None = None, allow_missing: bool = False) -> Merged:
-    """Write the merged per-SoC reports to out/<SOC>/ (and gate.json when a baseline is given)."""
+def merge(
+    folders: list[Path],
+    out: Path,
+    baseline: Path | None = None,
+    allow_missing: bool = False,
+    run_id: str | None = None,
+    url: str | None = None,
+) -> Merged:
+    """Write the merged per-SoC reports to out/<SOC>/ (and gate.json when a baseline is given). run_id:
+    the merged run's (default: the parts', run_id_of); url: the docs base URL (writer.docs_url), else
+    out/FINDINGS.md is the copy the pages link."""
     if out.exists() and any(out.iterdir()):
         raise MergeError(f"--out {out} is not empty: name a new folder, so no old report is mixed in")
     parts = read_parts(folders)
     check_versions(parts)
     check_shards(parts)
+    run_id = run_id_of(parts, run_id)
     by_soc = merged_records(parts)
     records: dict[str, list[CheckRecord]] = {
         soc: [r for _, d in docs for r in records_of(d)] for soc, docs in by_soc.items()
@@ -232,18 +255,22 @@ def merge(folders: list[Path], out: Path, baseline: Path | None = None, allow_mi
     except BaselineError as error:
         raise MergeError(f"--baseline: {error}") from error
     targets = {soc: _inside(out, soc) for soc in by_soc}  # all checked before anything is written
+    out.mkdir(parents=True, exist_ok=True)
+    if url is None:
+        copy_findings(out)
     for soc, documents in sorted(by_soc.items()):
         folder = targets[soc]
         for part, _ in documents:
             _copy_regular_files(part.folder / soc / REPRO_DIR, folder / REPRO_DIR)
         write_soc(
             records[soc],
-            _environment(documents, out.name),
+            _environment(documents, run_id),
             folder,
-            out.name,
+            run_id,
             soc,
             _columns(parts, soc),
             verdict,
             _provenance(documents),
+            url,
         )
     return Merged(every, verdict)

@@ -19,10 +19,10 @@ def test_promote_keeps_n_nights_and_the_newest_is_the_baseline(tmp_path):
     for night in (1, 2, 3):
         completed = _cli("promote", _run(tmp_path / "reports", night), "--to", store, "--keep", "2")
         assert completed.returncode == 0, completed.stderr
-    assert [n.folder.name for n in promote.nights(store)] == ["000002-20261202-020000-2", "000003-20261203-020000-3"]
+    assert [n.folder.name for n in promote.nights(store)] == ["000002-2026-12-02-20261202-020000-2", "000003-2026-12-03-20261203-020000-3"]
     assert not [p for p in store.iterdir() if p.name.startswith((promote.STAGING, promote.PRUNING))]
     newest = promote.baseline_path(store)
-    assert newest.name == "000003-20261203-020000-3"
+    assert newest.name == "000003-2026-12-03-20261203-020000-3"
     assert json.loads((newest / promote.NIGHT_FILE).read_text())["run_id"] == "20261203-020000-3"
     for soc in ("SM8650", "SM8750"):
         assert sorted(p.name for p in (newest / soc).iterdir()) == sorted(promote.VIEWS)
@@ -83,7 +83,7 @@ def test_store_contents_are_data_a_planted_link_is_neither_a_night_nor_copied(tm
     assert _cli("promote", run, "--to", store).returncode == 0
     os.symlink(outside, store / "000009-planted")  # newer by number, but a link: not a night
     (newest,) = promote.nights(store)
-    assert newest.folder.name == "000001-20261201-020000-1" and promote.baseline_path(store) == newest.folder
+    assert newest.folder.name == "000001-2026-12-01-20261201-020000-1" and promote.baseline_path(store) == newest.folder
     assert not (newest.folder / "SM8650" / "repro" / "passwd").exists()
 
 
