@@ -68,7 +68,8 @@ def merge(
     verdict = merged.verdict
     if verdict is None:
         return 0
-    print(f"gate against {baseline}: " + ("no regressions" if verdict.ok else "FAILED"))
+    said = f" ({verdict.baseline_line()})" if verdict.baseline_line() else ""
+    print(f"gate against {baseline}{said}: " + ("no regressions" if verdict.ok else "FAILED"))
     for line in verdict.lines():
         print(f"  {printable(line)}")  # a part's failure message may carry terminal escapes
     return 0 if verdict.ok else 1

@@ -21,12 +21,23 @@ import re
 import shutil
 import stat
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from harness.record import CheckRecord
 from harness.report.document import Column, records_of
-from harness.report.gate import BaselineError, GateResult, MalformedReport, compare, load, of_records, read_documents
+from harness.report.gate import (
+    BaselineError,
+    GateResult,
+    MalformedReport,
+    Selection,
+    compare,
+    of_document,
+    of_records,
+    read_documents,
+    selection_of,
+)
+from harness.report.promote import identity
 from harness.report.writer import copy_findings, write_soc
 from harness.repro.layout import REPRO_DIR
 
@@ -160,7 +171,10 @@ def _environment(documents: list[tuple[Part, dict]], run_id: str) -> dict:
     """The first part's environment, with every part's hosts and devices, the whole time span, and which
     runs (and shards) the merge is made of."""
     environments = [document["environment"] for _, document in documents]
-    merged = {key: value for key, value in environments[0].items() if key != "shard"}
+    merged = {
+        key: value for key, value in environments[0].items() if key != "shard" and not key.startswith("selection")
+    }
+    merged |= selection_of(environments).environment()
     for key in JOINED_KEYS:
         values = [str(v) for env in environments for v in str(env.get(key, "")).split(", ") if env.get(key)]
         if values:
@@ -220,6 +234,19 @@ def run_id_of(parts: list[Part], given: str | None) -> str:
     return min(str(document["run_id"]) for part in parts for document in part.documents)
 
 
+def _selection(parts: list[Part]) -> Selection:
+    """The merged run's selection: the parts' together (shards merged whole are not a narrowing)."""
+    return selection_of([document["environment"] for part in parts for document in part.documents])
+
+
+def _gate(baseline: Path, records: list[CheckRecord], allow_missing: bool, selection: Selection) -> GateResult:
+    """The merged records against the baseline's reports, read once, naming the baseline."""
+    documents = [document for _, document in read_documents(baseline)]
+    before = {key: outcome for document in documents for key, outcome in of_document(document).items()}
+    result = compare(before, of_records(records), allow_missing, selection)
+    return replace(result, baseline=identity(baseline, documents))
+
+
 @dataclass(frozen=True)
 class Merged:
     records: list[CheckRecord]  # every part's, for the summary lines
@@ -249,7 +276,7 @@ def merge(
     }
     every = [record for soc_records in records.values() for record in soc_records]
     try:
-        verdict = compare(load(baseline), of_records(every), allow_missing) if baseline is not None else None
+        verdict = _gate(baseline, every, allow_missing, _selection(parts)) if baseline is not None else None
     except MalformedReport as error:
         raise MalformedReport(f"--baseline: {error}") from None
     except BaselineError as error:

@@ -174,6 +174,14 @@ def baseline_path(path: Path) -> Path:
     )
 
 
+def identity(path: Path, documents: list[dict]) -> dict[str, str]:
+    """How a gate names its baseline: the night (when path is a night of a store), the run id, executorch."""
+    night = path.name if NIGHT.match(path.name) and is_store(path.parent) else ""
+    run_ids = sorted({str(document["run_id"]) for document in documents})
+    versions = sorted({str(document["environment"].get("executorch")) for document in documents})
+    return {"night": night, "run_id": ", ".join(run_ids), "executorch": ", ".join(versions)}
+
+
 def _safe_name(run_id: str) -> str:
     """A report's run id as part of a folder name (the schema leaves run_id free text)."""
     name = re.sub(r"[^A-Za-z0-9_.-]", "_", run_id)[:120]

@@ -12,7 +12,7 @@ from harness.paths import REPO_ROOT
 from harness.record import CheckRecord
 from harness.report import junit, markdown, page
 from harness.report.document import SPOKEN, Column, build, tally
-from harness.report.gate import GateResult
+from harness.report.gate import GateResult, summary as gate_summary
 from harness.repro import layout
 
 LATEST = "latest"
@@ -147,14 +147,7 @@ def _write_views(folder: Path, document: dict, soc: str, gate: GateResult | None
     )
     write_atomically(folder / "report.html", page.render(document, mine, findings), errors="backslashreplace")
     if mine is not None:
-        write_atomically(
-            folder / "gate.json",
-            json.dumps(
-                {"ok": mine.ok, "checks": mine.entries(), "performance": [v.entry() for v in mine.performance]},
-                indent=1,
-            )
-            + "\n",
-        )
+        write_atomically(folder / "gate.json", json.dumps(gate_summary(mine), indent=1) + "\n")
 
 
 def summary_line(records: list[CheckRecord], soc: str, html: Path | None = None, shard: str | None = None) -> str:

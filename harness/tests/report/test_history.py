@@ -168,9 +168,12 @@ def test_history_page_shows_the_same_and_escapes_report_text(store):
     text = (store / "history.html").read_text()
     page = _Page()
     page.feed(text)
-    assert [REGRESSED[1], "state", "000002-2026-12-02-20261202-020000-2", "000002-2026-12-02-20261202-020000-2"] == page.rows[
-        next(i for i, row in enumerate(page.rows) if REGRESSED[1] in row)
-    ][1:5]
+    assert [
+        REGRESSED[1],
+        "state",
+        "000002-2026-12-02-20261202-020000-2",
+        "000002-2026-12-02-20261202-020000-2",
+    ] == page.rows[next(i for i, row in enumerate(page.rows) if REGRESSED[1] in row)][1:5]
     assert any(row[:2] == ["card", "SM8650: slice_mask"] for row in page.rows)
     assert page.svgs >= 2 and "b" not in page.tags  # the known failure's <b> is text, not markup
     assert "&lt;b&gt;" in text and "<script" not in text and "http" not in text.replace("http://www.w3.org", "")
@@ -209,7 +212,14 @@ def test_a_phone_that_went_missing_is_named_by_its_serial(tmp_path):
             }
         }
         records = [r for r in _records(1) if r.soc == "SM8650"]
-        writer.write_run(records, {"SM8650": {"soc": "SM8650", "started": "2026-12-02T02:00:00+0000"}}, reports, f"run{night}", COLUMNS, provenance=provenance)
+        writer.write_run(
+            records,
+            {"SM8650": {"soc": "SM8650", "started": "2026-12-02T02:00:00+0000"}},
+            reports,
+            f"run{night}",
+            COLUMNS,
+            provenance=provenance,
+        )
         promote.promote(reports / f"run{night}", tmp_path / "store")
     document = history.build(history.read_store(tmp_path / "store"))
     assert [(m["kind"], m["name"], m["missing_since"]) for m in document["missing"]] == [

@@ -19,7 +19,10 @@ def test_promote_keeps_n_nights_and_the_newest_is_the_baseline(tmp_path):
     for night in (1, 2, 3):
         completed = _cli("promote", _run(tmp_path / "reports", night), "--to", store, "--keep", "2")
         assert completed.returncode == 0, completed.stderr
-    assert [n.folder.name for n in promote.nights(store)] == ["000002-2026-12-02-20261202-020000-2", "000003-2026-12-03-20261203-020000-3"]
+    assert [n.folder.name for n in promote.nights(store)] == [
+        "000002-2026-12-02-20261202-020000-2",
+        "000003-2026-12-03-20261203-020000-3",
+    ]
     assert not [p for p in store.iterdir() if p.name.startswith((promote.STAGING, promote.PRUNING))]
     newest = promote.baseline_path(store)
     assert newest.name == "000003-2026-12-03-20261203-020000-3"
