@@ -364,6 +364,12 @@ def _stage(source: Path, store: int, run_id: str, documents: list, bundles: bool
             _write_in(folder, NIGHT_FILE, data)
             _write_in(folder, SEAL_FILE, (seal(data, _store_key()) + "\n").encode())
             os.fchmod(folder, 0o755)  # 0700 would hide the night from the CI user that publishes it
+            if not os.path.samestat(os.fstat(folder), os.stat(staging, dir_fd=store, follow_symlinks=False)):
+                raise PromoteError(
+                    f"the staging folder {staging} was replaced while the run was copied into it: nothing "
+                    "promoted (the copy went into the folder promote made, not through the replacement); "
+                    "check who else can write the store"
+                )
     except BaseException:
         shutil.rmtree(staging, dir_fd=store, ignore_errors=True)
         raise
