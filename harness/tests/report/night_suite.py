@@ -1,5 +1,5 @@
 """A stand-in for `harness/run.sh suite` in the nightly workflow replay (test_nights.py): it takes the same
-options docs/ci.md passes (--emulate, --soc, --shard, --shard-timings, --report-dir) and writes, with the
+options docs/ci.md passes (--emulate or --device, --soc, --shard, --shard-timings, --report-dir) and writes, with the
 suite's own report writer, the shard's part of a small synthetic matrix for the night in
 QNNSUITE_TEST_NIGHT. Running five real nights of the suite would take hours; the commands around it (merge,
 gate, promote, history) are the real ones, run as docs/ci.md writes them.
@@ -22,6 +22,7 @@ from harness.report import write_run
 COLUMNS = [{"name": "export", "short": "exp"}, {"name": "state", "short": "st"}]
 CARDS = ("counter_add", "kv_cache", "slice_mask")
 MODES = ("delegate_mutbuf", "skip_mutbuf")
+SOCS = ("SM8650", "SM8750")
 CHECKS = ("export", "state")
 KNOWN = (
     "known failure [uninitialised_delegated_buffer]: delegated buffer ignores its initial value "
@@ -78,7 +79,8 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("command", choices=["suite"])
     parser.add_argument("--emulate")
-    parser.add_argument("--soc", required=True)
+    parser.add_argument("--device")
+    parser.add_argument("--soc")
     parser.add_argument("--shard", required=True)
     parser.add_argument("--shard-timings")
     parser.add_argument("--report-dir", type=Path, required=True)
@@ -88,17 +90,21 @@ def main(argv: list[str]) -> int:
         return 4
     night = int(os.environ["QNNSUITE_TEST_NIGHT"])
     index, count = map(int, args.shard.split("/"))
-    run_id = f"202612{night:02d}-02{index:02d}{'SM8650 SM8750'.split().index(args.soc)}0-{night}"
-    environment = {
-        "soc": args.soc,
-        "executorch": "1.5.1",
-        "emulated": True,
-        "started": f"2026-12-{night:02d}T02:00:00+0000",
-        "shard": args.shard,
-        "selection": f"--soc {args.soc}",
-        "selection_socs": args.soc,
+    socs = [args.soc] if args.soc else list(SOCS)
+    run_id = f"202612{night:02d}-02{index:02d}{SOCS.index(args.soc) if args.soc else 9}0-{night}"
+    environments = {
+        soc: {
+            "soc": soc,
+            "executorch": "1.5.1",
+            "emulated": True,
+            "started": f"2026-12-{night:02d}T02:00:00+0000",
+            "shard": args.shard,
+            **({"selection": f"--soc {soc}", "selection_socs": soc} if args.soc else {}),
+        }
+        for soc in socs
     }
-    write_run(records(night, args.soc, index, count), {args.soc: environment}, args.report_dir, run_id, COLUMNS)
+    mine = [record for soc in socs for record in records(night, soc, index, count)]
+    write_run(mine, environments, args.report_dir, run_id, COLUMNS)
     return 0
 
 

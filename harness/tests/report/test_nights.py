@@ -26,6 +26,7 @@ from harness.report import promote
 
 CI = (REPO_ROOT / "docs" / "ci.md").read_text(encoding="utf-8")
 WORKFLOW = CI.split("```yaml\n", 1)[1].split("```", 1)[0]
+ONE_HOST = CI.split("## One host\n", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
 NIGHTS = 5
 STORE_KEY = "a secret every job of the workflow is given"
 
@@ -211,3 +212,30 @@ def test_the_history_dates_the_regression_shows_the_xpass_and_links_rows_to_exis
     # every night kept its own FINDINGS.md, which its pages link: the store's pages travel with it
     assert all((night.folder / "FINDINGS.md").is_file() for night in stored)
     assert not [p for p in store.rglob("*") if stat.S_ISLNK(p.lstat().st_mode)]
+
+
+def test_the_one_host_nightly_stores_every_night_and_gates_against_the_last_that_passed(tmp_path, monkeypatch):
+    """docs/ci.md's one-host night, from `night=` on (the line before it is the plain whole-matrix run), as
+    written, on three nights (`date` answers each night's day): the third brings the regression."""
+    script = ONE_HOST[ONE_HOST.index("night=") :]
+    monkeypatch.delenv("QNNSUITE_STORE_KEY")  # one host: the user's own key
+    host = tmp_path / "host"
+    host.mkdir()
+    _suite_stub(host)
+    outputs = []
+    for night in (1, 2, 3):
+        env = _environment(tmp_path, night)
+        del env["QNNSUITE_STORE_KEY"]
+        (tmp_path / "bin" / "date").write_text(f"#!/bin/sh\necho 202612{night:02d}\n")
+        (tmp_path / "bin" / "date").chmod(0o755)
+        completed = subprocess.run(
+            ["bash", "-c", script], cwd=host, env=env, capture_output=True, text=True, timeout=600
+        )
+        assert completed.returncode == 0, completed.stderr
+        outputs.append(completed)
+    stored = promote.nights(host / "nightly")
+    assert [night.date for night in stored] == ["2026-12-01", "2026-12-02", "2026-12-03"]
+    assert [promote.gate_of(promote.night_record(night)) for night in stored] == ["not gated", "passed", "failed"]
+    assert "gate against nightly" in outputs[2].stdout and "FAILED" in outputs[2].stdout
+    history = json.loads((host / "nightly" / "history.json").read_text())
+    assert [c["failing_since"] for c in history["checks"] if c["started_failing"]] == [stored[2].folder.name]
