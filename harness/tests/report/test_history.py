@@ -225,3 +225,27 @@ def test_a_phone_that_went_missing_is_named_by_its_serial(tmp_path):
     assert [(m["kind"], m["name"], m["missing_since"]) for m in document["missing"]] == [
         ("device", "SM8650: R3CT9", "000002-2026-12-02-run2")
     ]
+
+
+def test_findings_sort_numerically_with_deltas_and_verdicts_each_have_their_colour(store):
+    assert sorted(["F11", "new-state", "F2", "F1"], key=history.finding_order) == ["F1", "F2", "F11", "new-state"]
+    assert history._deltas([0, 1, 3, 3, 1]) == [(0, ""), (1, "+1"), (3, "+2"), (3, ""), (1, "-2")]
+    classes = [history.square_class(v) for v in ("passed", "failed", "xfailed", "xpassed", "skipped", None)]
+    assert classes == ["passed", "failed", "xfailed", "xpassed", "other", "absent"]
+    history.write(store)
+    text = (store / "history.html").read_text()
+    for verdict in ("failed", "xfailed", "passed"):
+        assert f'class="v {verdict}"' in text
+    assert len({line for line in text.splitlines() if line.startswith("span.")}) >= 2
+    row = next(line for line in text.splitlines() if line.startswith('<tr class="finding">') and "new-state" in line)
+    assert (
+        '<td>1 <span class="up">+1</span></td><td>2 <span class="up">+1</span></td><td>1 <span class="down">-1</span>'
+        in row
+    )
+    assert 'href="000004-2026-12-04-20261204-020000-4/FINDINGS.md#F1"' in text
+    copy = store.parent / "site"
+    history.write(store, copy)  # written elsewhere: the links reach the store from there
+    assert (
+        'href="../nightly/000004-2026-12-04-20261204-020000-4/SM8650/report.html#cell-'
+        in (copy / "history.html").read_text()
+    )
