@@ -155,7 +155,7 @@ class ConformanceReporter:
     def _report(self, session: pytest.Session) -> None:
         verdict = None
         shard = self._options.shard.label if self._options.shard else None
-        selection = run_selection(self._options, session.config)
+        selection = run_selection(self._options, getattr(session, "config", None))
         if self._baseline is not None:
             partial = " ".join(filter(None, (selection.partial, f"--shard {shard}" if shard else "")))
             verdict = replace(
@@ -246,16 +246,20 @@ class ConformanceReporter:
                 say(f"qnnsuite: {line}")
 
 
-def run_selection(options: RunOptions, config: pytest.Config) -> Selection:
+def run_selection(options: RunOptions, config: pytest.Config | None) -> Selection:
     """What narrowed the run's cases (-k, -m, --soc, --dtype), as the gate and report.json say it; empty
-    for the whole matrix. A shard is said apart (environment.shard)."""
+    for the whole matrix. A shard is said apart (environment.shard). The options' defaults stand for what a
+    caller without them (a plugin test's options, a session without its config) did not narrow."""
     said = []
-    if keyword := config.getoption("keyword", ""):
-        said.append(f"-k {keyword}")
-    if marks := config.getoption("markexpr", ""):
-        said.append(f"-m {marks}")
-    dtypes = frozenset(options.dtypes) if set(options.dtypes) != set(DTYPES) else frozenset()
-    return Selection(frozenset(options.soc_filter), dtypes, " ".join(said))
+    for flag, name in (("-k", "keyword"), ("-m", "markexpr")):
+        if value := (config.getoption(name, "") if config is not None else ""):
+            said.append(f"{flag} {value}")
+    dtypes = frozenset(getattr(options, "dtypes", DTYPES))
+    return Selection(
+        frozenset(getattr(options, "soc_filter", ())),
+        frozenset() if dtypes == set(DTYPES) else dtypes,
+        " ".join(said),
+    )
 
 
 def _perf_counts(verdict: GateResult) -> str:

@@ -27,6 +27,7 @@ from harness.report import history as histories, issues as findings, merge as me
 from harness.report.gate import BaselineError, MalformedReport, changes, compare, load
 from harness.report.writer import DocsUrlError, docs_url, summary_line
 from harness.text import printable
+from harness.user_state import UnsafeStateDir
 
 MALFORMED = 4  # a report file that is not a valid report.json: pytest's usage-error code, as --baseline gets
 
@@ -78,7 +79,7 @@ def merge(
 def promote(run: Path, store: Path, keep: int, bundles: bool) -> int:
     try:
         night = promotion.promote(run, store, keep, bundles)
-    except promotion.PromoteError as error:
+    except (promotion.PromoteError, UnsafeStateDir) as error:
         print(f"promote: {error}", file=sys.stderr)
         return 2
     print(f"promoted {run} to {night}")

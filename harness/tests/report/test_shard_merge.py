@@ -312,9 +312,8 @@ def test_shards_of_a_slice_merge_into_the_unsharded_run(tmp_path: Path):
     merged_doc = json.loads((tmp_path / "merged" / "SM8650" / "report.json").read_text())
     assert merged_doc["summary"] == whole_doc["summary"] and merged_doc["checks"] == whole_doc["checks"]
     gated = _suite(tmp_path, "gated", cache, "--baseline", str(tmp_path / "merged"))  # the merge as the next baseline
-    assert gated.returncode == 0 and f"gate against {tmp_path / 'merged'}: no regressions" in gated.stdout, (
-        gated.stdout[-2000:]
-    )
+    said = f"gate against {tmp_path / 'merged'} (baseline: run id "  # the merge's: its parts' run id
+    assert gated.returncode == 0 and said in gated.stdout and "no regressions" in gated.stdout, gated.stdout[-2000:]
 
 
 # --- the merged run's id, its links, and a narrowed run's gate ----------------------------------------------------
