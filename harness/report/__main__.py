@@ -9,7 +9,8 @@ names it: report files from elsewhere are data, harness/report/intake.py), else 
 merge: exits 2 when the parts cannot be merged (one line says why), 4 on a part or baseline that is not a
 valid report.json, 1 when --baseline is given and the merged run fails its gate (gate.json beside each
 report.json names the checks), else 0.
-A baseline (diff's A, merge's --baseline) that is a nightly store means its newest night.
+A baseline (diff's A, merge's --baseline) that is a nightly store means its newest sealed night whose gate
+passed (harness/report/promote.py baseline_path).
 promote: `python -m harness.report promote RUN --to DIR [--keep N]` (harness/report/promote.py); exits 2
 when the run is incomplete or DIR is not a store. history: `python -m harness.report history DIR`
 (harness/report/history.py); exits 2 when DIR is not a store. issues: `python -m harness.report issues RUN`
