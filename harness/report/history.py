@@ -130,7 +130,8 @@ def _number(value: object) -> float:
 
 
 def _transitions(verdicts: list[str | None], labels: list[str]) -> dict:
-    """failing since, started and stopped failing, flaky (the pass/fail class changed twice or more)."""
+    """failing since, started and stopped failing, flaky (the pass/fail class changed twice or more), and the
+    nights a known failure passed (xpassed)."""
     started, stopped, since = [], [], None
     previous = None
     changes = 0
@@ -149,6 +150,7 @@ def _transitions(verdicts: list[str | None], labels: list[str]) -> dict:
         "started_failing": started,
         "stopped_failing": stopped,
         "flaky": changes >= 2,
+        "xpassed": [label for label, verdict in zip(labels, verdicts) if verdict == "xpassed"],
     }
 
 
@@ -191,7 +193,7 @@ def build(store_nights: list[NightReports]) -> dict:
                 cards.setdefault(f"{soc}: {case['card']}", [False] * count)[i] = True
                 verdicts.setdefault(key, [None] * count)[i] = check["verdict"]
                 finding = finding_of(name, check)
-                newest[key] = {"night": i, "finding": finding, "bundle": _bundle(night, soc, check)}
+                newest[key] = {"newest": night.label, "finding": finding, "bundle": _bundle(night, soc, check)}
                 if finding is not None:
                     findings.setdefault(finding, [0] * count)[i] += 1
                     about.setdefault(finding, (check["known_failure"] or check["message"])[:ABOUT_CHARS])
@@ -215,10 +217,7 @@ def build(store_nights: list[NightReports]) -> dict:
                 "check": name,
                 "verdicts": strip,
                 **_transitions(strip, labels),
-                "xpassed": [label for label, verdict in zip(labels, strip) if verdict == "xpassed"],
-                "newest": labels[newest[(soc, case_id, name)]["night"]],
-                "finding": newest[(soc, case_id, name)]["finding"],
-                "bundle": newest[(soc, case_id, name)]["bundle"],
+                **newest[(soc, case_id, name)],
             }
         )
     return json_safe(
