@@ -389,9 +389,12 @@ def promote(run: Path, store: Path, keep: int = DEFAULT_KEEP, bundles: bool = Tr
     with filelock.FileLock(store / ".promote.lock", timeout=600), _opened(store) as handle:
         if not stat.S_ISREG(_mode(store / MARKER)):
             _write_in(handle, MARKER, (json.dumps({"kind": "qnnsuite nightly store", "version": 1}) + "\n").encode())
-        for leftover in os.listdir(handle):  # a promotion killed half way (we hold the lock)
+        for leftover in os.listdir(handle):  # a promotion killed half way (we hold the lock), or a planted link
             if leftover.startswith((STAGING, PRUNING)):
-                shutil.rmtree(leftover, dir_fd=handle, ignore_errors=True)
+                if stat.S_ISLNK(os.stat(leftover, dir_fd=handle, follow_symlinks=False).st_mode):
+                    os.unlink(leftover, dir_fd=handle)
+                else:
+                    shutil.rmtree(leftover, dir_fd=handle, ignore_errors=True)
         stored = nights(store)
         if stored and stored[-1].run_id == _safe_name(run_id):
             raise PromoteError(f"{run_id} is already the newest night ({stored[-1].folder.name}): nothing to promote")

@@ -244,3 +244,6 @@ def test_a_swapped_staging_folder_does_not_redirect_the_copy(tmp_path, monkeypat
         promote.promote(_run(tmp_path / "reports", 1), store)
     assert not list(outside.iterdir()) and not promote.nights(store)
     assert (tmp_path / "aside" / "SM8650" / "report.json").is_file()  # where the writes went
+    monkeypatch.setattr(promote, "_copy_file", copy_file)
+    promote.promote(_run(tmp_path / "reports", 1), store)  # the next promotion clears the planted link away
+    assert not [p for p in store.iterdir() if p.is_symlink()] and len(promote.nights(store)) == 1
