@@ -117,7 +117,7 @@ def add_options(parser: pytest.Parser) -> None:
         "--baseline",
         default=None,
         metavar="PATH",
-        help="report.json (or a folder of them, or a nightly store: its newest night) to gate against",
+        help="report.json (or a folder of them, or a nightly store: its newest night that passed) to gate against",
     )
     group.addoption(
         "--allow-missing",

@@ -9,14 +9,20 @@ are opened without following symlinks.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
+import secrets
 import stat
 import tempfile
 import time
+from functools import cache
 from pathlib import Path
 from typing import IO
 
 from harness.files import say
+
+KEY_BYTES = 32
 
 
 class UnsafeStateDir(RuntimeError):
@@ -137,3 +143,45 @@ def open_append(path: Path) -> IO[str]:
     """Append to a file in a state folder, never through a symlink, creating it 0600."""
     descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     return os.fdopen(descriptor, "a")
+
+
+@cache
+def user_key(name: str) -> bytes:
+    """This user's secret key `name` (e.g. the cache's, the nightly store's): made once (0600, atomically: the
+    first writer wins) in the user's private 0700 state folder, and read only if it is a regular file of
+    this user's that nobody else can read. What it seals (harness/pipeline/prepared.py's programs, the nights
+    of harness/report/promote.py) was written by this user's suite, not planted."""
+    path = base_dir() / name
+    if not os.path.lexists(path):
+        temporary = path.with_name(f".{name}.{os.getpid()}.{secrets.token_hex(4)}")
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(descriptor, secrets.token_bytes(KEY_BYTES))
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+        try:
+            os.link(temporary, path)  # fails if another process made it first: then theirs is the key
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(temporary)
+    descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(descriptor, "rb") as file:
+        info = os.fstat(descriptor)
+        key = file.read(KEY_BYTES + 1)
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077 or len(key) != KEY_BYTES:
+        raise UnsafeStateDir(
+            f"key {path} is not a 0600 file of {KEY_BYTES} bytes of yours: remove it (a new one is made; "
+            f"what the old one sealed is made again or refused)"
+        )
+    return key
+
+
+def seal(data: bytes, key: bytes) -> str:
+    """HMAC-SHA256 of data under key, hex: compare with `sealed_by`, never with ==."""
+    return hmac.new(key, data, hashlib.sha256).hexdigest()
+
+
+def sealed_by(data: bytes, mark: str, key: bytes) -> bool:
+    return hmac.compare_digest(mark.encode("ascii", "replace"), seal(data, key).encode())

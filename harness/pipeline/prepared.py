@@ -33,17 +33,12 @@ the entry's facts as they would the bytes.
 from __future__ import annotations
 
 import hashlib
-import hmac
 import io
-import os
-import secrets
-import stat
 import sys
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 from typing import TypeVar
 
@@ -64,14 +59,21 @@ from harness.pipeline.facts import (
     QuantizeFacts,
     lowering_error,
 )
-from harness.user_state import UnsafeStateDir, base_dir, claim_entry, entry_problem
+from harness.user_state import (
+    KEY_BYTES as KEY_BYTES,  # the key length, read here by the tests
+    UnsafeStateDir,
+    claim_entry,
+    entry_problem,
+    seal,
+    sealed_by,
+    user_key,
+)
 
 T = TypeVar("T")
 PROGRAM = "program.pt2"
 SEAL_SUFFIX = ".hmac"
 SEAL = PROGRAM + SEAL_SUFFIX  # HMAC-SHA256 of the program under this user's key: only programs this user made are read
 KEY_FILE = "cache-hmac.key"  # in the user's private state folder (harness/user_state.py)
-KEY_BYTES = 32
 FACTS = "prepared.json"
 EXPORT_FACTS = "export.json"
 # Programs the lowering server read (preload), by sha256: its forked children each take their own copy.
@@ -313,48 +315,21 @@ def _program_bytes(directory: Path, name: str, program: ProgramFacts) -> bytes:
     if len(data) != program.bytes or hashlib.sha256(data).hexdigest() != program.sha256:
         raise FactsError(f"{name} is not the program its facts describe")
     try:
-        seal = (directory / _seal_file(name)).read_text(encoding="ascii").strip()
+        mark = (directory / _seal_file(name)).read_text(encoding="ascii").strip()
     except (OSError, UnicodeDecodeError):
-        seal = ""
-    if not hmac.compare_digest(seal.encode("ascii", "replace"), _seal(data).encode()):
+        mark = ""
+    if not sealed_by(data, mark, _key()):
         raise FactsError(f"{name} is not sealed by this user's key (made elsewhere, or planted): not read")
     return data
 
 
 def _seal(data: bytes) -> str:
-    return hmac.new(_key(), data, hashlib.sha256).hexdigest()
+    return seal(data, _key())
 
 
-@cache
 def _key() -> bytes:
-    """This user's key for sealing prepared programs: made once (0600, atomically: the first writer wins)
-    in the user's private 0700 state folder, and read only if it is a regular file of this user's that
-    nobody else can read."""
-    path = base_dir() / KEY_FILE
-    if not os.path.lexists(path):
-        temporary = path.with_name(f".{KEY_FILE}.{os.getpid()}.{secrets.token_hex(4)}")
-        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
-            os.write(descriptor, secrets.token_bytes(KEY_BYTES))
-            os.fsync(descriptor)
-        finally:
-            os.close(descriptor)
-        try:
-            os.link(temporary, path)  # fails if another process made it first: then theirs is the key
-        except FileExistsError:
-            pass
-        finally:
-            os.unlink(temporary)
-    descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    with os.fdopen(descriptor, "rb") as file:
-        info = os.fstat(descriptor)
-        key = file.read(KEY_BYTES + 1)
-    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077 or len(key) != KEY_BYTES:
-        raise UnsafeStateDir(
-            f"cache key {path} is not a 0600 file of {KEY_BYTES} bytes of yours: "
-            f"remove it (a new one is made; cached quantized programs are made again)"
-        )
-    return key
+    """This user's key for sealing prepared programs (harness/user_state.py user_key)."""
+    return user_key(KEY_FILE)
 
 
 def _load(data: bytes) -> torch.nn.Module:
