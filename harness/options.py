@@ -269,7 +269,7 @@ def _check_selection_expressions(config: pytest.Config) -> None:
     then crashes every worker (a 56-line INTERNALERROR, exit 3) after the devices were started for nothing."""
     from _pytest.mark.expression import Expression
 
-    for flag, expression in (("-k", config.option.keyword), ("-m", config.option.markexpr)):
+    for flag, expression in (("-k", config.getoption("keyword")), ("-m", config.getoption("markexpr"))):
         if expression and expression.strip():
             try:
                 Expression.compile(expression.lstrip())
