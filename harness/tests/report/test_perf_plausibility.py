@@ -1,0 +1,58 @@
+"""A performance baseline must be a plausible measurement before the gate trusts it: a baseline of zeros, of
+huge values or with one wild repeat never PASSes a 5x slower run (it WARNs, naming why), and a case whose
+noise is too wide to judge a change of the budget's size WARNs "insufficient data" instead of passing.
+Each figure carries the smallest change the gate could detect for its case (budget + noise band)."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.report.perf_gate import FAIL, PASS, WARN, compare, judge
+from harness.tests.report.test_perf_gate import records_with, timing
+
+HEALTHY = [300, 305, 302]
+FIVE_TIMES_SLOWER = [1500, 1510, 1505]
+
+
+@pytest.mark.parametrize(
+    ("baseline", "why"),
+    [
+        ([0, 0, 0], "implausible baseline: a p50 step of 0 us"),
+        ([0, 300, 301], "implausible baseline: a p50 step of 0 us"),
+        ([10**12, 10**12, 10**12], "implausible baseline: a p50 step of 1000000000000 us"),
+        ([100_000, 100_500, 100_200], "implausible baseline: 67x this run's time"),
+        ([300, 302, 30_000_000], "insufficient data: a noise band of"),
+    ],
+)
+def test_an_absurd_baseline_never_passes_a_five_times_slower_run(baseline, why):
+    judged = judge(baseline, FIVE_TIMES_SLOWER, 10.0)
+    assert judged.verdict == WARN and why in judged.reason, judged
+
+
+def test_a_wild_baseline_repeat_is_named_on_the_gate_line():
+    baseline = records_with({"delegate_mutbuf": timing([0, 0, 0]), "skip_mutbuf": timing(HEALTHY)})
+    slower = records_with({"delegate_mutbuf": timing(FIVE_TIMES_SLOWER), "skip_mutbuf": timing(FIVE_TIMES_SLOWER)})
+    verdicts = {
+        v.case_id.split("-")[2]: v for v in compare({(r.soc, r.case_id): r.timing for r in baseline}, slower, 10.0)
+    }
+    assert verdicts["delegate_mutbuf"].verdict == WARN
+    assert verdicts["delegate_mutbuf"].line().endswith("implausible baseline: a p50 step of 0 us")
+    assert verdicts["skip_mutbuf"].verdict == FAIL, "a plausible baseline still fails the slower run"
+
+
+@pytest.mark.parametrize("now", [[0, 0, 0], [10**13, 10**13, 10**13]])
+def test_an_absurd_measurement_now_is_a_warn_too(now):
+    assert judge(HEALTHY, now, 10.0).verdict == WARN
+
+
+def test_a_plausible_steady_case_passes_and_reports_what_it_could_detect():
+    baseline = records_with({"delegate_mutbuf": timing(HEALTHY)})
+    (verdict,) = compare({(r.soc, r.case_id): r.timing for r in baseline}, baseline, 10.0)
+    assert verdict.verdict == PASS and verdict.detectable_pct == pytest.approx(10.0 + 5 / 300 * 100)
+    entry = verdict.entry()
+    assert entry["detectable_pct"] == pytest.approx(11.7) and entry["reason"] == ""
+    assert "detectable 12%" in verdict.line()
+
+
+def test_a_genuine_speedup_below_the_plausibility_bound_passes():
+    assert judge(HEALTHY, [200, 201, 202], 10.0).verdict == PASS
