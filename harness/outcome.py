@@ -158,6 +158,25 @@ class CaseOutcome:
             **({"profile": self.profile} if self.profile is not None else {}),
         }
 
+    @property
+    def structure(self) -> dict | None:
+        """The case's structural performance facts as its record carries them (report.json `structure`): the
+        lowering's (harness/pipeline/structure.py), the .pte's size and, where the device has an execute
+        trace, the most tensors one execute bound through registered memory (QNN mem handles); None when the
+        lowering recorded none (not lowered, or a cache entry of a suite that did not record them)."""
+        facts = self.artifact.facts
+        if not isinstance(facts.structure, dict) or "methods" not in facts.structure:
+            return None
+        found: dict = {**facts.structure, "pte_bytes": facts.program.bytes if facts.program else None}
+        if self.run is not None and self.run.trace is not None and self.device and self.device.has_execute_trace:
+            executes = [r for r in mutbuf.read_trace(self.run.trace) if r.get("event") == "execute"]
+            if executes:
+                found["registered_tensors_per_execute"] = max(
+                    sum(t.get("mem") == "handle" for t in [*r.get("inputs", []), *r.get("outputs", [])])
+                    for r in executes
+                )
+        return found
+
     def device_outputs(self) -> list[list[np.ndarray]]:
         """Device outputs reinterpreted with the reference's dtypes and shapes."""
         assert self.run is not None

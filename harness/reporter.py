@@ -24,7 +24,7 @@ from harness.files import say, unwritable, write_atomically
 from harness.options import RunOptions
 from harness.qnn.toolchain import prepare
 from harness.record import REPORT_ATTRIBUTE, CheckRecord
-from harness.report import perf_gate
+from harness.report import perf_gate, structure_gate
 from harness.report.document import SPOKEN, tally
 from harness.report.gate import BaselineError, GateResult, Key, Outcome, clip, read_documents
 from harness.report.perf_gate import FAIL, PASS, WARN
@@ -57,12 +57,14 @@ class ConformanceReporter:
         # The plugin read the same path as outcomes already; a path that cannot be read (given as outcomes
         # only) leaves the performance gate nothing to compare.
         self._perf_baseline: dict = {}
+        self._structure_baseline: dict = {}
         if baseline is not None and options.baseline is not None:
             try:
                 documents = [document for _, document in read_documents(Path(options.baseline))]
             except BaselineError:
                 documents = []
             self._perf_baseline = perf_gate.baseline_timings(documents)
+            self._structure_baseline = structure_gate.baseline_structures(documents)
         self.records: list[CheckRecord] = []
         self._lines: list[str] = []
         self._notes: list[str] = []  # records that could not be read
@@ -156,6 +158,7 @@ class ConformanceReporter:
                 report.gate(self.records, self._baseline, self._options.allow_missing),
                 performance=perf_gate.compare(self._perf_baseline, self.records, self._options.perf_budget),
                 perf_fails_gate=self._options.perf_gate,
+                structure=structure_gate.compare(self._structure_baseline, self.records),
             )
         toolchain = prepare(self._options.qnn_sdk)
         shard = self._options.shard.label if self._options.shard else None
@@ -193,7 +196,7 @@ class ConformanceReporter:
             self._lines += [
                 f"gate against {self._options.baseline}: "
                 + ("no regressions" if verdict.ok else "FAILED")
-                + f"; performance: {_perf_counts(verdict)}"
+                + f"; performance: {_perf_counts(verdict)}; structure: {_structure_counts(verdict)}"
                 + (
                     f" ({len(checks)} check(s) named; gate.json beside each report.json)"
                     if (checks := verdict.entries())
@@ -237,9 +240,18 @@ class ConformanceReporter:
 
 def _perf_counts(verdict: GateResult) -> str:
     """e.g. `2 PASS, 1 FAIL (reported; --perf-gate fails on it)`: the performance gate in the gate's line."""
-    counts = {name: sum(v.verdict == name for v in verdict.performance) for name in (PASS, WARN, FAIL)}
-    said = ", ".join(f"{n} {name}" for name, n in counts.items() if n) or "no case timed in both runs"
-    if counts[FAIL] and not verdict.perf_fails_gate:
+    return _counts(verdict.performance, verdict.perf_fails_gate, "no case timed in both runs")
+
+
+def _structure_counts(verdict: GateResult) -> str:
+    """e.g. `3 PASS, 1 FAIL`: the structural gate in the gate's line."""
+    return _counts(verdict.structure, verdict.perf_fails_gate, "no case with structural facts in both runs")
+
+
+def _counts(verdicts: tuple, fails_gate: bool, nothing: str) -> str:
+    counts = {name: sum(v.verdict == name for v in verdicts) for name in (PASS, WARN, FAIL)}
+    said = ", ".join(f"{n} {name}" for name, n in counts.items() if n) or nothing
+    if counts[FAIL] and not fails_gate:
         said += " (reported; --perf-gate fails on it)"
     return said
 

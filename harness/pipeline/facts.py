@@ -171,6 +171,10 @@ class LoweringFacts:
     # (harness/pipeline/stages.py buffer_encodings), what the cross_method_state check compares.
     methods: list[str] = field(default_factory=list)
     buffer_encodings: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)
+    # The program's structural performance facts (harness/pipeline/structure.py structure_of: per method its
+    # QNN graphs' op types, context binary and boundary bytes, the ops outside, the planned arenas); None:
+    # not lowered, or by a suite that did not record them.
+    structure: dict[str, Any] | None = None
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -204,6 +208,7 @@ class LoweringFacts:
                 methods=[str(method) for method in data.get("methods", [])],
                 buffer_encodings=dict(data.get("buffer_encodings", {})),
                 program=ProgramFacts(**data["program"]) if data["program"] else None,
+                structure=data.get("structure") if isinstance(data.get("structure"), dict) else None,
             ),
         )
 

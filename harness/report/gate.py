@@ -23,6 +23,7 @@ from harness.record import CheckRecord
 from harness.report.document import checks_of
 from harness.report.intake import ReportDataError, read_report
 from harness.report.perf_gate import FAIL, PerfVerdict
+from harness.report.structure_gate import StructureVerdict
 
 Key = tuple[str, str, str]  # soc, case_id, check
 # A check that passed in the baseline and is now an expected failure still regressed: somebody added
@@ -92,15 +93,21 @@ class GateResult:
     # The performance gate's verdicts (harness/report/perf_gate.py); a FAIL fails the gate only when asked
     performance: tuple[PerfVerdict, ...] = ()
     perf_fails_gate: bool = False
+    # The structural gate's verdicts (harness/report/structure_gate.py); a FAIL fails the gate as a timing one
+    structure: tuple[StructureVerdict, ...] = ()
 
     @property
     def perf_failures(self) -> tuple[PerfVerdict, ...]:
         return tuple(v for v in self.performance if v.verdict == FAIL)
 
     @property
+    def structure_failures(self) -> tuple[StructureVerdict, ...]:
+        return tuple(v for v in self.structure if v.verdict == FAIL)
+
+    @property
     def ok(self) -> bool:
         return not (
-            (self.perf_failures and self.perf_fails_gate)
+            ((self.perf_failures or self.structure_failures) and self.perf_fails_gate)
             or self.regressions
             or self.fixed_known_failures
             or self.new_failures
@@ -121,6 +128,7 @@ class GateResult:
             mine(self.infrastructure),
             tuple(v for v in self.performance if v.soc == soc),
             self.perf_fails_gate,
+            tuple(v for v in self.structure if v.soc == soc),
         )
 
     def entries(self) -> list[dict[str, str]]:
@@ -178,7 +186,7 @@ class GateResult:
         # A performance FAIL is something to do; WARNs are counted on the gate's line and listed in the files.
         lines += [
             verdict.line() + ("" if self.perf_fails_gate else " (reported; --perf-gate fails on it)")
-            for verdict in self.perf_failures
+            for verdict in (*self.perf_failures, *self.structure_failures)
         ]
         return lines
 

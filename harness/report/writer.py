@@ -106,7 +106,12 @@ def _write_views(folder: Path, document: dict, soc: str, gate: GateResult | None
         write_atomically(
             folder / "gate.json",
             json.dumps(
-                {"ok": mine.ok, "checks": mine.entries(), "performance": [v.entry() for v in mine.performance]},
+                {
+                    "ok": mine.ok,
+                    "checks": mine.entries(),
+                    "performance": [v.entry() for v in mine.performance],
+                    "structure": [v.entry() for v in mine.structure],
+                },
                 indent=1,
             )
             + "\n",

@@ -401,7 +401,12 @@ def test_gate_result_is_written_beside_each_report(clean_run, tmp_path: Path):
     assert sm8650["ok"] is False and [(e["kind"], e["case_id"], e["check"]) for e in sm8650["checks"]] == [
         ("regression", regressed["case_id"], "address_sharing")
     ]
-    assert json.loads((folders["SM8750"] / "gate.json").read_text()) == {"ok": True, "checks": [], "performance": []}
+    assert json.loads((folders["SM8750"] / "gate.json").read_text()) == {
+        "ok": True,
+        "checks": [],
+        "performance": [],
+        "structure": [],
+    }
     summary = (folders["SM8650"] / "summary.md").read_text()
     assert (
         "## Gate: FAILED (1 check(s) named)" in summary
