@@ -1,26 +1,24 @@
 """A lowering's structural performance facts, taken in the lowering child: what makes a program slower on a
-phone is mostly decided here, and all of it is exact on the host (docs/PERFORMANCE.md#structural-facts).
+phone is mostly decided here, and all of it is exact on the host (docs/PERFORMANCE.md#structural-facts-and-the-structural-gate).
 
 Per method of the program:
 - each QNN graph (a delegate): the QNN ops executorch hands the QNN library, counted by QNN op type (the op
   wrappers' own GetOpType, recorded while QnnBackend builds them), its context binary's size (the delegate's
-  processed bytes) and the bytes that cross the delegate boundary per execute (its tensor inputs and outputs
-  in the method's graph: a buffer kept inside the delegate does not cross);
+  processed bytes) and the bytes that cross the delegate boundary per execute (its tensor inputs and the
+  outputs its method reads: a buffer kept inside the delegate does not cross);
 - the ops outside any delegate, counted by op (they run on the CPU);
 - the planned memory: the ExecutionPlan's arena sizes (non_const_buffer_sizes, arena 0 is reserved).
 
 The QNN op types are read by wrapping QnnBackend's two preprocess entry points for the lowering's duration
-(OpTypeRecorder): a lowered module keeps only the context binary, which names no op. A delegate's ops are
-matched to it by its processed bytes (single-method preprocess), else by method and partition order (the
-multi-method preprocess, whose methods may share one context binary).
+(OpTypeRecorder, from start() to stop()): a lowered module keeps only the context binary, which names no op.
+A delegate's ops are matched to it by its processed bytes (single-method preprocess), else by method and
+partition order (the multi-method preprocess, whose methods may share one context binary).
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
 import hashlib
-from collections.abc import Iterator
 from typing import Any
 
 DELEGATE_CALL = "executorch_call_delegate"
@@ -33,6 +31,7 @@ class OpTypeRecorder:
         self.by_binary: dict[str, dict[str, int]] = {}  # sha256 of processed bytes -> op type counts
         self.by_method: dict[str, list[dict[str, int]]] = {}  # method -> op type counts per partition
         self._calls: list[dict[str, int]] = []
+        self._originals: dict[str, Any] = {}
 
     def ops_of(self, method: str, index: int, processed: bytes) -> dict[str, int] | None:
         """The QNN op types of a method's index-th delegate, whose processed bytes are `processed`."""
@@ -41,14 +40,14 @@ class OpTypeRecorder:
             return per_method[index]
         return self.by_binary.get(hashlib.sha256(processed).hexdigest())
 
-    @contextlib.contextmanager
-    def recording(self) -> Iterator[OpTypeRecorder]:
+    def start(self) -> None:
+        """Record from now on (QnnBackend's entry points wrapped in this process) until stop()."""
         from executorch.backends.qualcomm.qnn_preprocess import QnnBackend
 
-        originals = {
+        self._originals = {
             name: QnnBackend.__dict__[name] for name in ("_build_op_wrappers", "preprocess", "preprocess_multimethod")
         }
-        build, single, multi = (originals[name].__func__ for name in originals)
+        build, single, multi = (original.__func__ for original in self._originals.values())
 
         def build_op_wrappers(*args: Any, **kwargs: Any):
             wrappers = build(*args, **kwargs)
@@ -82,11 +81,15 @@ class OpTypeRecorder:
         }
         for name, function in replaced.items():
             setattr(QnnBackend, name, staticmethod(function))
-        try:
-            yield self
-        finally:
-            for name, original in originals.items():
+
+    def stop(self) -> None:
+        """QnnBackend as it was (nothing to do when start() was never called)."""
+        if self._originals:
+            from executorch.backends.qualcomm.qnn_preprocess import QnnBackend
+
+            for name, original in self._originals.items():
                 setattr(QnnBackend, name, original)
+            self._originals = {}
 
 
 def _nbytes(value: Any) -> int:
