@@ -155,6 +155,8 @@ class CaseOutcome:
             "device_kind": self.device_kind,  # emulated: simulator times, never compared with a phone's
             **stats,
             "repeats_p50_us": [p50 for p50 in repeats if p50 is not None],
+            # each repeat's fastest step after the first: its steady state (warm-up and load only add time)
+            "repeats_min_us": [min(run[1:]) for run in (steps, *self.repeat_steps_us) if len(run) > 1],
             **({"profile": self.profile} if self.profile is not None else {}),
         }
 

@@ -1,9 +1,12 @@
 """The performance gate, beside the conformance gate (harness/report/gate.py): one body for the rule.
 
-A case's time is the fastest of its repeats' p50 step times (steps after the first: harness/record.py
-step_stats; `--perf-repeats N` runs the plan N times, a fresh runner process each). Load on the host only
-ever adds time, so the fastest repeat is the steadiest reading. The noise band is the spread of those
-repeats, (slowest - fastest) / fastest, the larger of the baseline's and this run's (one repeat: no band).
+A case's time is the fastest of its repeats' steady-state readings: each repeat's fastest step after the
+first (report.json `repeats_min_us`; `--perf-repeats N` runs the plan N times, a fresh runner process each).
+Warm-up and load on the host only ever add time, so the fastest step is the steadiest reading: the p50 of a
+short plan's later steps is mostly warm-up (docs/PERFORMANCE.md). Against a baseline written before the
+steady state was kept, both sides are read as their repeats' p50 step times (harness/record.py step_stats).
+The noise band is the spread of those repeats, (slowest - fastest) / fastest, the larger of the baseline's
+and this run's (one repeat: no band).
 The smallest change the gate can detect for the case is budget + band (`detectable_pct`, reported with each
 figure). Against the baseline, growth = now / before - 1, and a case is
 - PASS: growth within the budget (`--perf-budget`, default 10%), the noise measured (two repeats or more on
@@ -33,6 +36,10 @@ from typing import Any
 from harness.record import CheckRecord, step_stats
 
 PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
+# What a case's time is read from: each repeat's fastest step after the first (the steady state, where both
+# runs have it), else each repeat's p50 step (reports written before the steady state was kept)
+STEADY, P50 = "repeats_min_us", "repeats_p50_us"
+WORDS = {STEADY: "fastest step", P50: "p50 step"}
 DEFAULT_BUDGET_PCT = 10.0
 MIN_REPEATS = 2  # repeats per run, on both sides, before a growth can be told from the noise
 MAX_BAND_PCT = 50.0  # a noise band wider than this cannot judge a change of the budget's size: never a PASS
@@ -44,11 +51,18 @@ PHONE = "phone"  # harness/device/kinds.py: the only kind whose times are a real
 Key = tuple[str, str]  # soc, case_id
 
 
-def repeats_of(timing: dict[str, Any] | None) -> list[int]:
-    """Each repeat's p50 step time of a case's timing (a report written before repeats: its one run's)."""
+def repeats_of(timing: dict[str, Any] | None, statistic: str = P50) -> list[int]:
+    """Each repeat's p50 step time of a case's timing (a report written before repeats: its one run's), or
+    with statistic STEADY each repeat's fastest step after the first ([] in a report written before it)."""
     if not isinstance(timing, dict):
         return []
-    repeats = timing.get("repeats_p50_us")
+    repeats = timing.get(statistic)
+    if statistic == STEADY:
+        return (
+            [int(value) for value in repeats if isinstance(value, int) and value >= 0]
+            if isinstance(repeats, list)
+            else []
+        )
     if isinstance(repeats, list) and repeats:
         return [int(value) for value in repeats if isinstance(value, int) and value >= 0]
     steps = timing.get("steps_us")
@@ -74,7 +88,8 @@ class PerfVerdict:
     band_pct: float
     budget_pct: float
     repeats: int = 1  # the fewer of the two runs' repeats: below 2 the noise was not measured
-    reason: str = ""  # why a WARN is not a PASS or a FAIL ("": the growth and the band say it)
+    reason: str = ""
+    statistic: str = P50  # why a WARN is not a PASS or a FAIL ("": the growth and the band say it)
 
     @property
     def detectable_pct(self) -> float:
@@ -93,6 +108,7 @@ class PerfVerdict:
             "case_id": self.case_id,
             "before_p50_us": self.before_us,
             "after_p50_us": self.after_us,
+            "statistic": self.statistic,
             "growth_pct": round(self.growth_pct, 1),
             "noise_band_pct": round(self.band_pct, 1),
             "budget_pct": self.budget_pct,
@@ -103,7 +119,8 @@ class PerfVerdict:
 
     def line(self) -> str:
         return (
-            f"performance {self.verdict}: {self.soc} {self.case_id} p50 step {self.before_us} -> {self.after_us} us "
+            f"performance {self.verdict}: {self.soc} {self.case_id} {WORDS[self.statistic]} "
+            f"{self.before_us} -> {self.after_us} us "
             f"({self.growth_pct:+.1f}%; budget {self.budget_pct:g}% + "
             + (
                 f"noise band {self.band_pct:.1f}%: detectable {self.detectable_pct:.0f}%)"
@@ -177,7 +194,9 @@ def compare(baseline: dict[Key, dict], records: list[CheckRecord], budget_pct: f
         before_timing, after_timing = baseline[key], now[key]
         if before_timing.get("device_kind") != after_timing.get("device_kind"):
             continue  # a simulator's time and a phone's are not the same quantity
-        before, after = repeats_of(before_timing), repeats_of(after_timing)
+        steady = bool(repeats_of(before_timing, STEADY) and repeats_of(after_timing, STEADY))
+        statistic = STEADY if steady else P50
+        before, after = repeats_of(before_timing, statistic), repeats_of(after_timing, statistic)
         if not before or not after:
             continue
         judged = judge(before, after, budget_pct)
@@ -193,6 +212,7 @@ def compare(baseline: dict[Key, dict], records: list[CheckRecord], budget_pct: f
                 budget_pct,
                 min(len(before), len(after)),
                 judged.reason,
+                statistic,
             )
         )
     return tuple(verdicts)
