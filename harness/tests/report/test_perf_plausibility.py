@@ -56,3 +56,34 @@ def test_a_plausible_steady_case_passes_and_reports_what_it_could_detect():
 
 def test_a_genuine_speedup_below_the_plausibility_bound_passes():
     assert judge(HEALTHY, [200, 201, 202], 10.0).verdict == PASS
+
+
+def steady(repeats: list[int], fastest: list[int]) -> dict:
+    return {**timing(repeats), "repeats_min_us": fastest}
+
+
+def test_the_steady_state_is_compared_where_both_runs_kept_it():
+    """Warm-up makes a short plan's p50 swing (here 30 ms in both runs), while each repeat's fastest later step
+    holds the steady cost: a 5 ms slowdown per execute FAILs on it, and an untouched case PASSes."""
+    baseline = records_with(
+        {"delegate_mutbuf": steady([30000, 31000, 30500], [300, 310, 305]), "skip_mutbuf": steady(HEALTHY, HEALTHY)}
+    )
+    now = records_with(
+        {
+            "delegate_mutbuf": steady([30400, 31000, 30800], [5300, 5310, 5305]),
+            "skip_mutbuf": steady(HEALTHY, HEALTHY),
+        }
+    )
+    verdicts = {
+        v.case_id.split("-")[2]: v for v in compare({(r.soc, r.case_id): r.timing for r in baseline}, now, 10.0)
+    }
+    assert verdicts["delegate_mutbuf"].verdict == FAIL and verdicts["delegate_mutbuf"].statistic == "repeats_min_us"
+    assert "fastest step 300 -> 5300 us" in verdicts["delegate_mutbuf"].line()
+    assert verdicts["skip_mutbuf"].verdict == PASS
+
+
+def test_a_baseline_without_the_steady_state_is_read_as_p50_on_both_sides():
+    baseline = records_with({"delegate_mutbuf": timing([30000, 31000, 30500])})
+    now = records_with({"delegate_mutbuf": steady([30400, 31000, 30800], [5300, 5310, 5305])})
+    (verdict,) = compare({(r.soc, r.case_id): r.timing for r in baseline}, now, 10.0)
+    assert verdict.statistic == "repeats_p50_us" and verdict.before_us == 30000 and verdict.verdict == PASS
