@@ -30,6 +30,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 DELEGATED = "delegate_mutbuf"
+TIMING_KEPT = ("repeats_p50_us", "repeats_min_us")
 
 
 def suite(soc: str, select: str, dtype: str, repeats: int, reports: Path, *extra: str, slow_ms: int = 0) -> dict:
@@ -53,7 +54,13 @@ def suite(soc: str, select: str, dtype: str, repeats: int, reports: Path, *extra
     }
     gate = reports / "latest" / soc / "gate.json"
     result["performance"] = json.loads(gate.read_text())["performance"] if gate.is_file() else []
-    if not (reports / "latest" / soc / "report.json").is_file():
+    report = reports / "latest" / soc / "report.json"
+    if report.is_file():  # each case's timing as measured, so another rule can be tried on the same runs
+        result["timing"] = {
+            case["case_id"]: {key: (case["timing"] or {}).get(key) for key in ("steps_us", *TIMING_KEPT)}
+            for case in json.loads(report.read_text())["cases"]
+        }
+    else:
         result["tail"] = (completed.stdout + completed.stderr)[-2000:]
     return result
 
