@@ -160,12 +160,13 @@ class CaseOutcome:
             **({"profile": self.profile} if self.profile is not None else {}),
         }
 
-    @property
+    @cached_property
     def structure(self) -> dict | None:
         """The case's structural performance facts as its record carries them (report.json `structure`): the
         lowering's (harness/pipeline/structure.py), the .pte's size and, where the device has an execute
         trace, the most tensors one execute bound through registered memory (QNN mem handles); None when the
-        lowering recorded none (not lowered, or a cache entry of a suite that did not record them)."""
+        lowering recorded none (not lowered, or a cache entry of a suite that did not record them). Read once,
+        after the run, for every check of the case."""
         facts = self.artifact.facts
         if not isinstance(facts.structure, dict) or "methods" not in facts.structure:
             return None
