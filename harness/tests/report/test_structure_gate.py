@@ -122,3 +122,32 @@ def test_the_schema_refuses_a_structure_it_does_not_know(tmp_path):
     document = json.loads((folders["SM8650"] / "report.json").read_text())
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(document, SCHEMA)
+
+
+def test_a_case_carries_the_most_registered_tensors_one_execute_bound_where_the_device_traces(tmp_path):
+    from types import SimpleNamespace
+
+    from harness.outcome import CaseOutcome
+    from harness.pipeline.facts import LoweringFacts, ProgramFacts
+
+    trace = tmp_path / "trace.jsonl"
+    handle, raw = (
+        {"name": "a", "mem": "handle", "handle": "0x1"},
+        {"name": "b", "mem": "raw", "addr": "0x2", "bytes": 4},
+    )
+    trace.write_text(
+        json.dumps({"event": "execute", "inputs": [handle, raw], "outputs": [handle]})
+        + "\n"
+        + json.dumps({"event": "execute", "inputs": [raw], "outputs": [raw]})
+        + "\n"
+    )
+    facts = LoweringFacts(structure={"methods": BASE["methods"]}, program=ProgramFacts("0" * 64, 51000))
+
+    def outcome(traces: bool) -> CaseOutcome:
+        run = SimpleNamespace(trace=trace)
+        device = SimpleNamespace(has_execute_trace=traces)
+        return CaseOutcome(None, [], SimpleNamespace(facts=facts), [], run=run, device=device)  # type: ignore[arg-type]
+
+    assert outcome(True).structure == {**BASE, "registered_tensors_per_execute": 2}
+    assert "registered_tensors_per_execute" not in outcome(False).structure, "a device without a trace says nothing"
+    assert CaseOutcome(None, [], SimpleNamespace(facts=LoweringFacts()), []).structure is None  # type: ignore[arg-type]
