@@ -155,8 +155,30 @@ class CaseOutcome:
             "device_kind": self.device_kind,  # emulated: simulator times, never compared with a phone's
             **stats,
             "repeats_p50_us": [p50 for p50 in repeats if p50 is not None],
+            # each repeat's fastest step after the first: its steady state (warm-up and load only add time)
+            "repeats_min_us": [min(run[1:]) for run in (steps, *self.repeat_steps_us) if len(run) > 1],
             **({"profile": self.profile} if self.profile is not None else {}),
         }
+
+    @cached_property
+    def structure(self) -> dict | None:
+        """The case's structural performance facts as its record carries them (report.json `structure`): the
+        lowering's (harness/pipeline/structure.py), the .pte's size and, where the device has an execute
+        trace, the most tensors one execute bound through registered memory (QNN mem handles); None when the
+        lowering recorded none (not lowered, or a cache entry of a suite that did not record them). Read once,
+        after the run, for every check of the case."""
+        facts = self.artifact.facts
+        if not isinstance(facts.structure, dict) or "methods" not in facts.structure:
+            return None
+        found: dict = {**facts.structure, "pte_bytes": facts.program.bytes if facts.program else None}
+        if self.run is not None and self.run.trace is not None and self.device and self.device.has_execute_trace:
+            executes = [r for r in mutbuf.read_trace(self.run.trace) if r.get("event") == "execute"]
+            if executes:
+                found["registered_tensors_per_execute"] = max(
+                    sum(t.get("mem") == "handle" for t in [*r.get("inputs", []), *r.get("outputs", [])])
+                    for r in executes
+                )
+        return found
 
     def device_outputs(self) -> list[list[np.ndarray]]:
         """Device outputs reinterpreted with the reference's dtypes and shapes."""

@@ -43,6 +43,8 @@ class CheckRecord:
     # The case's device run timing: {runner, steps_us, first_step_us, peak_rss_kb, p50_us, p90_us,
     # repeats_p50_us} (None: not run); p50/p90 from step_stats, repeats_p50_us one per --perf-repeats run
     timing: dict[str, Any] | None = None
+    # The case's structural performance facts (harness/outcome.py CaseOutcome.structure; None: none recorded)
+    structure: dict[str, Any] | None = None
     duration_s: float = 0.0
     check_s: float | None = None
     repro: str = ""  # the case's reproduction bundle, relative to its SoC's report folder (harness/repro/layout.py)

@@ -24,7 +24,7 @@ from harness.files import say, unwritable, write_atomically
 from harness.options import REPORTS_NOT_WRITTEN, RunOptions
 from harness.qnn.toolchain import prepare
 from harness.record import REPORT_ATTRIBUTE, CheckRecord
-from harness.report import perf_gate
+from harness.report import perf_gate, structure_gate
 from harness.report.document import SPOKEN, tally
 from harness.report.gate import BaselineError, GateResult, Key, Outcome, Selection, clip, read_documents
 from harness.report.perf_gate import FAIL, PASS, WARN
@@ -56,6 +56,7 @@ class ConformanceReporter:
         # only) leaves the performance gate nothing to compare.
         self._perf_baseline: dict = {}
         self._baseline_identity: dict[str, str] = {}  # how the gate names its baseline (night, run id, executorch)
+        self._structure_baseline: dict = {}
         if baseline is not None and options.baseline is not None:
             try:
                 documents = [document for _, document in read_documents(Path(options.baseline))]
@@ -63,6 +64,7 @@ class ConformanceReporter:
                 documents = []
             self._perf_baseline = perf_gate.baseline_timings(documents)
             self._baseline_identity = identity(Path(options.baseline), documents) if documents else {}
+            self._structure_baseline = structure_gate.baseline_structures(documents)
         self.records: list[CheckRecord] = []
         self._lines: list[str] = []
         self._notes: list[str] = []  # records that could not be read
@@ -176,6 +178,7 @@ class ConformanceReporter:
                 performance=perf_gate.compare(self._perf_baseline, self.records, self._options.perf_budget),
                 perf_fails_gate=self._options.perf_gate,
                 baseline=self._baseline_identity,
+                structure=structure_gate.compare(self._structure_baseline, self.records),
             )
         toolchain = prepare(self._options.qnn_sdk)
         environments = environment.per_soc(self._context, toolchain, self._started, _now(), shard)
@@ -215,7 +218,7 @@ class ConformanceReporter:
                 + (f" ({said})" if (said := verdict.baseline_line()) else "")
                 + ": "
                 + ("no regressions" if verdict.ok else "FAILED")
-                + f"; performance: {_perf_counts(verdict)}"
+                + f"; performance: {_perf_counts(verdict)}; structure: {_structure_counts(verdict)}"
                 + (
                     f" ({len(checks)} check(s) named; gate.json beside each report.json)"
                     if (checks := verdict.entries())
@@ -275,9 +278,18 @@ def run_selection(options: RunOptions, config: pytest.Config | None) -> Selectio
 
 def _perf_counts(verdict: GateResult) -> str:
     """e.g. `2 PASS, 1 FAIL (reported; --perf-gate fails on it)`: the performance gate in the gate's line."""
-    counts = {name: sum(v.verdict == name for v in verdict.performance) for name in (PASS, WARN, FAIL)}
-    said = ", ".join(f"{n} {name}" for name, n in counts.items() if n) or "no case timed in both runs"
-    if counts[FAIL] and not verdict.perf_fails_gate:
+    return _counts(verdict.performance, verdict.perf_fails_gate, "no case timed in both runs")
+
+
+def _structure_counts(verdict: GateResult) -> str:
+    """e.g. `3 PASS, 1 FAIL`: the structural gate in the gate's line."""
+    return _counts(verdict.structure, verdict.perf_fails_gate, "no case with structural facts in both runs")
+
+
+def _counts(verdicts: tuple, fails_gate: bool, nothing: str) -> str:
+    counts = {name: sum(v.verdict == name for v in verdicts) for name in (PASS, WARN, FAIL)}
+    said = ", ".join(f"{n} {name}" for name, n in counts.items() if n) or nothing
+    if counts[FAIL] and not fails_gate:
         said += " (reported; --perf-gate fails on it)"
     return said
 

@@ -136,6 +136,7 @@ def judge(
         work=outcome.artifact.work,
         timings_s={**outcome.timings_s, "lower_wall": round(outcome.artifact.wall_s, 3)},
         timing=outcome.timing,
+        structure=outcome.structure,
         check_s=check_s,
         signature=signature if verdict in (Verdict.FAILED, Verdict.XFAILED, Verdict.XPASSED) else "",
         finding=finding_in(entry.reference) if known else "",

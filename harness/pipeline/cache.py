@@ -29,7 +29,16 @@ from harness.vocabulary import Case
 
 # Every pipeline module the lowering child runs (meta_llama.py: the Meta llama flow, which builds and lowers
 # its own model; card.py: how the child finds the card).
-LOWERING_SOURCES = ("stages.py", "lower_job.py", "eager.py", "facts.py", "prepared.py", "meta_llama.py", "card.py")
+LOWERING_SOURCES = (
+    "stages.py",
+    "lower_job.py",
+    "eager.py",
+    "facts.py",
+    "prepared.py",
+    "meta_llama.py",
+    "card.py",
+    "structure.py",  # what the lowering records of the program's structure (its facts.json)
+)
 NUMERICS_SOURCE = Path(__file__).resolve().parent.parent / "numerics.py"  # the eager results' dependence
 
 

@@ -175,6 +175,10 @@ class LoweringFacts:
     # STATE_MODELS (harness/pipeline/stages.py quantized_models): model -> [step][output] flat values, what
     # cross_method_state compares a quantized device with ({}: not recorded).
     modelled: dict[str, list[list[list[float]]]] = field(default_factory=dict)
+    # The program's structural performance facts (harness/pipeline/structure.py structure_of: per method its
+    # QNN graphs' op types, context binary and boundary bytes, the ops outside, the planned arenas); None:
+    # not lowered, or by a suite that did not record them.
+    structure: dict[str, Any] | None = None
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -209,6 +213,7 @@ class LoweringFacts:
                 buffer_encodings=dict(data.get("buffer_encodings", {})),
                 modelled=dict(data.get("modelled", {})),
                 program=ProgramFacts(**data["program"]) if data["program"] else None,
+                structure=data.get("structure") if isinstance(data.get("structure"), dict) else None,
             ),
         )
 

@@ -26,6 +26,7 @@ from harness.pipeline.facts import (
     lowering_error,
     quantizes,
 )
+from harness.pipeline.structure import OpTypeRecorder, graphs_of, structure_of
 from harness.vocabulary import Mode
 
 
@@ -34,6 +35,7 @@ def main(argv: list[str]) -> int:
     request = LoweringRequest.read(Path(argv[0]))
     out_dir = Path(request.out_dir)
     facts = LoweringFacts()
+    recorder = OpTypeRecorder()  # the QNN op types of the graphs this lowering makes (structure.py)
     started = time.perf_counter()
 
     def stage_done(name: str) -> None:
@@ -51,8 +53,9 @@ def main(argv: list[str]) -> int:
         calibration = card.steps(request.steps)
         example = calibration[0]
         stage_done("import_and_build")
+        recorder.start()
         if card.multi_method:
-            _lower_multi(request, card, model, calibration, facts, stage_done)
+            _lower_multi(request, card, model, calibration, facts, stage_done, recorder)
         else:
             facts.export, facts.exported = prepared.export_facts(
                 _path(request.exported_dir), card, model, example, stage_done
@@ -63,7 +66,7 @@ def main(argv: list[str]) -> int:
                 )
                 facts.quantize, facts.quantized, model = shared.facts, shared.made, shared.module
             if request.mode is Mode.META_LLAMA:
-                _lower_meta_llama(request, card, len(model.layers), facts)
+                _lower_meta_llama(request, card, len(model.layers), facts, recorder)
                 stage_done("export_llama")
             else:
                 edge = stages.lower(
@@ -77,8 +80,11 @@ def main(argv: list[str]) -> int:
                     shared_buffer=card.shared_buffer,
                 )
                 facts.partitions = PartitionFacts.of(stages.partition_facts(edge, card.mutated_buffers))
+                graphs = graphs_of(edge, ("forward",), recorder)
                 stage_done("lower")
-                write_bytes_atomically(out_dir / "model.pte", edge.to_executorch(stages.backend_config(card)).buffer)
+                executorch = edge.to_executorch(stages.backend_config(card))
+                write_bytes_atomically(out_dir / "model.pte", executorch.buffer)
+                facts.structure = structure_of(graphs, executorch)
                 stage_done("serialize")
         program = (out_dir / "model.pte").read_bytes()  # every path: what the cache checks before serving it
         facts.program = ProgramFacts(hashlib.sha256(program).hexdigest(), len(program))
@@ -86,12 +92,14 @@ def main(argv: list[str]) -> int:
         facts.error, facts.quantized = failed.error, failed.made
     except Exception as error:
         facts.error = lowering_error(error, traceback.format_exc())
+    finally:
+        recorder.stop()
     facts.write(out_dir / "facts.json")
     return 0
 
 
 def _lower_multi(
-    request: LoweringRequest, card, model, calibration: list[tuple], facts: LoweringFacts, stage_done
+    request: LoweringRequest, card, model, calibration: list[tuple], facts: LoweringFacts, stage_done, recorder
 ) -> None:
     """A multi-method card (issue 32): every method exported, quantized as its own program calibrated along
     the plan (as users do, which is where two encodings of one buffer come from) and lowered together with a dict, then
@@ -126,10 +134,12 @@ def _lower_multi(
         shared_buffer=card.shared_buffer,
     )
     facts.partitions = PartitionFacts.of(stages.partition_facts_multi(edge, card.methods, card.mutated_buffers))
+    graphs = graphs_of(edge, tuple(card.methods), recorder)
     stage_done("lower")
     program = edge.to_executorch(stages.backend_config_multi(card, request.share_mutable_buffers))
     facts.methods = [plan.name for plan in program.executorch_program.execution_plan]
     write_bytes_atomically(Path(request.out_dir) / "model.pte", program.buffer)
+    facts.structure = structure_of(graphs, program)
     stage_done("serialize")
 
 
@@ -189,7 +199,7 @@ def prepare_in_server(argv: list[str]) -> None:
         prepared.preload(Path(request.prepared_dir))
 
 
-def _lower_meta_llama(request: LoweringRequest, card, n_layers: int, facts: LoweringFacts) -> None:
+def _lower_meta_llama(request: LoweringRequest, card, n_layers: int, facts: LoweringFacts, recorder) -> None:
     """executorch's export flow (it quantizes, lowers and writes model.pte itself), first with
     ConvertBmmToMatmul made a no-op, for the record: the count, or why it did not lower."""
     from harness.pipeline import meta_llama, stages
@@ -207,6 +217,8 @@ def _lower_meta_llama(request: LoweringRequest, card, n_layers: int, facts: Lowe
     facts.partitions = PartitionFacts.of(stages.partition_facts(builder.edge_manager, card.mutated_buffers))
     methods = [plan.name for plan in builder.export_program.executorch_program.execution_plan]
     facts.method_index = methods.index("forward")  # the runtime numbers methods in this order
+    graphs = graphs_of(builder.edge_manager, ("forward",), recorder)  # serialized already: out variants included
+    facts.structure = structure_of(graphs, builder.export_program)
 
 
 if __name__ == "__main__":

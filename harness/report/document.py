@@ -17,7 +17,19 @@ from harness.record import CheckRecord, finding_in
 from harness.vocabulary import DTYPES, MODE_ORDER, VERDICTS
 
 SCHEMA_VERSION = 1
-CASE_FIELDS = ("case_id", "card", "tags", "dtype", "mode", "soc", "device_serial", "delegates", "work", "timing")
+CASE_FIELDS = (
+    "case_id",
+    "card",
+    "tags",
+    "dtype",
+    "mode",
+    "soc",
+    "device_serial",
+    "delegates",
+    "work",
+    "timing",
+    "structure",
+)
 CHECK_FIELDS = ("verdict", "message", "known_failure", "evidence", "duration_s", "nodeid")
 Column = dict[str, str]  # {"name": check name, "short": its column label}
 SPOKEN = {"infra_error": "infrastructure errors", "not_measured": "not measured"}  # verdicts in a report's words

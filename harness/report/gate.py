@@ -26,6 +26,7 @@ from harness.record import CheckRecord
 from harness.report.document import checks_of
 from harness.report.intake import ReportDataError, read_report
 from harness.report.perf_gate import FAIL, PerfVerdict
+from harness.report.structure_gate import StructureVerdict
 
 Key = tuple[str, str, str]  # soc, case_id, check
 # A check that passed in the baseline and is now an expected failure still regressed: somebody added
@@ -144,15 +145,21 @@ class GateResult:
     excluded: int = 0  # baseline checks outside a narrowed run's selection (neither missing nor listed)
     selection: str = ""  # the narrowed run's selection, "" for the whole matrix
     baseline: dict[str, str] = field(default_factory=dict)  # which run it was gated against (night, run id, executorch)
+    # The structural gate's verdicts (harness/report/structure_gate.py); a FAIL fails the gate as a timing one
+    structure: tuple[StructureVerdict, ...] = ()
 
     @property
     def perf_failures(self) -> tuple[PerfVerdict, ...]:
         return tuple(v for v in self.performance if v.verdict == FAIL)
 
     @property
+    def structure_failures(self) -> tuple[StructureVerdict, ...]:
+        return tuple(v for v in self.structure if v.verdict == FAIL)
+
+    @property
     def ok(self) -> bool:
         return not (
-            (self.perf_failures and self.perf_fails_gate)
+            ((self.perf_failures or self.structure_failures) and self.perf_fails_gate)
             or self.regressions
             or self.fixed_known_failures
             or self.new_failures
@@ -176,6 +183,7 @@ class GateResult:
             self.excluded,
             self.selection,
             self.baseline,
+            tuple(v for v in self.structure if v.soc == soc),
         )
 
     def baseline_line(self) -> str:
@@ -251,7 +259,7 @@ class GateResult:
         # A performance FAIL is something to do; WARNs are counted on the gate's line and listed in the files.
         lines += [
             verdict.line() + ("" if self.perf_fails_gate else " (reported; --perf-gate fails on it)")
-            for verdict in self.perf_failures
+            for verdict in (*self.perf_failures, *self.structure_failures)
         ]
         return lines
 
@@ -373,4 +381,5 @@ def summary(result: GateResult) -> dict:
         "missing_not_listed": max(0, len(missing) - LISTED_MISSING),
         "checks": listed,
         "performance": [v.entry() for v in result.performance],
+        "structure": [v.entry() for v in result.structure],
     }

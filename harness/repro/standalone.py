@@ -53,6 +53,7 @@ SUITE_MODULES = (
     "harness.pipeline.prepared",
     "harness.pipeline.mutbuf",
     "harness.pipeline.meta_llama",
+    "harness.pipeline.structure",
     "harness.pipeline.lower_job",
     "harness.pipeline.cases",
     "harness.qnn.soc",

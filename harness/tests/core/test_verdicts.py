@@ -30,6 +30,7 @@ OUTCOME = SimpleNamespace(
     retries=1,
     timings_s={"run": 0.5},
     timing={"runner": "suite_runner", "steps_us": [9, 4], "first_step_us": 9, "peak_rss_kb": 64000},
+    structure=None,
     artifact=SimpleNamespace(delegate_count=1, cached=True, work={"lower": 0}, wall_s=1.23456),
 )
 STATE_MISMATCH = KnownFailure(pattern="test_state[*]", signature="state_mismatch", reason="made up", reference="F9")

@@ -150,6 +150,7 @@ def test_the_outcomes_timing_validates_against_the_report_schema_and_a_bad_one_d
         "p50_us": 700,
         "p90_us": 700,
         "repeats_p50_us": [700],
+        "repeats_min_us": [700],
     }
     assert CaseOutcome(None, [], None, []).timing is None  # type: ignore[arg-type]
     schema = json.loads(SCHEMA_PATH.read_text())

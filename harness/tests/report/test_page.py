@@ -267,7 +267,9 @@ def _judge(error: BaseException | None, entries: list[KnownFailure]) -> CheckRec
         soc="SM8650",
     )
     artifact = SimpleNamespace(delegate_count=1, cached=False, work={}, wall_s=0.0)
-    outcome = SimpleNamespace(device_serial="d", artifact=artifact, retries=0, timings_s={}, timing=None)
+    outcome = SimpleNamespace(
+        device_serial="d", artifact=artifact, retries=0, timings_s={}, timing=None, structure=None
+    )
     return verdicts.judge(spec, case, outcome, entries, "n", str).record
 
 

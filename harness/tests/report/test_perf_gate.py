@@ -67,23 +67,24 @@ def test_step_stats_are_the_steps_after_the_first_nearest_rank():
     [
         ([1000, 1010, 1005], [1000, 1020, 1003], PASS),  # the same
         ([1000, 1010, 1005], [1080, 1090, 1100], PASS),  # +8%: within a 10% budget
-        ([1000, 1300, 1005], [1250, 1260, 1255], WARN),  # +25%, inside budget + the baseline's 30% band
+        ([1000, 1300], [1250, 1260, 1255], WARN),  # +25%, inside budget + the baseline's 30% band
         ([1000, 1010, 1005], [1250, 1260, 1255], FAIL),  # +25% with a 1% band: a regression
         ([1000, 1300, 1005], [1500, 1510, 1505], FAIL),  # +50%: beyond budget + band
         ([1000, 1010, 1005], [700, 720, 710], PASS),  # faster is never a regression
         ([1000], [2000], WARN),  # +100% but one repeat each: the noise was not measured, never a FAIL
         ([1000, 1010, 1005], [2000], WARN),  # one repeat on one side is not enough either
-        ([1000], [1050], PASS),
+        ([1000], [1050], WARN),  # within budget, but one repeat: insufficient data, never a PASS
+        ([1000, 1700], [1000, 1010, 1005], WARN),  # a 70% band cannot tell a 10% change: insufficient data
+        ([1000, 1005, 1700], [1250, 1260, 1255], FAIL),  # one slow repeat of three is load: the band is 0.5%
     ],
 )
 def test_the_rule_fails_growth_beyond_budget_and_noise_and_only_that(before, after, expected):
-    verdict, growth, band = judge(before, after, 10.0)
-    assert verdict == expected, (growth, band)
+    judged = judge(before, after, 10.0)
+    assert judged.verdict == expected, judged
 
 
 def test_the_band_is_the_noisier_of_the_two_runs_repeats():
-    _, _, band = judge([1000, 1010], [1100, 1650], 10.0)
-    assert band == pytest.approx(50.0)
+    assert judge([1000, 1010], [1100, 1650], 10.0).band_pct == pytest.approx(50.0)
 
 
 def test_compare_names_the_slowed_case_only_and_never_a_simulator_against_a_phone():
@@ -96,7 +97,7 @@ def test_compare_names_the_slowed_case_only_and_never_a_simulator_against_a_phon
     )
     verdicts = compare(baseline, slowed, 10.0)
     assert {v.verdict for v in verdicts if "delegate_mutbuf" in v.case_id} == {FAIL}
-    assert {v.verdict for v in verdicts if "skip_mutbuf" in v.case_id} == {PASS}
+    assert {v.verdict for v in verdicts if "skip_mutbuf" in v.case_id} == {WARN}, "the simulator's drift: no PASS"
     on_a_phone = records_with({"delegate_mutbuf": timing([206000], kind="phone")})
     assert compare(baseline, on_a_phone, 10.0) == (), "a phone's time is not compared with a simulator's"
 
@@ -181,11 +182,11 @@ def test_gate_json_and_the_page_name_the_performance_verdicts(tmp_path):
     assert gated["ok"] is False
     assert [(e["case_id"], e["verdict"]) for e in gated["performance"]] == [
         (f"{CARD}-fp16-delegate_mutbuf-SM8650", FAIL),
-        (f"{CARD}-fp16-skip_mutbuf-SM8650", PASS),
+        (f"{CARD}-fp16-skip_mutbuf-SM8650", WARN),
     ]
     summary = (folders["SM8650"] / "summary.md").read_text()
     assert (
-        "### Performance gate: 1 PASS, 1 FAIL" in summary
+        "### Performance gate: 1 WARN, 1 FAIL" in summary
         and "performance FAIL: SM8650 counter_add-fp16-delegate" in summary
     )
     html = page.render(json.loads((folders["SM8650"] / "report.json").read_text()), result.for_soc("SM8650"))

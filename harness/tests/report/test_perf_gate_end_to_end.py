@@ -90,7 +90,7 @@ def test_a_slowed_mode_fails_the_performance_gate_naming_exactly_its_cases(basel
     gate = _gate(reports)
     assert gate["ok"] is False and gate["checks"] == [], "only the performance gate fails: the checks still pass"
     assert [e["case_id"] for e in gate["performance"] if e["verdict"] == FAIL] == [SLOWED], gate["performance"]
-    assert f"performance FAIL: {SOC} {SLOWED} p50 step" in output
+    assert f"performance FAIL: {SOC} {SLOWED} fastest step" in output
     assert f"performance FAIL: {SOC} {UNTOUCHED}" not in output
     summary = (reports / "latest" / SOC / "summary.md").read_text()
     assert f"performance FAIL: {SOC} {SLOWED}" in summary

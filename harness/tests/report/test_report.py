@@ -413,6 +413,7 @@ def test_gate_result_is_written_beside_each_report(clean_run, tmp_path: Path):
         "missing_not_listed": 0,
         "checks": [],
         "performance": [],
+        "structure": [],
     }
     summary = (folders["SM8650"] / "summary.md").read_text()
     assert (
