@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from html import unescape
 from html.parser import HTMLParser
 from pathlib import Path
 from types import SimpleNamespace
@@ -30,10 +31,12 @@ from harness.report.intake import read_report
 from harness.report.markdown import render as render_markdown
 from harness.report.page import anchor
 from harness.tests.report.test_report import (
+    CHROMIUM_FLAGS,
     COLUMNS,
     MANY_CARDS,
     SCHEMA,
     _find,
+    chromium,  # noqa: F401 (the fixture, used as an argument)
     environments,
     make_records,
     typed,
@@ -453,3 +456,66 @@ def test_the_terminal_ends_with_the_conformance_block_naming_what_pytest_counted
         " (5 checks on 1 SoC(s)); gate FAILED"
     ).replace(", 0 skipped", ""), tail[-1]
     assert "XFAIL" not in run.stdout, "no -ra flood"
+
+
+# Opens every cell's popover in turn (as a click does: open, then its toggle handler) and writes where each one
+# landed, with the box of its panel and the window, into the DOM that --dump-dom prints.
+POPOVER_GEOMETRY = """<script>
+(function () {
+  document.querySelectorAll("details.fold").forEach(function (f) { f.open = true; });
+  var seen = [];
+  document.querySelectorAll("td.cell details").forEach(function (d) {
+    d.parentElement.scrollIntoView({block: "center", inline: "center"});
+    d.open = true;
+    d.dispatchEvent(new Event("toggle"));
+    var pop = d.querySelector(".pop"), panel = d.closest("section.panel");
+    var box = pop.getBoundingClientRect(), outer = panel.getBoundingClientRect();
+    seen.push({cell: d.parentElement.id, right_half: pop.classList.contains("left"), left: box.left,
+      right: box.right, width: box.width, panel_left: outer.left + panel.clientLeft,
+      panel_right: outer.left + panel.clientLeft + panel.clientWidth,
+      viewport: document.documentElement.clientWidth});
+    d.open = false;
+  });
+  var out = document.createElement("pre");
+  out.id = "geometry";
+  out.textContent = JSON.stringify(seen);
+  document.body.appendChild(out);
+})();
+</script>"""
+WIDTHS = (1000, 1400, 1920)
+
+
+def test_every_cell_popover_stays_inside_its_panel_and_the_window(chromium: str, tmp_path: Path):  # noqa: F811
+    folders = write_run(typed(make_records()), environments(), tmp_path / "reports", "run1", COLUMNS)
+    probe = tmp_path / "probe.html"
+    probe.write_text((folders["SM8650"] / "report.html").read_text().replace("</body>", POPOVER_GEOMETRY + "</body>"))
+    browsers = {
+        width: subprocess.Popen(
+            [
+                chromium,
+                *CHROMIUM_FLAGS,
+                f"--user-data-dir={tmp_path / f'profile-{width}'}",
+                f"--window-size={width},900",
+                "--hide-scrollbars",
+                "--dump-dom",
+                probe.as_uri(),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for width in WIDTHS
+    }
+    for width, browser in browsers.items():
+        dom, errors = browser.communicate(timeout=120)
+        assert browser.returncode == 0 and 'id="geometry"' in dom, errors[-2000:]
+        seen = json.loads(unescape(dom.split('<pre id="geometry">')[1].split("</pre>")[0]))
+        assert {c["right_half"] for c in seen} == {True, False}, "cells of both halves were opened"
+        assert all(abs(c["viewport"] - width) < 20 for c in seen), f"the window is not {width} px wide"
+        clipped = [
+            c
+            for c in seen
+            if c["left"] < max(c["panel_left"], 0) - 0.5 or c["right"] > min(c["panel_right"], c["viewport"]) + 0.5
+        ]
+        assert not clipped, f"{len(clipped)} of {len(seen)} popovers cross their panel at {width} px: {clipped[:3]}"
+        assert min(c["width"] for c in seen) >= min(600, width - 100), "a popover was squeezed, not moved"
