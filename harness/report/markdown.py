@@ -99,7 +99,7 @@ def _performance(document: dict) -> list[str]:
     simulator = any(case["timing"].get("device_kind") != PHONE for case in timed)
     lines = [
         "",
-        "## Step times" + (" (simulator times: emulated devices, not a phone's NPU)" if simulator else ""),
+        "## Step times" + (" (HTP simulator times on the host: not phone performance)" if simulator else ""),
         "",
         "| case | device | first step us | p50 us | p90 us | repeats' p50 us | peak RSS KiB |",
         "| --- | --- | ---: | ---: | ---: | --- | ---: |",
@@ -117,7 +117,8 @@ def _performance(document: dict) -> list[str]:
     if rows:
         lines += [
             "",
-            "| delegation speed-up (skip-mode p50 / delegated p50, each its fastest repeat) | device | ratio |",
+            "| skip-mode p50 / delegated p50 (each its fastest repeat; a simulator's ratio is not a phone's) "
+            "| device | ratio |",
             "| --- | --- | ---: |",
         ]
         lines += [
