@@ -24,7 +24,7 @@ from harness.check_registry import CheckFailure, CheckSpec
 from harness.known_failures import KnownFailure
 from harness.paths import REPO_ROOT
 from harness.record import CheckRecord
-from harness.report import gate, merge as merging, write_run
+from harness.report import gate, merge as merging, summary_line, write_run
 from harness.report.chart import error_chart
 from harness.report.gate import clip
 from harness.report.intake import read_report
@@ -41,6 +41,7 @@ from harness.tests.report.test_report import (
     make_records,
     typed,
 )
+from harness.text import markdown_text
 from harness.vocabulary import DTYPES, Mode
 
 COMMENT_LIMIT = 60 * 1024  # issue 34: both SoCs' summary.md under 60 KB (a GitHub comment holds 65,536 characters)
@@ -459,7 +460,8 @@ def test_the_terminal_ends_with_the_conformance_block_naming_what_pytest_counted
 
 
 # Opens every cell's popover in turn (as a click does: open, then its toggle handler) and writes where each one
-# landed, with the box of its panel and the window, into the DOM that --dump-dom prints.
+# landed, with the box of its panel and the window and which of its corners the browser shows something else at
+# (a panel's overflow clipped it, or it lies under another element), into the DOM that --dump-dom prints.
 POPOVER_GEOMETRY = """<script>
 (function () {
   document.querySelectorAll("details.fold").forEach(function (f) { f.open = true; });
@@ -470,10 +472,13 @@ POPOVER_GEOMETRY = """<script>
     d.dispatchEvent(new Event("toggle"));
     var pop = d.querySelector(".pop"), panel = d.closest("section.panel");
     var box = pop.getBoundingClientRect(), outer = panel.getBoundingClientRect();
+    var corners = [[box.left + 3, box.top + 3], [box.right - 3, box.top + 3], [box.left + 3, box.bottom - 3],
+      [box.right - 3, box.bottom - 3]];
     seen.push({cell: d.parentElement.id, right_half: pop.classList.contains("left"), left: box.left,
-      right: box.right, width: box.width, panel_left: outer.left + panel.clientLeft,
-      panel_right: outer.left + panel.clientLeft + panel.clientWidth,
-      viewport: document.documentElement.clientWidth});
+      right: box.right, top: box.top, bottom: box.bottom, width: box.width,
+      panel_left: outer.left + panel.clientLeft, panel_right: outer.left + panel.clientLeft + panel.clientWidth,
+      viewport: document.documentElement.clientWidth, height: window.innerHeight,
+      hidden_corners: corners.filter(function (p) { return !pop.contains(document.elementFromPoint(p[0], p[1])); })});
     d.open = false;
   });
   var out = document.createElement("pre");
@@ -515,7 +520,38 @@ def test_every_cell_popover_stays_inside_its_panel_and_the_window(chromium: str,
         clipped = [
             c
             for c in seen
-            if c["left"] < max(c["panel_left"], 0) - 0.5 or c["right"] > min(c["panel_right"], c["viewport"]) + 0.5
+            if c["left"] < max(c["panel_left"], 0) - 0.5
+            or c["right"] > min(c["panel_right"], c["viewport"]) + 0.5
+            or c["top"] < -0.5
+            or c["bottom"] > c["height"] + 0.5
+            or c["hidden_corners"]  # clipped by a panel, or under something else
         ]
         assert not clipped, f"{len(clipped)} of {len(seen)} popovers cross their panel at {width} px: {clipped[:3]}"
         assert min(c["width"] for c in seen) >= min(600, width - 100), "a popover was squeezed, not moved"
+
+
+SOCKET = "localfilesystem:/tmp/qnnsuite-20261206-053633-4533-qxhixk7y/emulator/adb-server/adb.sock"
+
+
+@pytest.mark.parametrize(
+    ("address", "emulated", "shown"),
+    [
+        (f"{SOCKET}/127.0.0.1:45551", True, "emulated SM8650 (127.0.0.1:45551)"),
+        ("127.0.0.1:5037/R5CW30ABCDE", False, "R5CW30ABCDE"),  # a phone: its serial
+    ],
+)
+def test_devices_are_named_short_in_the_terminal_summary_md_and_the_page(
+    tmp_path: Path, address: str, emulated: bool, shown: str
+):
+    records = [dict(r, device_serial=address) for r in make_records(socs=("SM8650",))]
+    env = {"SM8650": dict(environments(("SM8650",))["SM8650"], device_serial=address, emulated=emulated)}
+    folder = write_run(typed(records), env, tmp_path / "reports", "run1", COLUMNS)["SM8650"]
+    line = summary_line(typed(records), "SM8650", folder / "report.html", emulated=emulated)
+    assert f" on {shown} -> " in line, line
+    page = unescape((folder / "report.html").read_text())
+    summary = (folder / "summary.md").read_text()
+    for text, name in ((line, shown), (page, shown), (summary, markdown_text(shown))):
+        assert name in text and address not in text and "localfilesystem" not in text
+    document = json.loads((folder / "report.json").read_text())  # the full address stays for what reads it
+    assert document["environment"]["device_serial"] == address
+    assert {case["device_serial"] for case in document["cases"]} == {address}
