@@ -9,6 +9,7 @@ count and a link. The HTML has every check.
 
 from __future__ import annotations
 
+from harness.device.device import devices_display
 from harness.report.document import (
     SPOKEN,
     by_finding,
@@ -227,9 +228,12 @@ def render(
     environment, summary = document["environment"], document["summary"]
     facts = [
         f"{key} {markdown_text(environment[key])}"
-        for key in ("executorch", "torch", "qnn_build_id", "device_model", "device_serial")
+        for key in ("executorch", "torch", "qnn_build_id", "device_model")
         if environment.get(key)
     ]
+    if environment.get("device_serial"):  # the short names; report.json keeps the addresses
+        shown = devices_display(str(environment["device_serial"]), document["soc"], bool(environment.get("emulated")))
+        facts.append(f"device_serial {markdown_text(shown)}")
     lines = [
         f"# {markdown_text(document['soc'])}: run {markdown_text(document['run_id'])}",
         "",
