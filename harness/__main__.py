@@ -102,6 +102,13 @@ def _overlays(toolchain: Toolchain) -> None:
         print(f"              {line}")
 
 
+def _repro(args: argparse.Namespace) -> int:
+    """`repro`, reading the run's report.json files as data from elsewhere (harness/report/intake.py)."""
+    from harness.report.intake import read_report
+
+    return rerun.main(args, read_report)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["matrix"]:  # its own options, and pytest's after `--`
@@ -127,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         command.set_defaults(function=function)
     repro = commands.add_parser("repro", help="run one case of an earlier run again, writing its reproduction bundle")
     rerun.add_arguments(repro)
-    repro.set_defaults(function=rerun.main)
+    repro.set_defaults(function=_repro)
     emulate = commands.add_parser("emulate", help="serve emulated devices on an adb server until Ctrl-C")
     serve.add_arguments(emulate)
     emulate.set_defaults(function=serve.main)

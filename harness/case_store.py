@@ -25,6 +25,7 @@ from harness.pipeline.lower import LoweredArtifact, lower_case
 from harness.pipeline.lowering_cache import lowering_directory, served
 from harness.qnn.toolchain import Toolchain
 from harness.runner.profile import PROFILE_NAMES, ProfileError, profile_of, read_etdump
+from harness.user_state import claim_entry
 from harness.vocabulary import Case, Mode
 
 
@@ -127,7 +128,11 @@ class CaseStore:
             directory = directory.with_name(f"{directory.name}-profile{profile_level}")
         shared = (self._cache_dir or self._work_dir / "artifacts") / "prepared"
         directory.parent.mkdir(parents=True, exist_ok=True)
+        if self._cache_dir is not None:  # filelock opens its file following links, truncating it
+            claim_entry(Path(f"{directory}.lock"), "cache lock")
         with FileLock(str(directory) + ".lock"):
+            if self._cache_dir is not None:
+                claim_entry(directory, "cached lowering")
             cached = served(case, directory)
             if cached is not None:
                 return cached

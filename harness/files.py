@@ -19,6 +19,9 @@ T = TypeVar("T")
 
 # The errors that mean "this folder cannot take the file" (full, read-only, not ours), as against a bug.
 UNWRITABLE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
+# Less room than this where the reports go is a full disk before the run: a run's smallest report.json alone
+# is larger, so such a run could only end in "reports not written".
+REPORT_ROOM_BYTES = 64 * 1024
 
 
 def write_atomically(path: Path, text: str, encoding: str = "utf-8", errors: str = "strict") -> None:
@@ -66,12 +69,34 @@ def unwritable(error: BaseException) -> bool:
     return isinstance(error, OSError) and error.errno in UNWRITABLE
 
 
-def unwritable_reason(folder: Path) -> str | None:
-    """None when files can be created in folder (or in the folder that would hold it, when it is not made
-    yet), else why not in a few words; creates nothing, so a usage check leaves no trace."""
+def _existing(folder: Path) -> Path:
+    """folder, or the nearest folder above it that exists (where it would be made)."""
     existing = folder.absolute()
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
+    return existing
+
+
+def no_room_reason(folder: Path) -> str | None:
+    """None when folder's filesystem has room for a run's reports, else why not in a few words (a disk that
+    is full before the run starts is found before anything runs, not at the first file written)."""
+    existing = _existing(folder)
+    try:
+        room = os.statvfs(existing)
+    except OSError as error:
+        return f"{existing} cannot be examined ({error.strerror})"
+    free = room.f_bavail * room.f_frsize
+    if free < REPORT_ROOM_BYTES:
+        return f"the disk holding {existing} is full ({free} bytes free, {REPORT_ROOM_BYTES} at least)"
+    if room.f_files and not room.f_favail:
+        return f"the disk holding {existing} has no free inodes left"
+    return None
+
+
+def unwritable_reason(folder: Path) -> str | None:
+    """None when files can be created in folder (or in the folder that would hold it, when it is not made
+    yet), else why not in a few words; creates nothing, so a usage check leaves no trace."""
+    existing = _existing(folder)
     if not existing.is_dir():
         return f"{existing} is not a folder"
     if os.statvfs(existing).f_flag & os.ST_RDONLY:

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from harness import verdicts
+from harness import known_failures, verdicts
 from harness.case_store import CaseStore
 from harness.check_registry import CheckSpec, worded_by_the_suite
 from harness.context import RunContext
@@ -134,6 +134,7 @@ def run_check(request, case_store, qnnsuite_options, repro_bundles):
             item.stash.get(verdicts.EXPECTED, []),
             item.nodeid,
             words=lambda error: str(item.repr_failure(pytest.ExceptionInfo.from_exception(error))),
+            manifest=item.stash.get(verdicts.HINTS, known_failures.MANIFEST),
         )
         record = repro_bundles.add(
             judgement.record, outcome=outcome, signature=judgement.signature, known=judgement.known

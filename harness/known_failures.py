@@ -148,19 +148,25 @@ def _checked_message(path: Path, entry: KnownFailure) -> None:
         )
 
 
+def _tables(path: Path, kind: str) -> list[dict]:
+    """The manifest's [[kind]] tables; a file that is not a readable TOML manifest, or whose `kind` is not a list
+    of tables, is one ValueError naming it."""
+    try:
+        raws = tomllib.loads(path.read_text(encoding="utf-8")).get(kind, [])
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
+        raise ValueError(f"{path} is not a readable TOML manifest ({error})") from None
+    if not isinstance(raws, list) or not all(isinstance(raw, dict) for raw in raws):
+        raise ValueError(f"{path}: {kind} must be a list of tables ([[{kind}]] entries)")
+    return raws
+
+
 @cache
 def load(path: Path = MANIFEST) -> tuple[KnownFailure, ...]:
     """The manifest's entries; every signature must be one a registered check declares (load the checks first).
     A manifest that cannot be used is one ValueError naming the file (and the entry)."""
     signatures = check_registry.signatures()
-    try:
-        raws = tomllib.loads(path.read_text(encoding="utf-8")).get("known_failure", [])
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
-        raise ValueError(f"{path} is not a readable TOML manifest ({error})") from None
-    if not isinstance(raws, list) or not all(isinstance(raw, dict) for raw in raws):
-        raise ValueError(f"{path}: known_failure must be a list of tables ([[known_failure]] entries)")
     entries = []
-    for raw in raws:
+    for raw in _tables(path, "known_failure"):
         try:
             entry = KnownFailure(**raw)
         except TypeError as error:
@@ -232,6 +238,56 @@ def versions_under_test() -> VersionsUnderTest:
     """This process's versions: the installed executorch, and the QNN libraries of QNN_SDK_ROOT (the
     overlay's source when it is one) or else the tree laid out from the onnxruntime-qnn wheel."""
     return VersionsUnderTest()
+
+
+@dataclass(frozen=True)
+class SignatureHint:
+    """A known finding's signature as a rule any card can meet (the manifest's [[signature_hint]] tables): a
+    failure of `check` whose signature, or one of the explanations it names (its evidence's "explanations"),
+    is `signature`, in `mode` where one is given, on a case the manifest expects nothing of that way. Such a
+    failure stays failed (nothing here says it is that finding) and its message says it matches."""
+
+    finding: str  # F<n>, an anchor of docs/FINDINGS.md
+    check: str
+    signature: str
+    mode: str = ""  # the buffer mode the finding needs (a Mode's value; empty: any)
+    rule: str = ""  # the finding's rule in words (why this signature in this mode is that finding)
+
+    def matches(self, check: str, mode: str, failure: BaseException) -> bool:
+        if not isinstance(failure, CheckFailure) or check != self.check or (self.mode and mode != self.mode):
+            return False
+        named = failure.evidence.get("explanations") if isinstance(failure.evidence, dict) else None
+        return failure.signature == self.signature or (isinstance(named, list) and self.signature in named)
+
+
+@cache
+def hints(path: Path = MANIFEST) -> tuple[SignatureHint, ...]:
+    """The manifest's signature hints; one ValueError naming the file and the table for one that cannot be
+    used (an unknown field, a signature no check declares, a finding docs/FINDINGS.md does not have)."""
+    signatures = check_registry.signatures()
+    found = []
+    for raw in _tables(path, "signature_hint"):
+        try:
+            hint = SignatureHint(**raw)
+        except TypeError as error:
+            raise ValueError(f"{path}: signature_hint {raw.get('finding')!r}: {error}") from None
+        if hint.signature not in signatures:
+            raise ValueError(f"{path}: signature_hint {hint.finding}: signature {hint.signature!r} is no check's")
+        if finding_titles() and hint.finding not in finding_titles():
+            raise ValueError(f"{path}: signature_hint {hint.finding}: docs/FINDINGS.md has no finding {hint.finding}")
+        found.append(hint)
+    return tuple(found)
+
+
+def hint_for(check: str, mode: str, failure: BaseException, path: Path = MANIFEST) -> str:
+    """The words a failure that no entry expects carries when it matches known findings' signatures and rules,
+    e.g. "matches F15's signature (state_per_method, docs/FINDINGS.md#F15)"; "" when none matches."""
+    matched = [hint for hint in hints(path) if hint.matches(check, mode, failure)]
+    if not matched:
+        return ""
+    named = " and ".join(f"{hint.finding}'s" for hint in matched)
+    where = ", ".join(f"docs/FINDINGS.md#{hint.finding}" for hint in matched)
+    return f"matches {named} signature{'s' if len(matched) > 1 else ''} ({failure.signature}, {where})"
 
 
 def matching(test_name: str, versions: VersionsUnderTest | None = None, path: Path = MANIFEST) -> list[KnownFailure]:

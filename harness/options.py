@@ -16,12 +16,12 @@ import pytest
 
 from harness import shard as sharding
 from harness.device import adb
-from harness.files import unwritable_reason
+from harness.files import no_room_reason, unwritable_reason
 from harness.known_failures import MANIFEST
 from harness.paths import REPO_ROOT
 from harness.qnn import soc as soc_table
 from harness.runner import build as runner_build
-from harness.user_state import folder_problem
+from harness.user_state import ancestry_problem, folder_problem
 from harness.vocabulary import DTYPES
 
 DEFAULT_EMULATED = ("SM8650", "SM8750")
@@ -117,7 +117,7 @@ def add_options(parser: pytest.Parser) -> None:
         "--baseline",
         default=None,
         metavar="PATH",
-        help="report.json (or a folder of them, or a nightly store: its newest night) to gate against",
+        help="report.json (or a folder of them, or a nightly store: its newest night that passed) to gate against",
     )
     group.addoption(
         "--allow-missing",
@@ -178,6 +178,12 @@ def add_options(parser: pytest.Parser) -> None:
         action="store_true",
         help="write reproduction bundles (reports/<run>/<SOC>/repro/) for passing cases too, not only failures",
     )
+
+
+# The run's exit code when its reports cannot be written (disk full, read-only or foreign folder): at the end,
+# with the records kept elsewhere (harness/reporter.py), or before anything starts, when the report folder's
+# disk is already full. Not 1, which reads as "tests failed", nor pytest's own 0-5. docs/FAULTS.md lists it.
+REPORTS_NOT_WRITTEN = 6
 
 
 @dataclass(frozen=True)
@@ -258,7 +264,24 @@ def _adb_servers(values: list[str]) -> tuple[adb.AdbServer, ...]:
     return servers
 
 
+def _check_selection_expressions(config: pytest.Config) -> None:
+    """-k and -m read here, where the run starts: under xdist only the workers collect, and a bad expression
+    then crashes every worker (a 56-line INTERNALERROR, exit 3) after the devices were started for nothing."""
+    from _pytest.mark.expression import Expression
+
+    for flag, expression in (("-k", config.option.keyword), ("-m", config.option.markexpr)):
+        if expression and expression.strip():
+            try:
+                Expression.compile(expression.lstrip())
+            except SyntaxError as error:
+                raise pytest.UsageError(
+                    f"{flag} {expression!r}: {error.msg} at column {error.offset}: join names with and, or, not and "
+                    f'parentheses, e.g. {flag} "counter_add and fp16"'
+                ) from None
+
+
 def parse(config: pytest.Config) -> RunOptions:
+    _check_selection_expressions(config)
     steps = config.getoption("--steps")
     if steps is not None and steps < 1:
         raise pytest.UsageError(f"--steps {steps}: give a step count of 1 or more")
@@ -284,6 +307,12 @@ def parse(config: pytest.Config) -> RunOptions:
     report_dir = Path(config.getoption("--report-dir"))
     if (problem := unwritable_reason(report_dir)) is not None:  # found now, not after an hour of running
         raise pytest.UsageError(f"--report-dir {report_dir}: {problem}: pass a folder this user can write to")
+    worker = hasattr(config, "workerinput")  # an xdist worker writes no report; a disk filling later is the end's
+    if not worker and (problem := no_room_reason(report_dir)) is not None:  # a lab fault: the reports' code
+        pytest.exit(
+            f"--report-dir {report_dir}: {problem}: free some space there or pass another folder (nothing was run)",
+            returncode=REPORTS_NOT_WRITTEN,
+        )
     emulate = config.getoption("--emulate")
     perf_repeats, perf_budget = config.getoption("--perf-repeats"), config.getoption("--perf-budget")
     if perf_repeats < 1:
@@ -322,11 +351,16 @@ def parse(config: pytest.Config) -> RunOptions:
     )
 
 
+CACHE_SUBFOLDERS = ("prepared", "eager")  # harness/case_store.py's shared entries, references.py's eager results
+
+
 def trusted_cache_dir(given: Path) -> Path:
     """--cache-dir (or the default) resolved, created 0700 if missing, and refused (UsageError, one line with
-    the fix) unless it is this user's own folder that nobody else may write: entries in it are lowered
-    programs and quantized programs, which a lowering reads back, so a folder another account can write
-    into is a way to plant them (harness/pipeline/prepared.py also authenticates what it unpickles)."""
+    the fix) unless it is this user's own folder that nobody else may write, below parents that only this
+    user or root may write (a writable parent could rename the checked folder away and put its own in its
+    place): entries in it are lowered programs and quantized programs, which a lowering reads back, so a
+    folder another account can write into is a way to plant them (harness/pipeline/prepared.py also
+    authenticates what it unpickles; an entry another account owns is set aside, never served)."""
     path = given.resolve()
     try:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -347,6 +381,21 @@ def trusted_cache_dir(given: Path) -> Path:
             f"--cache-dir {path} {problem}, not a folder of yours (uid {os.getuid()}): someone else could plant "
             f"entries there; pass a folder of your own with --cache-dir"
         )
+    if problem := ancestry_problem(path):
+        raise pytest.UsageError(
+            f"--cache-dir {path}: {problem}, so another account could swap the cache for its own: pass a folder "
+            f"whose parents only you or root may write, or --no-cache"
+        )
+    for shared in CACHE_SUBFOLDERS:  # one folder of entries each: theirs must be as much this user's own
+        try:
+            problem = folder_problem(os.lstat(path / shared), stat.S_IWGRP | stat.S_IWOTH, "writable by others")
+        except FileNotFoundError:
+            continue
+        if problem:
+            raise pytest.UsageError(
+                f"--cache-dir {path / shared} {problem}: someone else could plant entries there; remove it "
+                f"(it is made again) or pass another folder with --cache-dir"
+            )
     return path
 
 

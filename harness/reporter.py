@@ -18,19 +18,20 @@ from pathlib import Path
 
 import pytest
 
-from harness import check_registry, environment, report
+from harness import check_registry, environment, report, selection
 from harness.context import RunContext
 from harness.files import say, unwritable, write_atomically
-from harness.options import RunOptions
+from harness.options import REPORTS_NOT_WRITTEN, RunOptions
 from harness.qnn.toolchain import prepare
 from harness.record import REPORT_ATTRIBUTE, CheckRecord
 from harness.report import perf_gate
 from harness.report.document import SPOKEN, tally
-from harness.report.gate import BaselineError, GateResult, Key, Outcome, clip, read_documents
+from harness.report.gate import BaselineError, GateResult, Key, Outcome, Selection, clip, read_documents
 from harness.report.perf_gate import FAIL, PASS, WARN
+from harness.report.promote import identity
 from harness.repro import layout
 from harness.user_state import UnsafeStateDir, state_dir
-from harness.vocabulary import VERDICTS
+from harness.vocabulary import DTYPES, VERDICTS
 
 SECTION = "QNN mutable-buffer conformance"
 GATE_LINES = 20  # the gate's lines the terminal shows; gate.json, summary.md and report.html have all of them
@@ -39,9 +40,6 @@ GATE_LINES = 20  # the gate's lines the terminal shows; gate.json, summary.md an
 # its section carry the device's words, and junit and CI annotations see it); the closing line counts it apart.
 STATUS = {"not_measured": (SPOKEN["not_measured"], "n", "NOT MEASURED")}
 REASON_LINES = 5  # per verdict that is not executorch's: the distinct reasons the terminal names
-# The run's exit code when its reports could not be written (disk full, read-only or foreign folder): not 1,
-# which reads as "tests failed", nor pytest's own 0-5. docs/FAULTS.md lists it.
-REPORTS_NOT_WRITTEN = 6
 KEPT_RECORDS = "records"  # the user's state folder for records no report could take
 
 
@@ -57,12 +55,14 @@ class ConformanceReporter:
         # The plugin read the same path as outcomes already; a path that cannot be read (given as outcomes
         # only) leaves the performance gate nothing to compare.
         self._perf_baseline: dict = {}
+        self._baseline_identity: dict[str, str] = {}  # how the gate names its baseline (night, run id, executorch)
         if baseline is not None and options.baseline is not None:
             try:
                 documents = [document for _, document in read_documents(Path(options.baseline))]
             except BaselineError:
                 documents = []
             self._perf_baseline = perf_gate.baseline_timings(documents)
+            self._baseline_identity = identity(Path(options.baseline), documents) if documents else {}
         self.records: list[CheckRecord] = []
         self._lines: list[str] = []
         self._notes: list[str] = []  # records that could not be read
@@ -96,10 +96,24 @@ class ConformanceReporter:
             return STATUS[verdict]
         return None
 
+    def _empty_selection_lines(self, session: pytest.Session) -> list[str]:
+        """A run that selected nothing (pytest's exit 5): the filter that emptied it, in one line."""
+        if getattr(session, "exitstatus", None) != pytest.ExitCode.NO_TESTS_COLLECTED:
+            return []
+        options = self._options
+        line = selection.empty_selection_line(
+            self._context.socs(()),
+            options.soc_filter,
+            options.dtypes,
+            session.config.option.keyword,
+            options.shard.label if options.shard else None,
+        )
+        return [line] if line else []
+
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         """Writes the reports (before pytest's terminal summary: see pytest_sessionfinish_last for the lines)."""
         if not self.records:
-            self._lines = nothing_judged_lines(self._skipped)
+            self._lines = nothing_judged_lines(self._skipped) or self._empty_selection_lines(session)
             return
         try:
             self._report(session)
@@ -151,17 +165,23 @@ class ConformanceReporter:
 
     def _report(self, session: pytest.Session) -> None:
         verdict = None
+        shard = self._options.shard.label if self._options.shard else None
+        selection = run_selection(self._options, getattr(session, "config", None))
         if self._baseline is not None:
+            partial = " ".join(filter(None, (selection.partial, f"--shard {shard}" if shard else "")))
             verdict = replace(
-                report.gate(self.records, self._baseline, self._options.allow_missing),
+                report.gate(
+                    self.records, self._baseline, self._options.allow_missing, replace(selection, partial=partial)
+                ),
                 performance=perf_gate.compare(self._perf_baseline, self.records, self._options.perf_budget),
                 perf_fails_gate=self._options.perf_gate,
+                baseline=self._baseline_identity,
             )
         toolchain = prepare(self._options.qnn_sdk)
-        shard = self._options.shard.label if self._options.shard else None
         environments = environment.per_soc(self._context, toolchain, self._started, _now(), shard)
         for entry in environments.values():  # the phones' delegation rule reads it from report.json
             entry["perf_budget_pct"] = self._options.perf_budget
+            entry |= selection.environment()  # a merge of this run's shards gates by it (harness/report/merge.py)
         provenance = environment.provenance_per_soc(self._context, toolchain)
         folders = report.write_run(
             self.records,
@@ -194,7 +214,9 @@ class ConformanceReporter:
         if verdict is not None:
             named = verdict.lines()
             self._lines += [
-                f"gate against {self._options.baseline}: "
+                f"gate against {self._options.baseline}"
+                + (f" ({said})" if (said := verdict.baseline_line()) else "")
+                + ": "
                 + ("no regressions" if verdict.ok else "FAILED")
                 + f"; performance: {_perf_counts(verdict)}"
                 + (
@@ -236,6 +258,22 @@ class ConformanceReporter:
         except (OSError, ValueError):  # no terminal, or one that cannot take them: the exit code still tells
             for line in lines:
                 say(f"qnnsuite: {line}")
+
+
+def run_selection(options: RunOptions, config: pytest.Config | None) -> Selection:
+    """What narrowed the run's cases (-k, -m, --soc, --dtype), as the gate and report.json say it; empty
+    for the whole matrix. A shard is said apart (environment.shard). The options' defaults stand for what a
+    caller without them (a plugin test's options, a session without its config) did not narrow."""
+    said = []
+    for flag, name in (("-k", "keyword"), ("-m", "markexpr")):
+        if value := (config.getoption(name, "") if config is not None else ""):
+            said.append(f"{flag} {value}")
+    dtypes = frozenset(getattr(options, "dtypes", DTYPES))
+    return Selection(
+        frozenset(getattr(options, "soc_filter", ())),
+        frozenset() if dtypes == set(DTYPES) else dtypes,
+        " ".join(said),
+    )
 
 
 def _perf_counts(verdict: GateResult) -> str:

@@ -35,6 +35,7 @@ from harness.record import REPORT_ATTRIBUTE, CheckRecord, finding_in
 from harness.vocabulary import Case, Verdict
 
 EXPECTED = pytest.StashKey[list[KnownFailure]]()
+HINTS = pytest.StashKey[Path]()  # the manifest whose signature hints a failure no entry expects is matched with
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,8 @@ def expect_known_failures(items: list[pytest.Item], manifest: Path) -> None:
     """Attach to each collected item the manifest entries that name it (ValueError on a bad manifest)."""
     for item in items:
         item.stash[EXPECTED] = known_failures.matching(item.name, path=manifest)
+        item.stash[HINTS] = manifest
+    known_failures.hints(manifest)  # a manifest whose hints cannot be used fails here, once, not at each check
 
 
 def judge(
@@ -74,9 +77,12 @@ def judge(
     expected: list[KnownFailure],
     nodeid: str,
     words: Callable[[BaseException], str],
+    manifest: Path = known_failures.MANIFEST,
 ) -> Judgement:
     """Run the check on the outcome and decide its verdict. words: pytest's own words for an exception the
-    suite does not word (a harness bug), whose last line is the record's message."""
+    suite does not word (a harness bug), whose last line is the record's message; manifest: whose signature
+    hints a failure that no entry expects is matched with (it stays failed, its message says which finding's
+    signature it matches)."""
     started = time.perf_counter()
     evidence, error, failure_line = {}, None, ""
     try:
@@ -96,6 +102,10 @@ def judge(
                 )
     check_s = round(time.perf_counter() - started, 4)
     verdict, report_line, entry = decide(error, expected, nodeid)
+    hint = known_failures.hint_for(spec.name, case.mode.value, error, manifest) if verdict is Verdict.FAILED else ""
+    if hint and failure_line:
+        failure_line, evidence = f"{hint}: {failure_line}", {**evidence, "matches_signature_of": hint}
+        report_line = f"{nodeid}: {hint}: {report_line.removeprefix(f'{nodeid}: ')}" if report_line else None
     if failure_line and verdict is not Verdict.XPASSED:
         message = failure_line
     elif report_line is not None:

@@ -69,11 +69,25 @@ def client(server: AdbServer) -> AdbClient:
             )
         return AdbClient(server=server)
     if not server_listening(server.port, server.host):
-        raise DeviceError(
-            f"no adb server answers on {server.address}: start it there with `adb -a -P {server.port} "
-            f"server nodaemon` (or drop --adb-server {server.address})"
-        )
+        raise DeviceError(f"no adb server answers on {server.address}: {_start_hint(server)}")
     return AdbClient(host=server.host, port=server.port)
+
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+def _start_hint(server: AdbServer) -> str:
+    """How to start the missing server, naming only what the user chose: a loopback server on this host (no
+    other host reaches it), and a network-listening one (`adb -a`) only where the user named another host."""
+    if server.host in LOOPBACK_HOSTS:
+        start = f"start it with `adb -P {server.port} start-server` (it listens on loopback only)"
+        if server != default_server():
+            return f"{start}, or fix --adb-server {server.address}"
+        return f"{start}, or fix ADB_SERVER_SOCKET" if os.environ.get("ADB_SERVER_SOCKET") else start
+    return (
+        f"start it on {server.host} with `adb -a -P {server.port} server nodaemon` (it then listens on that host's "
+        f"network: only on a lab network you trust, see README's Security), or fix --adb-server {server.address}"
+    )
 
 
 def requested_serials(options: list[str]) -> list[str]:

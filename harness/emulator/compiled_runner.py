@@ -15,8 +15,10 @@ harness need and the binary does not know of:
 - the runner's stderr copied, line by line, into the device log that the device's logcat reads
   (device_log.copy_stderr, as for the pybindings runner);
 - the fault switches of $EMULATED_FAULTS_FILE, acting on the compiled runner's own process where they can
-  (runner_hang: it is stopped; runner_crash: SIGSEGV; runner_killed: SIGKILL; runner_exit: the command exits
-  with that code before starting it; runner_fewer_outputs: each step's last output removed after it ran;
+  (runner_hang: it is stopped; runner_crash: SIGSEGV; runner_killed: SIGKILL: each raised by the runner's
+  process on itself before it execs the binary, so the fault comes before anything the runner does;
+  runner_exit: the command exits with that code before starting it; runner_fewer_outputs: each step's last
+  output removed after it ran;
   runner_reload_each_line: a broken runner that loses state between steps, one process per step;
   runner_slow_execute {"ms": N, "match": TEXT}: test-only, a slower execute: for a case whose device folder
   name holds TEXT (a case id holds its mode, e.g. delegate_mutbuf), the wrapper sleeps N ms at each step line
@@ -120,17 +122,28 @@ class Runner:
     def __init__(self, binary: str, env: dict[str, str], pass_fds: tuple[int, ...]) -> None:
         self.binary, self.env, self.pass_fds = binary, env, pass_fds
 
-    def start(self, argv: list[str], stdout: int | None = None) -> subprocess.Popen[bytes]:
+    def start(
+        self, argv: list[str], stdout: int | None = None, fault_signal: int | None = None
+    ) -> subprocess.Popen[bytes]:
+        """The binary in a new process; with fault_signal, that process sends it to itself before the exec,
+        so the fault acts before the runner can load anything, however loaded the machine (a signal sent
+        from here after the start raced the runner: under load it had read the program and failed first).
+        A process stopped so never execs: Popen returns only once the command is killed, as a hung one is."""
         import subprocess
 
         from harness.process.lifetime import die_with_parent
 
+        def before_exec() -> None:
+            die_with_parent()  # first: a stopped runner still dies with the command (a timeout's kill, a hang-up)
+            if fault_signal is not None:
+                import signal
+
+                if fault_signal not in (signal.SIGKILL, signal.SIGSTOP):  # theirs cannot be changed, nor need be
+                    signal.signal(fault_signal, signal.SIG_DFL)  # SIGSEGV's default action, whatever was inherited
+                os.kill(os.getpid(), fault_signal)
+
         return subprocess.Popen(
-            [self.binary, *argv],
-            env=self.env,
-            stdout=stdout,
-            pass_fds=self.pass_fds,
-            preexec_fn=die_with_parent,  # the command's end is the runner's (a timeout's kill, a hang-up)
+            [self.binary, *argv], env=self.env, stdout=stdout, pass_fds=self.pass_fds, preexec_fn=before_exec
         )
 
 
@@ -228,7 +241,7 @@ def through_pybindings(argv: list[str], plan: Path, here: Path) -> None:
     )
 
 
-# Faults that act on the started runner process: (the line it prints, the signal it is sent).
+# Faults that act on the runner's process, before its exec: (the line it prints, the signal it raises).
 SIGNAL_FAULTS = {
     "runner_hang": ("hanging", "SIGSTOP"),
     "runner_crash": ("crashing", "SIGSEGV"),
@@ -271,14 +284,14 @@ def main(argv: list[str]) -> int:
         return end_like(one_process_per_step(runner, argv, Path(plan_path), Path(output)))
     if delay_ms := slowdown_ms(faults.get("runner_slow_execute"), Path.cwd().name):
         return end_like(slowed(runner, argv, delay_ms))
-    process = runner.start(argv)
     import signal
 
+    fault_signal = None
     for fault, (doing, name) in SIGNAL_FAULTS.items():
-        if faults.get(fault):
+        if faults.get(fault) and fault_signal is None:
             print(f"runner: {doing} (fault switch)", flush=True)
-            process.send_signal(getattr(signal, name))
-    status = process.wait()
+            fault_signal = getattr(signal, name)
+    status = runner.start(argv, fault_signal=fault_signal).wait()
     if status == 0 and faults.get("runner_fewer_outputs") and output:
         drop_last_outputs(Path(output))
     return end_like(status)

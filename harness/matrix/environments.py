@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,16 +88,39 @@ def _pip_failure(completed: subprocess.CompletedProcess, what: str) -> MatrixSet
     return MatrixSetupError(f"{what}: {detail.removeprefix('ERROR: ')}")
 
 
+def kept_wheel(wheel: Path, home: Path = MATRIX_HOME) -> tuple[Path, str]:
+    """(a copy of the wheel under home, named by its sha256; that sha256). A venv keyed by the wheel's path
+    would serve one wheel's install for another put at the same path later; hashing while copying, then
+    installing the copy, leaves no moment where the file pip reads is not the one hashed."""
+    kept = home / "wheels"
+    kept.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256()
+    with tempfile.NamedTemporaryFile(dir=kept, delete=False) as copy:
+        try:
+            with wheel.open("rb") as source:
+                while chunk := source.read(1 << 20):
+                    digest.update(chunk)
+                    copy.write(chunk)
+        except OSError as error:
+            os.unlink(copy.name)
+            raise MatrixSetupError(f"cannot read the wheel {wheel} ({error.strerror or error})") from None
+    folder = kept / digest.hexdigest()
+    folder.mkdir(exist_ok=True)
+    os.replace(copy.name, folder / wheel.name)
+    return folder / wheel.name, digest.hexdigest()
+
+
 def ensure_venv(
     executorch: str, home: Path = MATRIX_HOME, base_python: str = sys.executable, wheel: Path | None = None
 ) -> PythonEnv:
     """The venv of one executorch release (or wheel file, for bisect): made on first use, reused while
     requirements.txt holds."""
-    wanted = requirements_for(executorch, wheel=wheel)
     name = f"executorch-{release(executorch, 'executorch')}"
-    root = (
-        home / "venvs" / (f"{name}-{hashlib.sha256(str(wheel.resolve()).encode()).hexdigest()[:12]}" if wheel else name)
-    )
+    if wheel is not None:  # keyed by what the wheel holds, and installed from the copy that was hashed
+        wheel, digest = kept_wheel(wheel, home)
+        name = f"{name}-{digest[:16]}"
+    wanted = requirements_for(executorch, wheel=wheel)
+    root = home / "venvs" / name
     stamp = hashlib.sha256("\n".join(wanted).encode()).hexdigest()[:32]
     root.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(root) + ".lock"):

@@ -171,6 +171,10 @@ class LoweringFacts:
     # (harness/pipeline/stages.py buffer_encodings), what the cross_method_state check compares.
     methods: list[str] = field(default_factory=list)
     buffer_encodings: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)
+    # Quantized multi-method: each method's CPU quantize/dequantize program run on the plan as each of eager's
+    # STATE_MODELS (harness/pipeline/stages.py quantized_models): model -> [step][output] flat values, what
+    # cross_method_state compares a quantized device with ({}: not recorded).
+    modelled: dict[str, list[list[list[float]]]] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -203,6 +207,7 @@ class LoweringFacts:
                 quantized=bool(data.get("quantized", False)),
                 methods=[str(method) for method in data.get("methods", [])],
                 buffer_encodings=dict(data.get("buffer_encodings", {})),
+                modelled=dict(data.get("modelled", {})),
                 program=ProgramFacts(**data["program"]) if data["program"] else None,
             ),
         )
@@ -253,6 +258,7 @@ class PreparedFacts:
     # mutated buffer (LoweringFacts.buffer_encodings).
     methods: dict[str, ProgramFacts] = field(default_factory=dict)
     buffer_encodings: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)
+    modelled: dict[str, list[list[list[float]]]] = field(default_factory=dict)  # LoweringFacts.modelled
     schema_version: int = SCHEMA_VERSION
 
     def write(self, path: Path) -> None:
@@ -268,6 +274,7 @@ class PreparedFacts:
                 error=LoweringError(**data["error"]) if data.get("error") else None,
                 methods={str(name): ProgramFacts(**program) for name, program in data.get("methods", {}).items()},
                 buffer_encodings=dict(data.get("buffer_encodings", {})),
+                modelled=dict(data.get("modelled", {})),
             )
             if facts.error is None and (facts.quantize is None or (facts.program is None) == (not facts.methods)):
                 raise KeyError("quantize or program")

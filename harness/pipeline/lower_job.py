@@ -93,8 +93,8 @@ def main(argv: list[str]) -> int:
 def _lower_multi(
     request: LoweringRequest, card, model, calibration: list[tuple], facts: LoweringFacts, stage_done
 ) -> None:
-    """A multi-method card (issue 32): every method exported, quantized with its own calibration (as users
-    do, which is where two encodings of one buffer come from) and lowered together with a dict, then
+    """A multi-method card (issue 32): every method exported, quantized as its own program calibrated along
+    the plan (as users do, which is where two encodings of one buffer come from) and lowered together with a dict, then
     serialized with share_mutable_buffers as the case says. The export facts and the quantized methods are
     the card's and the card x dtype's shared entries, as a single-method card's (prepared.py)."""
     from harness.pipeline import prepared, stages
@@ -104,9 +104,17 @@ def _lower_multi(
     facts.export, facts.exported = prepared.export_facts(_path(request.exported_dir), card, model, examples, stage_done)
     methods = {method: stages.method_view(model, method) for method in card.methods}
     if quantizes(request.dtype, request.mode):
-        shared = prepared.quantized(_path(request.prepared_dir), card, model, request.dtype, calibration, stage_done)
+        shared = prepared.quantized(
+            _path(request.prepared_dir),
+            card,
+            model,
+            request.dtype,
+            calibration,
+            stage_done,
+            facts.export.methods or None,
+        )
         facts.quantize, facts.quantized, methods = shared.facts, shared.made, shared.module
-        facts.buffer_encodings = shared.buffer_encodings
+        facts.buffer_encodings, facts.modelled = shared.buffer_encodings, shared.modelled
     edge = stages.lower_multi(
         methods,
         examples,

@@ -16,6 +16,7 @@ from harness.pipeline.facts import FactsError, LoweringFacts
 from harness.pipeline.lower import LoweredArtifact
 from harness.qnn import qnnlog
 from harness.qnn.toolchain import Toolchain
+from harness.user_state import entry_problem
 from harness.vocabulary import Case
 
 
@@ -27,8 +28,9 @@ def lowering_directory(case: Case, steps: int, toolchain: Toolchain, cache_dir: 
 
 
 def is_lowered(directory: Path) -> bool:
-    """Whether a lowering finished there (whether it is sound is checked when it is served)."""
-    return (directory / "facts.json").exists() and (directory / "lower.log").exists()
+    """Whether a lowering of this user's finished there (whether it is sound is checked when it is served;
+    one another account owns is set aside then, harness/user_state.py claim_entry)."""
+    return (directory / "facts.json").exists() and (directory / "lower.log").exists() and not entry_problem(directory)
 
 
 def served(case: Case, directory: Path) -> LoweredArtifact | None:

@@ -33,17 +33,12 @@ the entry's facts as they would the bytes.
 from __future__ import annotations
 
 import hashlib
-import hmac
 import io
-import os
-import secrets
-import stat
 import sys
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 from typing import TypeVar
 
@@ -64,14 +59,21 @@ from harness.pipeline.facts import (
     QuantizeFacts,
     lowering_error,
 )
-from harness.user_state import UnsafeStateDir, base_dir
+from harness.user_state import (
+    KEY_BYTES as KEY_BYTES,  # the key length, read here by the tests
+    UnsafeStateDir,
+    claim_entry,
+    entry_problem,
+    seal,
+    sealed_by,
+    user_key,
+)
 
 T = TypeVar("T")
 PROGRAM = "program.pt2"
 SEAL_SUFFIX = ".hmac"
 SEAL = PROGRAM + SEAL_SUFFIX  # HMAC-SHA256 of the program under this user's key: only programs this user made are read
 KEY_FILE = "cache-hmac.key"  # in the user's private state folder (harness/user_state.py)
-KEY_BYTES = 32
 FACTS = "prepared.json"
 EXPORT_FACTS = "export.json"
 # Programs the lowering server read (preload), by sha256: its forked children each take their own copy.
@@ -88,6 +90,7 @@ class Quantized:
     module: Program  # the quantized program to lower (a multi-method card's: a dict, as stages.lower takes)
     made: bool  # quantized here, not read from the card and dtype's entry
     buffer_encodings: dict[str, dict[str, dict[str, str]]]  # a multi-method card's (stages.buffer_encodings)
+    modelled: dict[str, list[list[list[float]]]]  # a multi-method card's (stages.quantized_models)
 
 
 def _exported(card: ModelCard, model: torch.nn.Module, example: Example) -> ExportFacts:
@@ -130,16 +133,21 @@ def quantized(
     dtype: str,
     calibration: list[tuple],
     stage_done: Callable[[str], None],
+    writes: dict[str, list[str]] | None = None,
 ) -> Quantized:
     """The card's quantized program in dtype from its entry, made now if missing or damaged; directory None:
     this case's own, in memory (the quantized module lowered itself, as every case was before entries
     were shared). QuantizationFailed if it failed, now or when the entry was made (a failure of the
-    machine is raised as it is and not kept). A multi-method card's program is a dict of its methods'."""
+    machine is raised as it is and not kept). A multi-method card's program is a dict of its methods', and
+    its entry keeps the quantized programs run on the plan (stages.quantized_models; writes: what each method
+    writes, the export facts' methods)."""
     if directory is None:
-        converted, facts, encodings = _failing_once(None, lambda: _quantized_now(card, model, dtype, calibration))
+        converted, facts, encodings, modelled = _failing_once(
+            None, lambda: _quantized_now(card, model, dtype, calibration, writes)
+        )
         stage_done("quantize")
         modules = {name: module for name, (module, _) in converted.items()}
-        return Quantized(QuantizeFacts(**facts), _program(card, modules), True, encodings)
+        return Quantized(QuantizeFacts(**facts), _program(card, modules), True, encodings, modelled)
     with _locked(directory):
         found = _read_entry(directory, _wanted(card))
         if found is not None:
@@ -147,23 +155,26 @@ def quantized(
             entry, modules = found
             if entry.error is not None:
                 raise QuantizationFailed(entry.error, made=False)
-            return Quantized(entry.quantize, _program(card, modules), False, entry.buffer_encodings)
-        entry, modules = _failing_once(directory, lambda: _quantize(directory, card, model, dtype, calibration))
+            return Quantized(entry.quantize, _program(card, modules), False, entry.buffer_encodings, entry.modelled)
+        entry, modules = _failing_once(directory, lambda: _quantize(directory, card, model, dtype, calibration, writes))
         stage_done("quantize")
-        return Quantized(entry.quantize, _program(card, modules), True, entry.buffer_encodings)
+        return Quantized(entry.quantize, _program(card, modules), True, entry.buffer_encodings, entry.modelled)
 
 
 def _quantized_now(
-    card: ModelCard, model: torch.nn.Module, dtype: str, calibration: list[tuple]
-) -> tuple[dict[str, tuple[torch.nn.Module, tuple]], dict, dict[str, dict[str, dict[str, str]]]]:
+    card: ModelCard, model: torch.nn.Module, dtype: str, calibration: list[tuple], writes: dict[str, list[str]] | None
+) -> tuple[dict[str, tuple[torch.nn.Module, tuple]], dict, dict[str, dict[str, dict[str, str]]], dict]:
     """The card quantized now: its programs by their file in the entry (program.pt2, or <method>.pt2 each),
-    each with its example (what it is exported with to be saved); its facts; its methods' buffer encodings."""
+    each with its example (what it is exported with to be saved); its facts; its methods' buffer encodings;
+    a multi-method card's quantized programs run on the plan (stages.quantized_models)."""
     if not card.multi_method:
         converted, facts = stages.quantize(card, model, dtype, calibration)
-        return {PROGRAM: (converted, calibration[0])}, facts, {}
+        return {PROGRAM: (converted, calibration[0])}, facts, {}, {}
     per_method = stages.method_calibration(card, calibration)
-    converted, facts, encodings = stages.quantize_multi(card, model, dtype, per_method)
-    return {_file(method): (module, per_method[method][0]) for method, module in converted.items()}, facts, encodings
+    converted, facts, encodings = stages.quantize_multi(card, model, dtype, calibration)
+    modelled = stages.quantized_models(card, converted, calibration, writes)
+    files = {_file(method): (module, per_method[method][0]) for method, module in converted.items()}
+    return files, facts, encodings, modelled
 
 
 def _file(method: str) -> str:
@@ -209,15 +220,24 @@ def _failing_once(directory: Path | None, quantize: Callable[[], T]) -> T:
 
 @contextmanager
 def _locked(directory: Path) -> Iterator[None]:
-    directory.mkdir(parents=True, exist_ok=True)
+    """The entry, this user's own (one another account owns is set aside, never read) and locked."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    claim_entry(Path(f"{directory}.lock"), "cache lock")  # filelock opens its file following links, truncating it
     with FileLock(str(directory) + ".lock"):
+        claim_entry(directory, "shared cache entry")
+        directory.mkdir(exist_ok=True)
         yield
 
 
 def _quantize(
-    directory: Path, card: ModelCard, model: torch.nn.Module, dtype: str, calibration: list[tuple]
+    directory: Path,
+    card: ModelCard,
+    model: torch.nn.Module,
+    dtype: str,
+    calibration: list[tuple],
+    writes: dict[str, list[str]] | None,
 ) -> tuple[PreparedFacts, dict[str, torch.nn.Module]]:
-    converted, quantize_facts, encodings = _quantized_now(card, model, dtype, calibration)
+    converted, quantize_facts, encodings, modelled = _quantized_now(card, model, dtype, calibration, writes)
     programs, modules = {}, {}
     for name, (module, example) in converted.items():
         buffer = io.BytesIO()
@@ -228,7 +248,9 @@ def _quantize(
         programs[name], modules[name] = ProgramFacts(hashlib.sha256(data).hexdigest(), len(data)), _load(data)
     if card.multi_method:
         by_method = {name.removesuffix(".pt2"): program for name, program in programs.items()}
-        facts = PreparedFacts(QuantizeFacts(**quantize_facts), None, methods=by_method, buffer_encodings=encodings)
+        facts = PreparedFacts(
+            QuantizeFacts(**quantize_facts), None, methods=by_method, buffer_encodings=encodings, modelled=modelled
+        )
     else:
         facts = PreparedFacts(QuantizeFacts(**quantize_facts), programs[PROGRAM])
     facts.write(directory / FACTS)
@@ -237,7 +259,10 @@ def _quantize(
 
 def preload(directory: Path) -> None:
     """Read the entry's programs into this process, if it is complete and sound, for the lowerings it will
-    fork (the lowering server's preparation of a request: harness/pipeline/lower_job.py)."""
+    fork (the lowering server's preparation of a request: harness/pipeline/lower_job.py); not one another
+    account owns (the lowering sets it aside)."""
+    if entry_problem(directory):
+        return
     try:
         facts = PreparedFacts.read(directory / FACTS)
         if facts.error is None:
@@ -290,48 +315,21 @@ def _program_bytes(directory: Path, name: str, program: ProgramFacts) -> bytes:
     if len(data) != program.bytes or hashlib.sha256(data).hexdigest() != program.sha256:
         raise FactsError(f"{name} is not the program its facts describe")
     try:
-        seal = (directory / _seal_file(name)).read_text(encoding="ascii").strip()
+        mark = (directory / _seal_file(name)).read_text(encoding="ascii").strip()
     except (OSError, UnicodeDecodeError):
-        seal = ""
-    if not hmac.compare_digest(seal.encode("ascii", "replace"), _seal(data).encode()):
+        mark = ""
+    if not sealed_by(data, mark, _key()):
         raise FactsError(f"{name} is not sealed by this user's key (made elsewhere, or planted): not read")
     return data
 
 
 def _seal(data: bytes) -> str:
-    return hmac.new(_key(), data, hashlib.sha256).hexdigest()
+    return seal(data, _key())
 
 
-@cache
 def _key() -> bytes:
-    """This user's key for sealing prepared programs: made once (0600, atomically: the first writer wins)
-    in the user's private 0700 state folder, and read only if it is a regular file of this user's that
-    nobody else can read."""
-    path = base_dir() / KEY_FILE
-    if not os.path.lexists(path):
-        temporary = path.with_name(f".{KEY_FILE}.{os.getpid()}.{secrets.token_hex(4)}")
-        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
-            os.write(descriptor, secrets.token_bytes(KEY_BYTES))
-            os.fsync(descriptor)
-        finally:
-            os.close(descriptor)
-        try:
-            os.link(temporary, path)  # fails if another process made it first: then theirs is the key
-        except FileExistsError:
-            pass
-        finally:
-            os.unlink(temporary)
-    descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    with os.fdopen(descriptor, "rb") as file:
-        info = os.fstat(descriptor)
-        key = file.read(KEY_BYTES + 1)
-    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077 or len(key) != KEY_BYTES:
-        raise UnsafeStateDir(
-            f"cache key {path} is not a 0600 file of {KEY_BYTES} bytes of yours: "
-            f"remove it (a new one is made; cached quantized programs are made again)"
-        )
-    return key
+    """This user's key for sealing prepared programs (harness/user_state.py user_key)."""
+    return user_key(KEY_FILE)
 
 
 def _load(data: bytes) -> torch.nn.Module:

@@ -18,6 +18,7 @@ import numpy as np
 
 from harness.files import write_bytes_atomically
 from harness.pipeline import cache, eager
+from harness.user_state import claim_entry
 from harness.vocabulary import Case, ModelCard
 
 Outputs = eager.Outputs
@@ -43,6 +44,8 @@ def eager_results(case: Case, steps: list[tuple], cache_dir: Path | None) -> Eag
         return _MEMO[memo_key]
     key = cache.eager_key(case, len(steps))
     path = cache_dir / "eager" / f"{key}.npz" if cache_dir is not None else None
+    if path is not None:
+        claim_entry(path, "eager results")  # another account's is never read; this user's own is written
     results = _read(path, len(steps)) if path is not None and path.is_file() else None
     if results is None:
         reference = eager.run_steps(case.card, steps)

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from harness.pipeline import eager
 from harness.pipeline.card import ModelCard
 from harness.vocabulary import BLOCK_DTYPE, QUANT_DTYPES
 
@@ -37,13 +38,22 @@ def quantize(
     Calibration runs the model, which mutates its buffers; they are reset to their registered values
     afterwards so calibration never leaks into the initial state the device starts from.
     """
+    initial = {name: buffer.detach().clone() for name, buffer in model.named_buffers()}
+    prepared, before = _prepare(card, model, dtype, calibration[0])
+    for inputs in calibration:
+        prepared(*inputs)
+    return _convert(card, prepared, before, initial)
+
+
+def _prepare(card: ModelCard, model: torch.nn.Module, dtype: str, example: tuple) -> tuple[torch.fx.GraphModule, dict]:
+    """The model exported and prepared for calibration with QnnQuantizer in dtype, and what the annotation
+    facts need from before convert (the annotated buffer inputs, each buffer's readers)."""
     from executorch.backends.qualcomm.quantizer.quantizer import QnnQuantizer, QuantDtype
     from torchao.quantization.pt2e import MinMaxObserver
-    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+    from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
 
-    initial = {name: buffer.detach().clone() for name, buffer in model.named_buffers()}
     quantizer = QnnQuantizer()
-    graph_module = torch.export.export(model, calibration[0]).module()
+    graph_module = torch.export.export(model, example).module()
     if dtype == BLOCK_DTYPE:  # as upstream's LLM flow sets LPBQ up: per-channel weights, blocks on the linears
         quantizer.set_default_quant_config(
             QuantDtype.use_16a4w_block,
@@ -56,14 +66,20 @@ def quantize(
         quantizer.set_default_quant_config(getattr(QuantDtype, QUANT_DTYPES[dtype]), act_observer=MinMaxObserver)
     readers_before = buffer_readers(graph_module, card.mutated_buffers)
     prepared = prepare_pt2e(graph_module, quantizer)
-    annotated = annotated_buffer_inputs(prepared, card.mutated_buffers)
-    for inputs in calibration:
-        prepared(*inputs)
+    return prepared, {"readers": readers_before, "annotated": annotated_buffer_inputs(prepared, card.mutated_buffers)}
+
+
+def _convert(
+    card: ModelCard, prepared: torch.fx.GraphModule, before: dict, initial: dict[str, torch.Tensor]
+) -> tuple[torch.nn.Module, dict]:
+    """A calibrated module converted, its buffers back at their registered values, and its quantization facts."""
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
+
     converted = convert_pt2e(prepared)
     _restore_buffers(converted, initial)
-    readers_after = buffer_readers(converted, card.mutated_buffers)
+    readers_before, readers_after = before["readers"], buffer_readers(converted, card.mutated_buffers)
     facts = {
-        "annotated_buffer_inputs": annotated,
+        "annotated_buffer_inputs": before["annotated"],
         "qdq_around_buffers": qdq_around_buffers(converted, card.mutated_buffers),
         "folded_buffer_reads": {
             name: {"before": readers_before[name], "after": readers_after.get(name, 0)}
@@ -314,21 +330,30 @@ def buffer_encodings(converted: torch.fx.GraphModule, buffers: tuple[str, ...]) 
 
 
 def quantize_multi(
-    card: ModelCard, model: torch.nn.Module, dtype: str, per_method: dict[str, list[tuple]]
+    card: ModelCard, model: torch.nn.Module, dtype: str, calibration: list[tuple]
 ) -> tuple[dict[str, torch.nn.Module], dict, dict[str, dict[str, dict[str, str]]]]:
-    """Each method quantized with its own calibration (its own steps of the plan, from the registered state),
-    as a user quantizing a prefill and a decode program separately does: nothing in executorch's flow makes
-    the methods agree on a shared buffer's encoding, which cross_method_state then checks. Returns the
-    converted methods, their facts merged (each entry names its method) and each method's buffer encodings."""
+    """Each method quantized as its own program, calibrated as users calibrate: the card's plan run on the
+    prepared methods with the state carried from one method to the next (decode calibrated on the cache
+    prefill leaves, not on the zero cache), as a user's calibration loop runs prefill and then decode.
+    Nothing in executorch's flow makes the methods agree on a shared buffer's encoding, which
+    cross_method_state then weighs. Returns the converted methods, their facts merged (each entry names its
+    method) and each method's buffer encodings."""
     initial = {name: buffer.detach().clone() for name, buffer in model.named_buffers()}
+    per_method = method_calibration(card, calibration)
+    prepared, before = {}, {}
+    for method, rows in per_method.items():
+        _restore_buffers(model, initial)
+        prepared[method], before[method] = _prepare(card, method_view(model, method), dtype, rows[0])
+        _restore_buffers(prepared[method], initial)
+    plan = card.step_methods(len(calibration))
+    eager.run_plan_as(prepared.__getitem__, _call_method, plan, calibration, "carried", card.mutated_buffers)
     converted, merged, encodings = (
         {},
         {"annotated_buffer_inputs": [], "qdq_around_buffers": [], "folded_buffer_reads": {}},
         {},
     )
-    for method, calibration in per_method.items():
-        _restore_buffers(model, initial)
-        module, facts = quantize(card, method_view(model, method), dtype, calibration)
+    for method in card.methods:
+        module, facts = _convert(card, prepared[method], before[method], initial)
         converted[method] = module
         merged["annotated_buffer_inputs"] += [
             {**entry, "op": f"{method}: {entry['op']}"} for entry in facts["annotated_buffer_inputs"]
@@ -342,6 +367,45 @@ def quantize_multi(
         encodings[method] = buffer_encodings(module, card.mutated_buffers)
     _restore_buffers(model, initial)
     return converted, merged, encodings
+
+
+def _call_method(module: torch.nn.Module, method: str, inputs: tuple) -> object:
+    """One step of a method's own program (its forward is the method)."""
+    return module(*inputs)
+
+
+# Output elements a card's modelled references may hold in the lowering's facts (JSON): the suite's cards hold a
+# few hundred; a user's card with vocabulary-sized logits over many steps is judged without them.
+MODELLED_ELEMENTS_MAX = 1 << 20
+
+
+def quantized_models(
+    card: ModelCard,
+    converted: dict[str, torch.nn.Module],
+    steps: list[tuple],
+    writes: dict[str, list[str]] | None,
+) -> dict[str, list[list[list[float]]]]:
+    """The quantized CPU programs (each method's quantize/dequantize program) run on the plan as each of
+    eager's STATE_MODELS: with the state carried across methods through each method's own encodings (what a
+    device that shares the state computes, encodings and all), and the ways to lose it. By model, step and
+    output, the flat values (JSON for the lowering's facts); {} when they would be too large to keep."""
+    plan = card.step_methods(len(steps))
+    models = {}
+    for model in eager.STATE_MODELS:
+        if model == "constant_read" and writes is None:
+            continue
+        outputs = eager.run_plan_as(
+            lambda method: copy.deepcopy(converted[method]),
+            _call_method,
+            plan,
+            steps,
+            model,
+            card.mutated_buffers,
+            writes,
+        )
+        models[model] = [[array.astype("float64").reshape(-1).tolist() for array in row] for row in outputs]
+    size = sum(len(values) for outputs in models.values() for row in outputs for values in row)
+    return models if size <= MODELLED_ELEMENTS_MAX else {}
 
 
 def lower_multi(

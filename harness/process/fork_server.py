@@ -72,7 +72,7 @@ PARENT_ENV = "QNNSUITE_FORK_SERVER_PARENT"  # the pid whose death stops the serv
 Entry = Callable[[list[str]], object]
 Prepare = Callable[[list[str]], None]
 EXITED = -1  # end_of: the child ended without declaring its code; its status is how it ended
-THREADS_SETTLE_S = 0.1  # a Python thread starting or ending is briefly a thread Python does not list
+THREADS_SETTLE_S = 2.0  # a Python thread starting or ending is briefly a thread Python does not list
 
 
 class ForkServerError(RuntimeError):
@@ -285,8 +285,9 @@ class ForkServer:
         except Exception:
             traceback.print_exc()
         started = foreign_threads() - before
-        if started:
-            time.sleep(THREADS_SETTLE_S)
+        settled_by = time.monotonic() + THREADS_SETTLE_S
+        while started and time.monotonic() < settled_by:  # a bound, not a fixed wait: a loaded host is slower
+            time.sleep(0.01)
             started = foreign_threads() - before
         if started:
             self.broken = (

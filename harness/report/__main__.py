@@ -9,7 +9,8 @@ names it: report files from elsewhere are data, harness/report/intake.py), else 
 merge: exits 2 when the parts cannot be merged (one line says why), 4 on a part or baseline that is not a
 valid report.json, 1 when --baseline is given and the merged run fails its gate (gate.json beside each
 report.json names the checks), else 0.
-A baseline (diff's A, merge's --baseline) that is a nightly store means its newest night.
+A baseline (diff's A, merge's --baseline) that is a nightly store means its newest sealed night whose gate
+passed (harness/report/promote.py baseline_path).
 promote: `python -m harness.report promote RUN --to DIR [--keep N]` (harness/report/promote.py); exits 2
 when the run is incomplete or DIR is not a store. history: `python -m harness.report history DIR`
 (harness/report/history.py); exits 2 when DIR is not a store. issues: `python -m harness.report issues RUN`
@@ -25,8 +26,9 @@ from pathlib import Path
 
 from harness.report import history as histories, issues as findings, merge as merging, promote as promotion
 from harness.report.gate import BaselineError, MalformedReport, changes, compare, load
-from harness.report.writer import summary_line
+from harness.report.writer import DocsUrlError, docs_url, summary_line
 from harness.text import printable
+from harness.user_state import UnsafeStateDir
 
 MALFORMED = 4  # a report file that is not a valid report.json: pytest's usage-error code, as --baseline gets
 
@@ -48,14 +50,17 @@ def diff(before_path: Path, after_path: Path) -> int:
     return 1 if result.regressions or result.new_failures else 0
 
 
-def merge(folders: list[Path], out: Path, baseline: Path | None, allow_missing: bool) -> int:
+def merge(
+    folders: list[Path], out: Path, baseline: Path | None, allow_missing: bool, run_id: str | None, url: str | None
+) -> int:
     try:
-        baseline = promotion.baseline_path(baseline) if baseline else None  # a nightly store: its newest night
-        merged = merging.merge(folders, out, baseline, allow_missing)
+        url = docs_url(url)
+        baseline = promotion.baseline_path(baseline) if baseline else None  # a store: its newest night that passed
+        merged = merging.merge(folders, out, baseline, allow_missing, run_id, url)
     except MalformedReport as error:
         print(f"merge: {error}", file=sys.stderr)
         return MALFORMED
-    except (merging.MergeError, BaselineError) as error:
+    except (merging.MergeError, BaselineError, DocsUrlError) as error:
         print(f"merge: {error}", file=sys.stderr)
         return 2
     socs = sorted({record.soc for record in merged.records})
@@ -65,7 +70,8 @@ def merge(folders: list[Path], out: Path, baseline: Path | None, allow_missing: 
     verdict = merged.verdict
     if verdict is None:
         return 0
-    print(f"gate against {baseline}: " + ("no regressions" if verdict.ok else "FAILED"))
+    said = f" ({verdict.baseline_line()})" if verdict.baseline_line() else ""
+    print(f"gate against {baseline}{said}: " + ("no regressions" if verdict.ok else "FAILED"))
     for line in verdict.lines():
         print(f"  {printable(line)}")  # a part's failure message may carry terminal escapes
     return 0 if verdict.ok else 1
@@ -74,18 +80,23 @@ def merge(folders: list[Path], out: Path, baseline: Path | None, allow_missing: 
 def promote(run: Path, store: Path, keep: int, bundles: bool) -> int:
     try:
         night = promotion.promote(run, store, keep, bundles)
-    except promotion.PromoteError as error:
+    except (promotion.PromoteError, UnsafeStateDir) as error:
         print(f"promote: {error}", file=sys.stderr)
         return 2
     print(f"promoted {run} to {night}")
     return 0
 
 
-def history(store: Path, out: Path | None) -> int:
+def history(store: Path, out: Path | None, url: str | None) -> int:
     if not promotion.is_store(store):
         print(f"history: {store} is not a nightly store: pass the folder given to promote --to", file=sys.stderr)
         return 2
-    json_path, html_path = histories.write(store, out)
+    try:
+        promotion.check_store(store, "history:")
+        json_path, html_path = histories.write(store, out, docs_url(url))
+    except (BaselineError, DocsUrlError) as error:
+        print(f"history: {error}", file=sys.stderr)
+        return 2
     for line in histories.headline(json.loads(json_path.read_text(encoding="utf-8"))):
         print(printable(line))
     print(f"history: {html_path} and {json_path.name}")
@@ -117,6 +128,11 @@ def main(argv: list[str] | None = None) -> int:
     command.add_argument(
         "--allow-missing", action="store_true", help="gate: baseline checks absent here do not fail it"
     )
+    command.add_argument(
+        "--run-id", metavar="ID", help="the merged run's id (default: the parts'; never the --out folder's name)"
+    )
+    docs = "where docs/ is published, for FINDINGS.md links (default: $QNNSUITE_DOCS_URL, else a copy in the folder)"
+    command.add_argument("--docs-url", metavar="URL", help=docs)
     command = commands.add_parser("promote", help="copy a finished run into a nightly store as its newest night")
     command.add_argument("run", type=Path, metavar="RUN", help="a run folder (reports/<run>, or a merged folder)")
     command.add_argument("--to", type=Path, required=True, metavar="DIR", help="the nightly store (made if new)")
@@ -125,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     command = commands.add_parser("history", help="history.html and history.json of a nightly store")
     command.add_argument("store", type=Path, metavar="DIR", help="a nightly store (promote --to DIR)")
     command.add_argument("--out", type=Path, metavar="DIR", help="where to write them (default: DIR)")
+    command.add_argument("--docs-url", metavar="URL", help=docs)
     command = commands.add_parser("issues", help="one upstream issue.md (and script) per finding of a run")
     command.add_argument("run", type=Path, metavar="RUN", help="a run folder (reports/<run>, or a merged folder)")
     command.add_argument("--out", type=Path, metavar="DIR", help="where to write them (default: RUN/issues)")
@@ -134,9 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "promote":
         return promote(args.run, args.to, args.keep, not args.no_bundles)
     if args.command == "history":
-        return history(args.store, args.out)
+        return history(args.store, args.out, args.docs_url)
     if args.command == "merge":
-        return merge(args.folders, args.out, args.baseline, args.allow_missing)
+        return merge(args.folders, args.out, args.baseline, args.allow_missing, args.run_id, args.docs_url)
     return diff(args.before, args.after)
 
 

@@ -6,7 +6,10 @@ Checks are matched by (soc, case_id, check). The gate fails on
 - a fixed known failure: a known failure that passes now (xpassed), or a check the baseline expected to
   fail that now passes: the known-failures manifest must change;
 - a missing check: in the baseline, absent from this run (renamed, not collected, a collection error),
-  or measured in the baseline and not measured now, unless missing checks are allowed (a narrowed run);
+  or measured in the baseline and not measured now, unless missing checks are allowed (--allow-missing).
+  A narrowed run (its selection: -k, -m, --soc, --dtype, or a shard) did not select every case, so a
+  baseline check of a case the run has no record of at all is outside its selection: counted, not missing;
+  a check missing from a case the run did run is still missing;
 - an infrastructure error (listed apart: the device or the lab failed, so the check was not verified;
   a gate that passed on unverified checks could be fooled by a rack whose devices all fail).
 A new failure is also a check that fails now where the baseline had it skipped, not measured, an
@@ -16,7 +19,7 @@ A run compared with itself is ok, unless a known failure passes in it (that alon
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.record import CheckRecord
@@ -30,6 +33,8 @@ Key = tuple[str, str, str]  # soc, case_id, check
 FAILING = ("failed", "xpassed", "xfailed")
 PASSING = ("passed", "xpassed")
 ABSENT = "absent"
+BASELINE_KEYS = ("night", "run_id", "executorch")
+LISTED_MISSING = 20  # missing checks gate.json lists; the rest are counted
 MEASURED = ("passed", "failed", "xpassed", "xfailed")
 MESSAGE_CHARS = 160
 ELLIPSIS = "…"
@@ -49,6 +54,49 @@ def clip(text: str, limit: int = MESSAGE_CHARS) -> str:
     return text[:cut].rstrip(" ,;:") + " " + ELLIPSIS
 
 
+@dataclass(frozen=True)
+class Selection:
+    """What narrowed a run's cases, so the gate does not call what it left out missing. --soc and --dtype
+    name what they leave out; -k, -m and a shard do not (the baseline has no test names to match), so for
+    them a baseline case the run has no record of at all is taken as left out, while a check missing from
+    a case the run did run is still missing."""
+
+    socs: frozenset[str] = frozenset()  # --soc (empty: every SoC)
+    dtypes: frozenset[str] = frozenset()  # --dtype (empty: every dtype)
+    partial: str = ""  # -k / -m / shard as said, "" without
+
+    @property
+    def text(self) -> str:
+        said = [self.partial] if self.partial else []
+        said += [f"--soc {','.join(sorted(self.socs))}"] if self.socs else []
+        said += [f"--dtype {','.join(sorted(self.dtypes))}"] if self.dtypes else []
+        return " ".join(said)
+
+    def outside(self, key: Key, outcome: Outcome, ran: set[tuple[str, str]]) -> bool:
+        soc, case_id, _ = key
+        if (self.socs and soc not in self.socs) or (self.dtypes and outcome.dtype and outcome.dtype not in self.dtypes):
+            return True
+        return bool(self.partial) and (soc, case_id) not in ran
+
+    def environment(self) -> dict[str, str]:
+        """As report.json's environment says it (scalars), for a merge to gate by."""
+        keys = {"selection": self.text, "selection_partial": self.partial}
+        keys |= {"selection_socs": ",".join(sorted(self.socs)), "selection_dtypes": ",".join(sorted(self.dtypes))}
+        return {key: value for key, value in keys.items() if value}
+
+
+def selection_of(environments: list[dict]) -> Selection:
+    """The selection of a run made of these reports (a merge's parts): the union of their SoCs and dtypes
+    (a part without the filter: every one), their -k/-m; shards merged whole left nothing out."""
+
+    def union(key: str) -> frozenset[str]:
+        values = [str(env.get(key) or "") for env in environments]
+        return frozenset() if not all(values) else frozenset(v for value in values for v in value.split(","))
+
+    partial = " | ".join(sorted({str(env.get("selection_partial") or "") for env in environments} - {""}))
+    return Selection(union("selection_socs"), union("selection_dtypes"), partial)
+
+
 class BaselineError(ValueError):
     """A baseline or report path that cannot be read as reports."""
 
@@ -62,6 +110,7 @@ class Outcome:
     verdict: str
     known_failure: str = ""
     message: str = ""
+    dtype: str = ""  # the case's (a selection by --dtype leaves the baseline's other dtypes out)
 
     @property
     def expected_to_fail(self) -> bool:
@@ -92,6 +141,9 @@ class GateResult:
     # The performance gate's verdicts (harness/report/perf_gate.py); a FAIL fails the gate only when asked
     performance: tuple[PerfVerdict, ...] = ()
     perf_fails_gate: bool = False
+    excluded: int = 0  # baseline checks outside a narrowed run's selection (neither missing nor listed)
+    selection: str = ""  # the narrowed run's selection, "" for the whole matrix
+    baseline: dict[str, str] = field(default_factory=dict)  # which run it was gated against (night, run id, executorch)
 
     @property
     def perf_failures(self) -> tuple[PerfVerdict, ...]:
@@ -121,7 +173,27 @@ class GateResult:
             mine(self.infrastructure),
             tuple(v for v in self.performance if v.soc == soc),
             self.perf_fails_gate,
+            self.excluded,
+            self.selection,
+            self.baseline,
         )
+
+    def baseline_line(self) -> str:
+        """e.g. `baseline: night 000004-2026-12-05-2026..., run 2026..., executorch 1.5.1`; "" when unknown."""
+        said = [f"{key.replace('_', ' ')} {self.baseline[key]}" for key in BASELINE_KEYS if self.baseline.get(key)]
+        return "baseline: " + ", ".join(said) if said else ""
+
+    def scope_line(self) -> str:
+        """What the gate compared: the selection's exclusions, and the fix for missing checks of a narrowed run."""
+        line = ""
+        if self.excluded:
+            line = f"{self.excluded} baseline check(s) outside this run's selection ({self.selection}): not compared"
+        if self.missing and not self.allow_missing:
+            line += ("; " if line else "") + (
+                f"{len(self.missing)} check(s) of the baseline are missing: if this run left them out on purpose, "
+                "gate it with --allow-missing"
+            )
+        return line
 
     def entries(self) -> list[dict[str, str]]:
         """Every check the gate names: {"kind", "soc", "case_id", "check", "before", "after", "why"}."""
@@ -164,8 +236,9 @@ class GateResult:
         return entries
 
     def lines(self) -> list[str]:
-        """One line per check the gate names, saying what to do where there is something to do."""
-        lines = []
+        """One line per check the gate names, saying what to do where there is something to do; first the
+        scope line (what the selection left out, the fix for missing checks), which a cut list still shows."""
+        lines = [scope] if (scope := self.scope_line()) else []
         for entry in self.entries():
             change = f"{entry['soc']} {entry['case_id']} {entry['check']} {entry['before']} -> {entry['after']}"
             if entry["kind"] == "known failure now passes":
@@ -185,13 +258,15 @@ class GateResult:
 
 def of_records(records: list[CheckRecord]) -> dict[Key, Outcome]:
     """This run's outcomes, straight from its records (gating runs before, or without, the report files)."""
-    return {(r.soc, r.case_id, r.check): Outcome(r.verdict, r.known_failure, r.message) for r in records}
+    return {(r.soc, r.case_id, r.check): Outcome(r.verdict, r.known_failure, r.message, r.dtype) for r in records}
 
 
 def of_document(document: dict) -> dict[Key, Outcome]:
     """A written report's outcomes, in the same shape as of_records so either side can be a baseline."""
     return {
-        (document["soc"], case["case_id"], name): Outcome(check["verdict"], check["known_failure"], check["message"])
+        (document["soc"], case["case_id"], name): Outcome(
+            check["verdict"], check["known_failure"], check["message"], case["dtype"]
+        )
         for case, name, check in checks_of(document)
     }
 
@@ -238,7 +313,18 @@ def changes(before: dict[Key, Outcome], after: dict[Key, Outcome]) -> list[Chang
     ]
 
 
-def compare(before: dict[Key, Outcome], after: dict[Key, Outcome], allow_missing: bool = False) -> GateResult:
+def compare(
+    before: dict[Key, Outcome],
+    after: dict[Key, Outcome],
+    allow_missing: bool = False,
+    selection: Selection | None = None,
+) -> GateResult:
+    """selection: what narrowed this run (None: the whole matrix); the baseline's checks it left out are
+    counted, not compared."""
+    selection = selection or Selection()
+    ran = {(soc, case_id) for soc, case_id, _ in after}
+    outside = {key for key in before.keys() - after.keys() if selection.outside(key, before[key], ran)}
+    before = {key: outcome for key, outcome in before.items() if key not in outside}
     common = [Change(key, before[key], after[key]) for key in sorted(before.keys() & after.keys())]
     added = [Change(key, None, after[key]) for key in sorted(after.keys() - before.keys())]
     regressions = tuple(c for c in common if c.before.verdict == "passed" and c.after.verdict in FAILING)
@@ -256,9 +342,35 @@ def compare(before: dict[Key, Outcome], after: dict[Key, Outcome], allow_missing
     unmeasured = tuple(c for c in common if c.after.verdict == "not_measured" and c.before.verdict in MEASURED)
     missing = tuple(Change(key, before[key], None) for key in sorted(before.keys() - after.keys())) + unmeasured
     infrastructure = tuple(c for c in common + added if c.after.verdict == "infra_error")
-    return GateResult(regressions, fixed, new, missing, allow_missing, infrastructure)
+    return GateResult(
+        regressions, fixed, new, missing, allow_missing, infrastructure, excluded=len(outside), selection=selection.text
+    )
 
 
-def gate(records: list[CheckRecord], baseline: Path | dict[Key, Outcome], allow_missing: bool = False) -> GateResult:
+def gate(
+    records: list[CheckRecord],
+    baseline: Path | dict[Key, Outcome],
+    allow_missing: bool = False,
+    selection: Selection | None = None,
+) -> GateResult:
     """This run's records against a baseline: a report.json, a folder of them, or outcomes loaded before."""
-    return compare(baseline if isinstance(baseline, dict) else load(baseline), of_records(records), allow_missing)
+    before = baseline if isinstance(baseline, dict) else load(baseline)
+    return compare(before, of_records(records), allow_missing, selection)
+
+
+def summary(result: GateResult) -> dict:
+    """gate.json: the verdict, the baseline, what the selection left out, every check the gate names, but
+    at most LISTED_MISSING missing ones (counted): a small run gated against the whole matrix stays small."""
+    entries = result.entries()
+    missing = [entry for entry in entries if entry["kind"].startswith("missing")]
+    listed = [entry for entry in entries if not entry["kind"].startswith("missing")] + missing[:LISTED_MISSING]
+    return {
+        "ok": result.ok,
+        "baseline": result.baseline,
+        "selection": result.selection,
+        "excluded": result.excluded,
+        "missing": len(missing),
+        "missing_not_listed": max(0, len(missing) - LISTED_MISSING),
+        "checks": listed,
+        "performance": [v.entry() for v in result.performance],
+    }

@@ -8,27 +8,41 @@ harness/report/issues.py names it), how a case's error moves. Every
 night's reports are read through harness/report/intake.py (they are data); a night that cannot be read is
 named in the history, not fatal.
 
-Verdict classes: a check *fails* with a verdict the gate counts as failing (harness/report/gate.py
-FAILING: failed, xfailed, xpassed) and *passes* with `passed`; skipped, not measured and infrastructure
-errors say nothing about executorch and neither start nor end a failure.
+Verdict classes: a check *fails* when it failed (a new failure) or xfailed (a known failure that still
+shows), and *passes* when it passed or xpassed (a known failure that passed: the defect did not show, the
+news a nightly owner waits for, so it is listed apart and drawn in its own colour); skipped, not measured
+and infrastructure errors say nothing about executorch and neither start nor end a failure. Nights are
+stored whether their gate passed or not (promote records the verdict), so *failing since* counts real
+failures, not only those accepted into the known-failures manifest.
+
+Links: every row links to the night's page (report.html#cell-...) of the newest night that measured the
+check, to its finding (FINDINGS.md in the night, or --docs-url) and to its bundle when the night kept it;
+each square of a strip links to that night's cell. They are relative to where history.html is written,
+so the store published as a folder (GitHub Pages) keeps them working; the store's nights are only read.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import re
 from dataclasses import dataclass
 from html import escape
 from pathlib import Path
+from urllib.parse import quote
 
 import jinja2
 import markupsafe
 
 from harness.files import write_atomically
 from harness.report.document import checks_of, json_safe
-from harness.report.gate import FAILING, BaselineError, read_documents
+from harness.report.gate import BaselineError, read_documents
 from harness.report.issues import finding_of
-from harness.report.promote import NIGHT_FILE, Night, nights
+from harness.report.page import anchor
+from harness.report.promote import Night, gate_of, night_record, nights
+from harness.report.writer import FINDINGS_NAME
+from harness.repro.layout import LINK
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 ABOUT_CHARS = 240
@@ -37,11 +51,28 @@ PLOT_W, PLOT_H, LEFT, TOP, BOTTOM = 300, 110, 42, 8, 20
 SHADES = ("#c6dbef", "#9ecae1", "#6baed6", "#4292c6", "#2171b5", "#08519c", "#08306b")
 
 
+FAILS, PASSES = ("failed", "xfailed"), ("passed", "xpassed")
+NOT_SEALED = "not written by this user's promote (no valid seal, or its reports changed since): not read"
+
+
 def verdict_class(verdict: str | None) -> str | None:
     """'fail', 'pass', or None for a verdict that says nothing about executorch (or an absent check)."""
-    if verdict in FAILING:
+    if verdict in FAILS:
         return "fail"
-    return "pass" if verdict == "passed" else None
+    return "pass" if verdict in PASSES else None
+
+
+def square_class(verdict: str | None) -> str:
+    """A strip square's colour: failed, xfailed and xpassed each their own, apart from passed and the rest."""
+    if verdict is None:
+        return "absent"
+    return verdict if verdict in ("passed", "failed", "xfailed", "xpassed") else "other"
+
+
+def finding_order(name: str) -> tuple:
+    """F1, F2, F11 in numeric order, then the findings without a number by name."""
+    match = re.fullmatch(r"F([0-9]+)", name)
+    return (0, int(match.group(1)), "") if match else (1, 0, name)
 
 
 @dataclass(frozen=True)
@@ -49,6 +80,8 @@ class NightReports:
     night: Night
     documents: dict[str, dict]  # per SoC
     problem: str = ""  # why the night's reports could not be read (then documents is empty)
+    gate: str = ""  # what its gate said when it was promoted (promote.gate_of)
+    promoted: str = ""  # when, from its sealed night.json
 
     @property
     def label(self) -> str:
@@ -59,12 +92,18 @@ def read_store(store: Path) -> list[NightReports]:
     """Every night of the store, oldest first, each with its reports (or the one line saying why not)."""
     found = []
     for night in nights(store):
+        record = night_record(night)
+        if record is None:
+            found.append(NightReports(night, {}, NOT_SEALED))
+            continue
+        promoted = record.get("promoted")
+        promoted = promoted[:40] if isinstance(promoted, str) else ""
         try:
             documents = {document["soc"]: document for _, document in read_documents(night.folder)}
         except BaselineError as error:
-            found.append(NightReports(night, {}, str(error)))
+            found.append(NightReports(night, {}, str(error), gate_of(record), promoted))
             continue
-        found.append(NightReports(night, documents))
+        found.append(NightReports(night, documents, "", gate_of(record), promoted))
     return found
 
 
@@ -91,7 +130,8 @@ def _number(value: object) -> float:
 
 
 def _transitions(verdicts: list[str | None], labels: list[str]) -> dict:
-    """failing since, started and stopped failing, flaky (the pass/fail class changed twice or more)."""
+    """failing since, started and stopped failing, flaky (the pass/fail class changed twice or more), and the
+    nights a known failure passed (xpassed)."""
     started, stopped, since = [], [], None
     previous = None
     changes = 0
@@ -110,6 +150,7 @@ def _transitions(verdicts: list[str | None], labels: list[str]) -> dict:
         "started_failing": started,
         "stopped_failing": stopped,
         "flaky": changes >= 2,
+        "xpassed": [label for label, verdict in zip(labels, verdicts) if verdict == "xpassed"],
     }
 
 
@@ -140,6 +181,7 @@ def build(store_nights: list[NightReports]) -> dict:
     findings: dict[str, list[int]] = {}
     about: dict[str, str] = {}  # a finding's words: the first failure of it seen
     errors: dict[tuple[str, str, str], list[list[float] | None]] = {}
+    newest: dict[tuple[str, str, str], dict] = {}  # per check: the newest night's finding and bundle
     for i, night in enumerate(store_nights):
         for soc, document in night.documents.items():
             socs.setdefault(soc, [False] * count)[i] = True
@@ -151,6 +193,7 @@ def build(store_nights: list[NightReports]) -> dict:
                 cards.setdefault(f"{soc}: {case['card']}", [False] * count)[i] = True
                 verdicts.setdefault(key, [None] * count)[i] = check["verdict"]
                 finding = finding_of(name, check)
+                newest[key] = {"newest": night.label, "finding": finding, "bundle": _bundle(night, soc, check)}
                 if finding is not None:
                     findings.setdefault(finding, [0] * count)[i] += 1
                     about.setdefault(finding, (check["known_failure"] or check["message"])[:ABOUT_CHARS])
@@ -174,6 +217,7 @@ def build(store_nights: list[NightReports]) -> dict:
                 "check": name,
                 "verdicts": strip,
                 **_transitions(strip, labels),
+                **newest[(soc, case_id, name)],
             }
         )
     return json_safe(
@@ -183,7 +227,9 @@ def build(store_nights: list[NightReports]) -> dict:
                 {
                     "name": n.label,
                     "run_id": n.night.run_id,
-                    "promoted": _promoted(n.night),
+                    "date": n.night.date,
+                    "gate": n.gate,
+                    "promoted": n.promoted,
                     "socs": sorted(n.documents),
                     "problem": n.problem,
                     "executorch": sorted({str(d["environment"].get("executorch")) for d in n.documents.values()}),
@@ -195,7 +241,8 @@ def build(store_nights: list[NightReports]) -> dict:
             + _presence(cards, labels, "card")
             + _presence(devices, labels, "device"),
             "findings": [
-                {"finding": name, "about": about[name], "counts": counts} for name, counts in sorted(findings.items())
+                {"finding": name, "about": about[name], "counts": counts}
+                for name, counts in sorted(findings.items(), key=lambda item: finding_order(item[0]))
             ],
             "errors": [
                 {"soc": soc, "case_id": case_id, "check": name, "max_abs_error": series}
@@ -205,14 +252,13 @@ def build(store_nights: list[NightReports]) -> dict:
     )
 
 
-def _promoted(night: Night) -> str:
-    """When the night was promoted, from its night.json (data: only a short string is taken from it)."""
-    try:
-        about = json.loads((night.folder / NIGHT_FILE).read_text(encoding="utf-8")[:4096])
-        value = about.get("promoted") if isinstance(about, dict) else None
-    except (OSError, ValueError):
+def _bundle(night: NightReports, soc: str, check: dict) -> str:
+    """The check's bundle as a path inside the store (night/SOC/repro/<case>), "" when the night has none
+    (promoted --no-bundles, or no bundle was written): a link is only made to what is there."""
+    link = str(check.get("repro") or "")
+    if not LINK.match(link) or not (night.night.folder / soc / link).is_dir():
         return ""
-    return value[:40] if isinstance(value, str) else ""
+    return f"{night.label}/{soc}/{link}"
 
 
 def error_plot(series: list, labels: list[str]) -> str:
@@ -266,7 +312,37 @@ def _moved(series: list) -> bool:
     return len(set(map(repr, present))) > 1
 
 
-def render(history: dict) -> str:
+@dataclass(frozen=True)
+class Links:
+    """Where history.html's links go: the store as reached from where the page is written (relative, so
+    a published copy of the store keeps them), and the findings (each night's FINDINGS.md, or docs_url)."""
+
+    store: Path
+    base: str  # the store relative to the page's folder, "" or ending in "/"
+    docs_url: str | None = None
+
+    def page(self, night: str, soc: str, case_id: str = "", check: str = "") -> str:
+        cell = f"#{quote(anchor(case_id, check))}" if case_id else ""
+        return f"{self.base}{quote(f'{night}/{soc}/report.html')}{cell}"
+
+    def finding(self, night: str, finding: str | None) -> str:
+        if not finding or not re.fullmatch(r"F[0-9]+", finding):
+            return ""
+        if self.docs_url:
+            return f"{self.docs_url}{FINDINGS_NAME}#{finding}"
+        here = (self.store / night / FINDINGS_NAME).is_file()
+        return f"{self.base}{quote(night)}/{FINDINGS_NAME}#{finding}" if here else ""
+
+    def bundle(self, path: str) -> str:
+        return f"{self.base}{quote(path)}/" if path else ""
+
+
+def _deltas(counts: list[int]) -> list[tuple[int, str]]:
+    """Each night's count with its change from the night before (+2, -1; "" when unchanged or first)."""
+    return [(n, f"{n - counts[i - 1]:+d}" if i and n != counts[i - 1] else "") for i, n in enumerate(counts)]
+
+
+def render(history: dict, links: Links) -> str:
     """history.html: self-contained (inline style and SVG, no script), every report string escaped."""
     labels = [n["name"] for n in history["nights"]]
     checks = history["checks"]
@@ -280,23 +356,28 @@ def render(history: dict) -> str:
         nights=history["nights"],
         changed=changed,
         steady=steady,
+        xpassed=[c for c in checks if c["xpassed"]],
         passing=len(checks) - len(changed) - len(steady),
         flaky=[c for c in checks if c["flaky"]],
         missing=history["missing"],
-        findings=history["findings"],
+        findings=[{**f, "deltas": _deltas(f["counts"])} for f in history["findings"]],
         plots=[{**e, "svg": markupsafe.Markup(error_plot(e["max_abs_error"], labels))} for e in plots[:MAX_PLOTS]],
         plots_left=max(0, len(plots) - MAX_PLOTS),
-        verdict_class=verdict_class,
+        square_class=square_class,
+        links=links,
     )
 
 
-def write(store: Path, out: Path | None = None) -> tuple[Path, Path]:
-    """history.json and history.html of the store, in out (default: the store); returns both paths."""
+def write(store: Path, out: Path | None = None, docs_url: str | None = None) -> tuple[Path, Path]:
+    """history.json and history.html of the store, in out (default: the store); returns both paths.
+    docs_url: where FINDINGS.md is published (default: the copy promote keeps in each night)."""
     history = build(read_store(store))
     out = out or store
     out.mkdir(parents=True, exist_ok=True)
+    base = Path(os.path.relpath(store.resolve(), out.resolve())).as_posix()
+    links = Links(store, "" if base == "." else quote(base) + "/", docs_url)
     write_atomically(out / "history.json", json.dumps(history, indent=1, allow_nan=False) + "\n")
-    write_atomically(out / "history.html", render(history), errors="backslashreplace")
+    write_atomically(out / "history.html", render(history, links), errors="backslashreplace")
     return out / "history.json", out / "history.html"
 
 
@@ -307,6 +388,9 @@ def headline(history: dict) -> list[str]:
     for c in history["checks"]:
         if c["failing_since"] and c["failing_since"] == newest and c["started_failing"]:
             lines.append(f"started failing on {newest}: {c['soc']} {c['case_id']} {c['check']}")
+    for c in history["checks"]:
+        if newest in c["xpassed"]:
+            lines.append(f"known failure passed on {newest}: {c['soc']} {c['case_id']} {c['check']}")
     for c in history["checks"]:
         if c["flaky"]:
             lines.append(f"flaky across nights: {c['soc']} {c['case_id']} {c['check']}")

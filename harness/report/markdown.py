@@ -61,6 +61,8 @@ def _more(total: int, shown: int, where: str) -> list[str]:
 def _gate(gate: GateResult) -> list[str]:
     entries = gate.entries()
     lines = [f"## Gate: {'passed' if gate.ok else 'FAILED'} ({len(entries)} check(s) named)", ""]
+    said = [markdown_text(line) for line in (gate.baseline_line(), gate.scope_line()) if line]
+    lines += [*said, ""] if said else []
     if entries:
         lines += [
             "| why the gate names it | case | check | baseline -> now | detail |",

@@ -17,21 +17,34 @@ names a folder there, and nothing else), and only directories and regular files 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import stat
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from harness.record import CheckRecord
 from harness.report.document import Column, records_of
-from harness.report.gate import BaselineError, GateResult, MalformedReport, compare, load, of_records, read_documents
-from harness.report.writer import write_soc
+from harness.report.gate import (
+    BaselineError,
+    GateResult,
+    MalformedReport,
+    Selection,
+    compare,
+    of_document,
+    of_records,
+    read_documents,
+    selection_of,
+)
+from harness.report.promote import identity
+from harness.report.writer import copy_findings, write_soc
 from harness.repro.layout import REPRO_DIR
 
 VERSION_KEYS = ("executorch", "torch", "torchao", "qnn_build_id")  # what the verdicts depend on
 JOINED_KEYS = ("host", "device_serial", "device_model")  # where each part ran, listed in the merge
 UNSHARDED = "unsharded"
+RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,120}$")  # a name in a folder name (a night's, in a store)
 
 
 class MergeError(ValueError):
@@ -158,7 +171,10 @@ def _environment(documents: list[tuple[Part, dict]], run_id: str) -> dict:
     """The first part's environment, with every part's hosts and devices, the whole time span, and which
     runs (and shards) the merge is made of."""
     environments = [document["environment"] for _, document in documents]
-    merged = {key: value for key, value in environments[0].items() if key != "shard"}
+    merged = {
+        key: value for key, value in environments[0].items() if key != "shard" and not key.startswith("selection")
+    }
+    merged |= selection_of(environments).environment()
     for key in JOINED_KEYS:
         values = [str(v) for env in environments for v in str(env.get(key, "")).split(", ") if env.get(key)]
         if values:
@@ -207,43 +223,81 @@ def _provenance(documents: list[tuple[Part, dict]]) -> dict | None:
     return {"host": measured[0]["host"], "devices": list(devices.values()), "warnings": list(warnings)}
 
 
+def run_id_of(parts: list[Part], given: str | None) -> str:
+    """The merged run's id: --run-id, else the parts' (one run's shards share it; parts run by separate
+    jobs each have their own, and the earliest is taken: a run id starts with its start time). Never the
+    --out folder's name, which a CI job reuses every night."""
+    if given is not None:
+        if not RUN_ID.match(given):
+            raise MergeError(f"--run-id {given!r}: use letters, digits, '.', '_' and '-' (at most 121), e.g. the date")
+        return given
+    return min(str(document["run_id"]) for part in parts for document in part.documents)
+
+
+def _selection(parts: list[Part]) -> Selection:
+    """The merged run's selection: the parts' together (shards merged whole are not a narrowing)."""
+    return selection_of([document["environment"] for part in parts for document in part.documents])
+
+
+def _gate(baseline: Path, records: list[CheckRecord], allow_missing: bool, selection: Selection) -> GateResult:
+    """The merged records against the baseline's reports, read once, naming the baseline."""
+    documents = [document for _, document in read_documents(baseline)]
+    before = {key: outcome for document in documents for key, outcome in of_document(document).items()}
+    result = compare(before, of_records(records), allow_missing, selection)
+    return replace(result, baseline=identity(baseline, documents))
+
+
 @dataclass(frozen=True)
 class Merged:
     records: list[CheckRecord]  # every part's, for the summary lines
     verdict: GateResult | None  # None without a baseline
 
 
-def merge(folders: list[Path], out: Path, baseline: Path | None = None, allow_missing: bool = False) -> Merged:
-    """Write the merged per-SoC reports to out/<SOC>/ (and gate.json when a baseline is given)."""
+def merge(
+    folders: list[Path],
+    out: Path,
+    baseline: Path | None = None,
+    allow_missing: bool = False,
+    run_id: str | None = None,
+    url: str | None = None,
+) -> Merged:
+    """Write the merged per-SoC reports to out/<SOC>/ (and gate.json when a baseline is given). run_id:
+    the merged run's (default: the parts', run_id_of); url: the docs base URL (writer.docs_url), else
+    out/FINDINGS.md is the copy the pages link."""
     if out.exists() and any(out.iterdir()):
         raise MergeError(f"--out {out} is not empty: name a new folder, so no old report is mixed in")
     parts = read_parts(folders)
     check_versions(parts)
     check_shards(parts)
+    run_id = run_id_of(parts, run_id)
     by_soc = merged_records(parts)
     records: dict[str, list[CheckRecord]] = {
         soc: [r for _, d in docs for r in records_of(d)] for soc, docs in by_soc.items()
     }
     every = [record for soc_records in records.values() for record in soc_records]
     try:
-        verdict = compare(load(baseline), of_records(every), allow_missing) if baseline is not None else None
+        verdict = _gate(baseline, every, allow_missing, _selection(parts)) if baseline is not None else None
     except MalformedReport as error:
         raise MalformedReport(f"--baseline: {error}") from None
     except BaselineError as error:
         raise MergeError(f"--baseline: {error}") from error
     targets = {soc: _inside(out, soc) for soc in by_soc}  # all checked before anything is written
+    out.mkdir(parents=True, exist_ok=True)
+    if url is None:
+        copy_findings(out)
     for soc, documents in sorted(by_soc.items()):
         folder = targets[soc]
         for part, _ in documents:
             _copy_regular_files(part.folder / soc / REPRO_DIR, folder / REPRO_DIR)
         write_soc(
             records[soc],
-            _environment(documents, out.name),
+            _environment(documents, run_id),
             folder,
-            out.name,
+            run_id,
             soc,
             _columns(parts, soc),
             verdict,
             _provenance(documents),
+            url,
         )
     return Merged(every, verdict)

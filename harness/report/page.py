@@ -300,6 +300,8 @@ def _gate(document: dict, gate: GateResult | None) -> dict | None:
         )
     return {
         "ok": gate.ok,
+        "baseline": gate.baseline_line(),
+        "scope": gate.scope_line(),
         "allow_missing": gate.allow_missing,
         "kinds": kinds,
         "named": len(gate.entries()),

@@ -4,20 +4,59 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
-from urllib.parse import quote
 
 from harness.device.device import device_display
-from harness.files import write_atomically
+from harness.files import say, write_atomically
 from harness.paths import REPO_ROOT
 from harness.record import CheckRecord
 from harness.report import junit, markdown, page
 from harness.report.document import SPOKEN, Column, build, tally
-from harness.report.gate import GateResult
+from harness.report.gate import GateResult, summary as gate_summary
 from harness.repro import layout
 
 LATEST = "latest"
 FINDINGS = REPO_ROOT / "docs" / "FINDINGS.md"
+FINDINGS_NAME = "FINDINGS.md"  # the copy in each run folder (and so in each night of a store)
+DOCS_URL_ENV = "QNNSUITE_DOCS_URL"  # where the docs are published, e.g. https://github.com/ORG/REPO/blob/main/docs/
+URL = re.compile(r"^https?://[A-Za-z0-9._~:/?&=%+,;@!$*()\[\]-]+$")
+
+
+class DocsUrlError(ValueError):
+    """A docs base URL that is not a plain http(s) URL; the message names it and the fix."""
+
+
+def docs_url(given: str | None = None) -> str | None:
+    """--docs-url, else $QNNSUITE_DOCS_URL, as a base ending in "/"; None: link the run folder's own copy of
+    FINDINGS.md, which travels with the folder (copies, store nights, a published folder). A CI comment
+    or a page published without its run folder needs the URL."""
+    value = given if given is not None else os.environ.get(DOCS_URL_ENV, "")
+    if not value:
+        return None
+    if not URL.match(value):
+        origin = "--docs-url" if given is not None else DOCS_URL_ENV
+        raise DocsUrlError(
+            f"{origin} {value!r} is not an http(s) URL: give the docs folder's URL, e.g. "
+            "https://github.com/ORG/REPO/blob/main/docs/, or leave it unset"
+        )
+    return value if value.endswith("/") else value + "/"
+
+
+def _run_docs_url() -> str | None:
+    """The suite run's docs URL: a bad $QNNSUITE_DOCS_URL is said and the copy linked, not a lost report."""
+    try:
+        return docs_url()
+    except DocsUrlError as error:
+        say(f"qnnsuite: {error}; the reports link their own copy of FINDINGS.md")
+        return None
+
+
+def copy_findings(run_folder: Path) -> None:
+    """The run folder's copy of docs/FINDINGS.md, which the reports link: the links then work wherever the
+    folder goes, and never name this machine's checkout."""
+    if FINDINGS.is_file():
+        write_atomically(run_folder / FINDINGS_NAME, FINDINGS.read_text(encoding="utf-8"))
 
 
 def _point_latest(report_root: Path, run_id: str) -> None:
@@ -57,8 +96,11 @@ def write_run(
     for soc, folder in folders.items():
         folder.mkdir(parents=True, exist_ok=True)
         _write_json(folder, documents[soc])
+    url = _run_docs_url()
+    if folders and url is None:
+        copy_findings(report_root / run_id)
     for soc, folder in folders.items():
-        _write_views(folder, documents[soc], soc, gate)
+        _write_views(folder, documents[soc], soc, gate, url)
     if folders:
         _point_latest(report_root, run_id)
     return folders
@@ -73,30 +115,32 @@ def write_soc(
     columns: list[Column],
     gate: GateResult | None = None,
     provenance: dict | None = None,
+    url: str | None = None,
 ) -> None:
-    """One SoC's files in folder (a run's, or a merge's), each written whole or not at all."""
+    """One SoC's files in folder (a run's, or a merge's), each written whole or not at all. url: the docs
+    base URL (writer.docs_url); None: the caller copies FINDINGS.md into folder's parent (copy_findings)."""
     document = build(records, environment, run_id, soc, columns, provenance)
     folder.mkdir(parents=True, exist_ok=True)
     _write_json(folder, document)
-    _write_views(folder, document, soc, gate)
+    _write_views(folder, document, soc, gate, url)
 
 
 def _write_json(folder: Path, document: dict) -> None:
     write_atomically(folder / "report.json", json.dumps(document, indent=1, allow_nan=False) + "\n")
 
 
-def findings_link(folder: Path) -> str:
-    """docs/FINDINGS.md as a relative link from a report folder, so a finding's anchor opens from the page
-    and summary.md wherever --report-dir put them on this machine (a link that works elsewhere: docs/ci.md)."""
-    return quote(Path(os.path.relpath(FINDINGS, folder.resolve())).as_posix())  # a checkout path may hold ( ) or spaces
+def findings_link(url: str | None) -> str:
+    """FINDINGS.md as a SoC folder's page and summary.md reach it: under the docs URL, else the run
+    folder's copy (relative, so it works from any copy of the folder)."""
+    return f"{url}{FINDINGS_NAME}" if url else f"../{FINDINGS_NAME}"
 
 
-def _write_views(folder: Path, document: dict, soc: str, gate: GateResult | None) -> None:
+def _write_views(folder: Path, document: dict, soc: str, gate: GateResult | None, url: str | None) -> None:
     """What report.json is read as (JUnit, Markdown, HTML) and the gate's verdict."""
     mine = gate.for_soc(soc) if gate is not None else None
     write_atomically(folder / "junit.xml", junit.render(document))
     # A lone surrogate (from a name or a log) is written as its escape rather than failing the file.
-    findings = findings_link(folder)
+    findings = findings_link(url)
     write_atomically(
         folder / "summary.md",
         markdown.render(document, mine, layout.sizes(folder), findings),
@@ -104,14 +148,7 @@ def _write_views(folder: Path, document: dict, soc: str, gate: GateResult | None
     )
     write_atomically(folder / "report.html", page.render(document, mine, findings), errors="backslashreplace")
     if mine is not None:
-        write_atomically(
-            folder / "gate.json",
-            json.dumps(
-                {"ok": mine.ok, "checks": mine.entries(), "performance": [v.entry() for v in mine.performance]},
-                indent=1,
-            )
-            + "\n",
-        )
+        write_atomically(folder / "gate.json", json.dumps(gate_summary(mine), indent=1) + "\n")
 
 
 def summary_line(

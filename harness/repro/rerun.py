@@ -6,17 +6,18 @@ The case is looked up in the run's report.json files (default reports/latest), s
 be rerun, not only bundled ones. The run folder is data, never code or arguments: its soc, dtype and mode
 must be what the suite knows (the SoC table of the executorch under test, vocabulary.DTYPES and Mode), its
 case id must be the one they and a known card make, and card modules come from --models or the defaults
-(a bundle's case.json names a module, but importing what a run folder names would run its code). Anything
-else is one line, exit 2.
+(a bundle's case.json names a module, but importing what a run folder names would run its code). A
+report.json that is no report (harness/report/intake.py refuses it) is one line, exit 4; anything else is one
+line, exit 2.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from harness.paths import REPO_ROOT
@@ -32,23 +33,29 @@ class RerunError(ValueError):
     """The case cannot be found or named safely; the message is one line naming the fix."""
 
 
-def find_case(run: Path, case_id: str) -> tuple[dict, Path]:
-    """(the case's entry in its report.json, that SoC's report folder)."""
+class MalformedReport(RerunError):
+    """A report.json that is no report (a FIFO, too large, not the schema's): exit 4, as for diff and merge."""
+
+
+def find_case(run: Path, case_id: str, read_report: Callable[[Path], dict]) -> tuple[dict, Path]:
+    """(the case's entry in its report.json, that SoC's report folder). read_report: how a report.json from
+    elsewhere is read (harness/report/intake.py's, which the caller passes: bounded, never blocking on a FIFO,
+    validated; it raises ValueError naming the file)."""
     if not layout.PLAIN_NAME.match(case_id):
         raise RerunError(
             f"{case_id!r} is not a case id (CARD-DTYPE-MODE-SOC, as report.json and the bundles name them)"
         )
-    reports = [run / "report.json"] if (run / "report.json").is_file() else sorted(run.glob("*/report.json"))
+    top = run / "report.json"
+    reports = [top] if top.exists() or top.is_symlink() else sorted(run.glob("*/report.json"))
     if not reports:
         raise RerunError(f"--run {run}: no report.json there or in its SoC folders; pass a run folder (reports/<run>)")
     for path in reports:
         try:
-            document = json.loads(path.read_text())
-        except (OSError, ValueError, RecursionError) as error:
-            raise RerunError(f"{path}: unreadable report ({type(error).__name__})") from error
-        cases = document.get("cases", []) if isinstance(document, dict) else []
-        for case in cases if isinstance(cases, list) else []:
-            if isinstance(case, dict) and case.get("case_id") == case_id:
+            document = read_report(path)
+        except ValueError as error:
+            raise MalformedReport(str(error)) from None
+        for case in document["cases"]:
+            if case.get("case_id") == case_id:
                 return case, path.parent
     raise RerunError(
         f"no case {case_id} in {', '.join(str(p) for p in reports)}: copy the id from report.json or summary.md"
@@ -138,13 +145,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = "Arguments after -- go to pytest (e.g. -- --report-dir DIR)."
 
 
-def main(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace, read_report: Callable[[Path], dict]) -> int:
     try:
-        case, _ = find_case(args.run.resolve(), args.case_id)
+        case, _ = find_case(args.run.resolve(), args.case_id, read_report)
         fields = checked_case(case, card_names(args.models))
     except RerunError as error:
         print(f"repro: {error}", file=sys.stderr)
-        return 2
+        return 4 if isinstance(error, MalformedReport) else 2
     line = command(fields, args.case_id, args.models, args.device, args.pytest_args)
     print("repro: " + " ".join(line[1:]), flush=True)
     return subprocess.run(line, cwd=REPO_ROOT).returncode

@@ -25,6 +25,7 @@ of the suite but what the bundle carries.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -73,6 +74,7 @@ PYTHON_RUNTIME = "executorch.runtime"
 SHIM = "harness.pipeline.card"  # what card modules import ModelCard and register from
 MANIFEST = "suite/manifest.json"
 MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+SHA256 = re.compile(r"^[0-9a-f]{64}$")
 HOST_LIBRARY = "libQnnHtp.so"
 HOST_LIB_SUBDIR = ("lib", "x86_64-linux-clang")
 # The emulated runner's own line (harness/emulator/host_runner.py): the byte its fresh heap allocations held.
@@ -86,9 +88,9 @@ class ReproError(RuntimeError):
 
 
 # --- importing the suite's modules and the card from the bundle -----------------------------------------
-def manifest_modules(manifest: dict) -> dict[str, Path]:
-    """Module name -> its file in the bundle, from suite/manifest.json; names and paths are checked (the
-    bundle may come from elsewhere: nothing outside it is imported)."""
+def manifest_modules(manifest: dict) -> dict[str, tuple[Path, str]]:
+    """Module name -> (its file in the bundle, the sha256 the run recorded for it), from suite/manifest.json;
+    names, paths and digests are checked (the bundle may come from elsewhere: nothing outside it is imported)."""
     modules = {}
     for name, entry in manifest.get("modules", {}).items():
         path = (BUNDLE / str(entry.get("file", ""))).resolve()
@@ -96,8 +98,43 @@ def manifest_modules(manifest: dict) -> dict[str, Path]:
             raise ReproError(
                 f"{MANIFEST}: module {name!r} -> {entry.get('file')!r} is not a module file in this bundle"
             )
-        modules[name] = path
+        digest = entry.get("sha256")
+        if not isinstance(digest, str) or not SHA256.match(digest):
+            raise ReproError(
+                f"could not run: {MANIFEST} records no sha256 for module {name!r}: make the bundle again with the suite"
+            )
+        modules[name] = (path, digest)
     return modules
+
+
+def carried_source(path: Path, digest: str) -> bytes:
+    """A carried module's source, if its sha256 is the one the run recorded; else ReproError (one line). Read
+    once: the bytes checked are the bytes run, so a file swapped after the check is never imported."""
+    source = path.read_bytes()
+    if hashlib.sha256(source).hexdigest() != digest:
+        shown = path.relative_to(BUNDLE) if path.is_relative_to(BUNDLE) else path
+        raise ReproError(
+            f"could not run: {shown} is not the module the run carried (its sha256 differs from {MANIFEST}'s): "
+            f"the bundle was changed after the suite wrote it; make it again with the suite"
+        )
+    return source
+
+
+class _CarriedLoader(importlib.abc.InspectLoader):
+    """A module the bundle carries, run from the source whose sha256 the manifest records."""
+
+    def __init__(self, path: Path, digest: str) -> None:
+        self.path, self.digest = path, digest
+
+    def create_module(self, spec):
+        return None
+
+    def get_source(self, fullname: str) -> str:
+        return carried_source(self.path, self.digest).decode("utf-8")
+
+    def exec_module(self, module) -> None:
+        code = compile(carried_source(self.path, self.digest), str(self.path), "exec", dont_inherit=True)
+        exec(code, module.__dict__)  # noqa: S102  the bytes whose sha256 the run recorded, just checked
 
 
 class _PackageLoader(importlib.abc.Loader):
@@ -134,7 +171,7 @@ class BundleFinder(importlib.abc.MetaPathFinder):
     """Finds the bundle's modules by their suite names, ahead of anything installed (a harness on the path
     must not stand in for the copies the run used)."""
 
-    def __init__(self, modules: dict[str, Path]) -> None:
+    def __init__(self, modules: dict[str, tuple[Path, str]]) -> None:
         self.modules = modules
         self.packages = {
             name.rsplit(".", depth)[0] for name in [*modules, SHIM] for depth in range(1, name.count(".") + 1)
@@ -144,7 +181,8 @@ class BundleFinder(importlib.abc.MetaPathFinder):
         if name == SHIM:
             return importlib.machinery.ModuleSpec(name, _ShimLoader())
         if name in self.modules:
-            return importlib.util.spec_from_file_location(name, self.modules[name])
+            path, digest = self.modules[name]
+            return importlib.util.spec_from_file_location(name, path, loader=_CarriedLoader(path, digest))
         if name in self.packages:
             return importlib.machinery.ModuleSpec(name, _PackageLoader(), is_package=True)
         return None

@@ -15,10 +15,14 @@ ETRecord does not name: those are refused in one line rather than guessed.
 from __future__ import annotations
 
 import math
+import os
 import re
+import stat
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+
+from harness.runner.etdump_size import MalformedEtdump, expanded_bytes
 
 # --profile-level's words, as generate_qnn_executorch_compiler_spec's profile_level. "basic" (1) is not one:
 # executorch 1.5's compiler spec warns "Profile Level 1, kProfileBasic, is not supported" and lowers without
@@ -28,6 +32,11 @@ PROFILE_NAMES = {level: name for name, level in PROFILE_LEVELS.items()}
 MAX_EVENTS = 400  # entries kept in a case's timing.profile (report.json stays small); the rest are counted
 NAME_MAX, UNIT_MAX = 200, 20  # characters (report.schema.json): an event name is the backend's text
 UNIT = re.compile(r"^(?P<name>.*\S)\s*\((?P<unit>[^()]+)\)$")
+# Bounds of what one ETDump may cost to read: its bytes, and the JSON executorch's parser makes of them (as
+# etdump_size.py counts it, about 2.5 times flatc's). Measured: 89,600 events (64 steps of 1,400) are a
+# 7.5 MB ETDump counted at 64 MB, parsed in 22 s with 112 MB more memory; a 121 KB hostile one counts 1.9 GB.
+ETDUMP_MAX_BYTES = 8 << 20
+EXPANDED_MAX_BYTES = 64 << 20
 
 
 class ProfileError(ValueError):
@@ -47,14 +56,16 @@ class ProfileEvent:
 
 
 def read_etdump(path: Path, steps: int) -> list[ProfileEvent]:
-    """The backend's profile events of each step, step by step, in the order the backend logged them."""
+    """The backend's profile events of each step, step by step, in the order the backend logged them; an
+    ETDump its parser would expand past the bounds is refused first (harness/runner/etdump_size.py)."""
+    data = bounded_etdump(path)
     from executorch.devtools import Inspector
     from executorch.devtools.inspector import TimeScale
 
     try:
         with warnings.catch_warnings():  # "Output Buffer not found": no debug buffer was asked for
             warnings.simplefilter("ignore")
-            inspector = Inspector(etdump_path=str(path), source_time_scale=TimeScale.NS, target_time_scale=TimeScale.NS)
+            inspector = Inspector(etdump_data=data, source_time_scale=TimeScale.NS, target_time_scale=TimeScale.NS)
     except Exception as error:  # noqa: BLE001  the Inspector raises what its parser meets
         raise ProfileError(
             f"{path.name}: not an ETDump the devtools Inspector reads ({type(error).__name__})"
@@ -84,6 +95,31 @@ def read_etdump(path: Path, steps: int) -> list[ProfileEvent]:
             if math.isfinite(value) and value >= 0  # nothing a report could not hold as a time or a count
         ]
     return sorted(events, key=lambda e: e.step)
+
+
+def bounded_etdump(path: Path) -> bytes:
+    """The ETDump's bytes (the ones then parsed: read once), if executorch's parser would make of them at most
+    EXPANDED_MAX_BYTES of JSON; else ProfileError, one line saying why, before anything is expanded."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as error:
+        raise ProfileError(f"{path.name}: cannot be opened ({error.strerror})") from None
+    with os.fdopen(descriptor, "rb") as file:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            raise ProfileError(f"{path.name}: not a regular file")
+        data = file.read(ETDUMP_MAX_BYTES + 1)
+    if len(data) > ETDUMP_MAX_BYTES:
+        raise ProfileError(f"{path.name}: more than {ETDUMP_MAX_BYTES >> 20} MB, more than a profile reads")
+    try:
+        expanded = expanded_bytes(data, EXPANDED_MAX_BYTES)
+    except MalformedEtdump as error:
+        raise ProfileError(f"{path.name}: not an ETDump ({error})") from None
+    if expanded > EXPANDED_MAX_BYTES:
+        raise ProfileError(
+            f"{path.name}: its {len(data)} bytes would expand to more than {EXPANDED_MAX_BYTES >> 20} MB in "
+            f"executorch's parser (a table pointed at over and over): refused unparsed"
+        )
+    return data
 
 
 def profile_of(events: list[ProfileEvent], level: str) -> dict:

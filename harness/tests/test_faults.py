@@ -33,6 +33,7 @@ from harness.device.payload import RUNNER_NAME
 from harness.emulator.launcher import EmulatorFleet
 from harness.files import say
 from harness.paths import REPO_ROOT
+from harness.tests.waiting import is_gone, wait_for
 
 # --- device output and adb calls are bounded ------------------------------------------------------------
 
@@ -494,6 +495,35 @@ def test_a_read_only_report_dir_is_a_usage_error_before_anything_starts(tmp_path
     assert time.monotonic() - started < 60, "before any device or lowering starts"
 
 
+def test_a_report_dir_full_before_the_run_is_one_line_and_exit_6_before_anything_starts(tmp_path):
+    """A report folder whose disk is full when the run starts: the run's first file there (run-context.json)
+    failed as some 30 INTERNALERROR lines, exit 3, after the devices had started. Now one line, the reports'
+    own exit code (6), before any device or lowering starts; a disk with room is not refused (the roomy run
+    of test_a_suite_run_whose_report_disk_fills_up_exits_6_with_its_verdicts_kept starts on 1 MiB)."""
+    from harness.files import REPORT_ROOM_BYTES, no_room_reason
+
+    with _tmpfs(tmp_path / "full", PAGE) as mount:
+        (mount / "filler").write_bytes(b"x" * PAGE)
+        started = time.monotonic()
+        completed = subprocess.run(
+            [sys.executable, "-m", "pytest", "suites", "-p", "no:cacheprovider", "-q", "--emulate", "SM8650"]
+            + ["--report-dir", str(mount / "reports")],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert not (mount / "reports").exists(), "nothing was written"
+    output = completed.stdout + completed.stderr
+    assert completed.returncode == 6, output[-2000:]
+    assert "INTERNALERROR" not in output and "Traceback" not in output
+    (line,) = [line for line in output.splitlines() if line.strip()]
+    assert f"--report-dir {mount / 'reports'}: the disk holding {mount} is full" in line and "(nothing was run)" in line
+    assert time.monotonic() - started < 60, "before any device or lowering starts"
+    with _tmpfs(tmp_path / "roomy", REPORT_ROOM_BYTES + 16 * PAGE) as mount:
+        assert no_room_reason(mount / "reports") is None
+
+
 def _suite(report_dir: Path, cache_dir: Path, **popen: object) -> subprocess.Popen:
     command = [
         sys.executable,
@@ -669,8 +699,8 @@ def _run_killing_its_server(tmp_path: Path, cache_dir: Path, replace: Path | Non
         server = servers[0]
         os.kill(server, signal.SIGKILL)
         killed = time.monotonic()
-        if replace is not None:
-            time.sleep(1)
+        if replace is not None:  # once the killed server is gone, so the replacement does not race its exit
+            wait_for(lambda: is_gone(server), timeout_s=30, what=f"the killed adb server {server} to exit")
             replace = context.work_dir / "emulator" if replace == Path("run") else replace
             (replace / "adb-home").mkdir(parents=True, exist_ok=True)
             address = context.devices[0].server

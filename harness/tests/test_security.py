@@ -48,6 +48,7 @@ from harness.report import write_run
 from harness.report.chart import error_chart
 from harness.report.gate import BaselineError, MalformedReport, load as load_reports
 from harness.tests.report.test_report import COLUMNS, make_records, typed
+from harness.tests.waiting import wait_for
 from harness.text import ZERO_WIDTH_SPACE, markdown_text
 from harness.user_state import UnsafeStateDir, base_dir, open_append, state_dir
 
@@ -146,8 +147,10 @@ def foreign_server_attempt(serial: str, tmp_path: Path) -> tuple[str | None, int
                 time.sleep(0.1)
         with contextlib.suppress(Exception):
             host_request(port, f"host:connect:{serial}", timeout=10)
-        time.sleep(1)
-        states = dict(line.split("\t") for line in host_request(port, "host:devices").splitlines() if "\t" in line)
+        # Settled: the foreign server has finished its handshake with the device (refused or let in).
+        states = wait_for(
+            lambda: _settled_states(port, serial), timeout_s=30, what=f"the foreign server's handshake with {serial}"
+        )
         shell = subprocess.run(
             [ADB, "-P", str(port), "-s", serial, "shell", "touch /data/local/tmp/foreign"],
             capture_output=True,
@@ -160,6 +163,12 @@ def foreign_server_attempt(serial: str, tmp_path: Path) -> tuple[str | None, int
         with contextlib.suppress(OSError):
             host_request(port, "host:kill", timeout=5)
         server.wait(10)
+
+
+def _settled_states(port: int, serial: str) -> dict[str, str] | None:
+    """The foreign server's device states once serial's is no longer on its way (connecting, authorizing)."""
+    states = dict(line.split("\t") for line in host_request(port, "host:devices").splitlines() if "\t" in line)
+    return None if states.get(serial) in (None, "connecting", "authorizing") else states
 
 
 def test_client_with_a_foreign_key_is_refused(fleet: EmulatorFleet, tmp_path: Path) -> None:
@@ -372,10 +381,10 @@ def test_100_idle_connections_under_a_low_open_file_limit(fleet: EmulatorFleet) 
     try:
         resource.prlimit(info.pid, resource.RLIMIT_NOFILE, (48, 48))
         idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(100)]
-        time.sleep(1.5)
+        log = info.root.parent / "adbd.log"
+        wait_for(lambda: "Too many open files" in log.read_text(), timeout_s=30, what="the device to run out of files")
         for sock in idle:
             sock.close()
-        assert (info.root.parent / "adbd.log").read_text().count("Too many open files") > 0  # it did run out
         host_request(fleet.server, f"host:disconnect:{info.serial}")
         host_request(fleet.server, f"host:connect:{info.serial}")
         deadline = time.monotonic() + 20

@@ -110,6 +110,21 @@ def test_bad_devices_each_get_one_line(fleet):
         discovery.client(AdbServer("127.0.0.1", 1))
 
 
+def test_a_missing_server_s_hint_proposes_a_loopback_server_and_only_what_was_chosen(monkeypatch):
+    """No adb server: the hint starts one on loopback and names no option the user did not pass; `adb -a`
+    (a server every host on the network reaches) only for a server the user placed on another host."""
+    monkeypatch.delenv("ADB_SERVER_SOCKET", raising=False)
+    monkeypatch.delenv("ANDROID_ADB_SERVER_PORT", raising=False)
+    default = discovery._start_hint(discovery.default_server())
+    assert default == "start it with `adb -P 5037 start-server` (it listens on loopback only)"
+    chosen = discovery._start_hint(AdbServer("127.0.0.1", 5099))
+    assert "adb -a" not in chosen and chosen.endswith("or fix --adb-server 127.0.0.1:5099")
+    remote = discovery._start_hint(AdbServer("rack-3", 5037))
+    assert "`adb -a -P 5037 server nodaemon`" in remote and "network you trust" in remote
+    monkeypatch.setenv("ADB_SERVER_SOCKET", "tcp:127.0.0.1:5077")
+    assert discovery._start_hint(discovery.default_server()).endswith("or fix ADB_SERVER_SOCKET")
+
+
 def _failed_run(fleet, device, tmp_path, fault: str, timeout_s: float, runner: str = SUITE_RUNNER_NAME) -> str:
     """The RunnerFailed line of a run on the emulated device's runner with one fault switch on."""
     workspace = device.workspace(f"{fault}-{runner}")

@@ -25,6 +25,7 @@ import pytest
 from harness import run_records
 from harness.context import RunContext
 from harness.paths import REPO_ROOT
+from harness.tests.waiting import stopped_runners_under, wait_for
 
 CARD = "kv_gather_written and not pair and delegate_mutbuf"
 HEALTHY, FAULTY = "SM8650", "SM8750"
@@ -249,7 +250,7 @@ def test_ctrl_c_or_sigterm_in_a_parallel_run(tmp_path, shared_cache, stop):
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and not PASSED_DOT.search("".join(printed).rpartition("bringing up nodes...")[2]):
         time.sleep(0.5)
-    time.sleep(5)
+    wait_for(lambda: stopped_runners_under(child.pid), timeout_s=300, what="a runner hanging on the faulty device")
     child.send_signal(stop)
     try:
         child.wait(timeout=120)
@@ -360,7 +361,8 @@ def test_private_adb_server_killed_mid_run_starts_nothing_on_5037(tmp_path, shar
         and Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].endswith(b"adb")
     ]
     assert len(servers) == 1, f"one private adb server among {context.started_pids}"
-    time.sleep(8)  # the faulty device's runner hangs; kill the server under it
+    # The faulty device's runner hangs; kill the server under it.
+    wait_for(lambda: stopped_runners_under(child.pid), timeout_s=300, what="a runner hanging on the faulty device")
     os.kill(servers[0], signal.SIGKILL)
     output, _ = child.communicate(timeout=400)
     assert child.returncode == pytest.ExitCode.TESTS_FAILED, output[-3000:]

@@ -152,6 +152,9 @@ def _pytest(*args: str, env: dict[str, str] | None = None, timeout: float = 900)
         (["--shard", "3/2"], "ERROR: --shard 3/2: INDEX must be between 1 and COUNT (2)"),
         (["--shard-timings", "reports/latest"], "ERROR: --shard-timings reports/latest without --shard: add --shard"),
         (["--shard", "1/2", "--shard-timings", "/nonexistent"], "ERROR: --shard-timings: /nonexistent does not exist"),
+        # Under workers too: only they collect, so a bad -k used to crash each of them (INTERNALERROR, exit 3).
+        (["-n", "2", "-k", "counter_add and"], "ERROR: -k 'counter_add and': expected not OR left parenthesis"),
+        (["-m", "(slow"], "ERROR: -m '(slow': expected right parenthesis"),
     ],
 )
 def test_bad_host_and_shard_options_are_one_line(args, expected):
@@ -215,8 +218,8 @@ def test_one_run_uses_the_devices_of_two_servers_and_names_an_unreachable_one(tw
     assert run.returncode == 0, output[-4000:]
     named = [line for line in run.stderr.splitlines() if str(dead) in line]
     assert named == [
-        f"qnnsuite: no adb server answers on 127.0.0.1:{dead}: start it there with "
-        f"`adb -a -P {dead} server nodaemon` (or drop --adb-server 127.0.0.1:{dead}); going on without it"
+        f"qnnsuite: no adb server answers on 127.0.0.1:{dead}: start it with `adb -P {dead} start-server` "
+        f"(it listens on loopback only), or fix --adb-server 127.0.0.1:{dead}; going on without it"
     ]
     for soc, label in (("SM8650", label_a), ("SM8750", label_b)):
         report = json.loads((reports / "latest" / soc / "report.json").read_text())

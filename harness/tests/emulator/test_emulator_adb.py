@@ -8,8 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from harness.device.adb import AdbClient, AdbServer
 from harness.emulator import jail, launcher
 from harness.emulator.adbd import RAW_HANGUP_GRACE_S, SandboxEscape, device_to_host, rewrite_device_paths
 from harness.emulator.launcher import EmulatorFleet, FleetError
+from harness.tests.waiting import eventually
 
 ADB = os.environ.get("ADBUTILS_ADB_PATH") or adbutils.adb_path()
 
@@ -48,15 +48,6 @@ def adb_cli(fleet: EmulatorFleet, serial: str, *args: str, stdin_text: str = "")
         timeout=30,
         input=stdin_text,
     )
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
 
 
 def sandbox_pids(root: Path) -> list[int]:
@@ -181,7 +172,7 @@ def test_adb_cli_forwards_stdin(fleet: EmulatorFleet, service: str) -> None:
     result = adb_cli(fleet, fleet.devices[1].serial, service, f"cat > {target}", stdin_text=f"via {service}\n")
     written = fleet.devices[1].root / target.lstrip("/")
     assert result.returncode == 0  # exec-in returns once stdin is sent, without waiting for the command
-    assert wait_until(lambda: written.exists() and written.read_text() == f"via {service}\n", timeout=3)
+    assert eventually(lambda: written.exists() and written.read_text() == f"via {service}\n")
 
 
 def test_concurrent_streams_on_one_device(device: adbutils.AdbDevice) -> None:
@@ -203,11 +194,11 @@ def test_killing_the_host_side_kills_the_device_command(fleet: EmulatorFleet) ->
         stdout=subprocess.DEVNULL,
     )
     try:
-        assert wait_until(lambda: bool(sandbox_pids(info.root)))
+        assert eventually(lambda: bool(sandbox_pids(info.root)))
     finally:
         host_side.kill()
         host_side.wait()
-    assert wait_until(lambda: not sandbox_pids(info.root), timeout=2)  # shell v2: killed at once
+    assert eventually(lambda: not sandbox_pids(info.root))  # shell v2: killed at once
 
 
 def test_hanging_up_a_raw_shell_kills_its_command_after_a_grace(
@@ -217,8 +208,8 @@ def test_hanging_up_a_raw_shell_kills_its_command_after_a_grace(
     with client.device(info.serial).open_transport() as connection:  # what adbutils' shell() does on a timeout
         connection.send_command("shell:sleep 300")
         connection.check_okay()
-        assert wait_until(lambda: bool(sandbox_pids(info.root)))
-    assert wait_until(lambda: not sandbox_pids(info.root), timeout=RAW_HANGUP_GRACE_S + 3)
+        assert eventually(lambda: bool(sandbox_pids(info.root)))
+    assert eventually(lambda: not sandbox_pids(info.root), timeout_s=RAW_HANGUP_GRACE_S + 30)
 
 
 def test_storage_full_fails_pushes_and_flags_commands(
@@ -246,7 +237,7 @@ def test_drop_after_bytes_breaks_a_pull_once(fleet: EmulatorFleet, client: adbut
     with pytest.raises(adbutils.AdbError):
         device.sync.read_bytes("/data/local/tmp/drop.bin")
     assert client.device(healthy.serial).shell("echo ok") == "ok"
-    assert wait_until(lambda: fleet.device_states().get(dropping.serial) == "device")  # adb reconnects by itself
+    assert eventually(lambda: fleet.device_states().get(dropping.serial) == "device")  # adb reconnects by itself
     assert len(device.sync.read_bytes("/data/local/tmp/drop.bin")) == 2_000_000  # the fault fired once
 
 
@@ -264,12 +255,12 @@ def test_unauthorized_and_offline_devices_are_listed_as_such(fleet: EmulatorFlee
 def test_stopped_device_vanishes_with_its_commands(fleet: EmulatorFleet, client: adbutils.AdbClient) -> None:
     doomed = fleet.add_device("SM8650")
     client.device(doomed.serial).shell("nohup sleep 300 >/dev/null 2>&1 &")
-    assert wait_until(lambda: bool(sandbox_pids(doomed.root)))
+    assert eventually(lambda: bool(sandbox_pids(doomed.root)))
     fleet.stop_device(doomed.serial)
     assert not is_alive(doomed.pid)
-    assert wait_until(lambda: not sandbox_pids(doomed.root), timeout=2)  # SIGKILLed, gone once the kernel is done
+    assert eventually(lambda: not sandbox_pids(doomed.root))  # SIGKILLed, gone once the kernel is done
     # The adb server drops the transport when its own read sees the socket close, a moment later (as for a cable)
-    assert wait_until(lambda: fleet.device_states().get(doomed.serial) in (None, "offline"), timeout=5)
+    assert eventually(lambda: fleet.device_states().get(doomed.serial) in (None, "offline"))
     assert doomed not in fleet.devices
     assert client.device(fleet.devices[0].serial).shell("echo alive") == "alive"
 

@@ -123,14 +123,21 @@ def test_prefill_state_reaches_decode_in_one_process_and_not_across_reloads(tool
 
 
 @pytest.mark.qnn
-def test_separately_calibrated_methods_disagree_on_the_cache_encoding(toolchain, tmp_path):
+def test_separately_quantized_methods_disagree_on_the_cache_encoding_which_the_outputs_weigh(
+    toolchain, runner_binary, tmp_path
+):
+    """The methods' two encodings of the cache are recorded, and the lowering records their CPU quantize/dequantize
+    programs run on the plan; on the device (one process, the cache outside the delegate) the outputs are within
+    the tolerance of eager, as those programs' are, so the difference is the check's evidence, not a failure."""
     outcome = _lowered(toolchain, tmp_path, "16a8w", Mode.SKIP)
     encodings = outcome.artifact.facts.buffer_encodings
     prefill, decode = encodings["prefill"]["kv_cache"]["write"], encodings["decode"]["kv_cache"]["write"]
-    assert prefill != decode, "separate calibrations should give the cache two scales"
-    with pytest.raises(CheckFailure) as failure:
-        checks.check_cross_method_state(outcome)
-    assert failure.value.signature == "buffer_encoding_mismatch"
-    message = str(failure.value)
-    kind = "read" if " reads it as " in message else "write"
-    assert encodings["prefill"]["kv_cache"][kind] in message and encodings["decode"]["kv_cache"][kind] in message
+    assert prefill != decode, "separate quantization should give the cache two scales"
+    assert set(outcome.artifact.facts.modelled) == {"carried", "reset", "per_method", "constant_read"}
+    (tmp_path / "one").mkdir()
+    evidence = checks.check_cross_method_state(_run(outcome, toolchain, runner_binary, tmp_path / "one", True))
+    kind = "read" if " reads it as " in evidence["encoding_difference"] else "write"
+    assert all(
+        encodings[method]["kv_cache"][kind] in evidence["encoding_difference"] for method in ("prefill", "decode")
+    )
+    assert max(step["max_abs_error"] for step in evidence["modelled_steps"]) < 0.01

@@ -142,14 +142,42 @@ def test_a_new_failing_check_fails_the_gate(baseline_run):
     assert others and all(before == "xfailed" for _, _, before, _ in others), named
 
 
-def test_a_dropped_case_fails_the_gate_unless_missing_is_allowed(baseline_run):
+def test_a_narrowed_run_leaves_out_what_it_did_not_select_and_a_dropped_check_still_fails(baseline_run):
+    """-k left kv_gather_written out: its baseline checks are counted as outside the selection, not missing
+    (the gate passes, and says so); a check the baseline has in a case this run did run is missing, and the
+    gate fails naming --allow-missing, which lets it pass."""
     root, document = baseline_run
-    baseline = _write_baseline(root / "whole", document)
     narrower = ["--emulate", "SM8650", "--dtype", "fp16", "-k", "counter_ones_init"]
-    completed = _suite(root / "dropped", root / "cache", "--baseline", str(baseline), selection=narrower)
-    assert completed.returncode == pytest.ExitCode.TESTS_FAILED, completed.stdout[-3000:]
-    missing = [line for line in _gate_lines(completed) if line.startswith("missing: ")]
-    assert missing and all("kv_gather_written" in line for line in missing), completed.stdout[-3000:]
+    baseline = _write_baseline(root / "whole", document)
+    completed = _suite(root / "narrowed", root / "cache", "--baseline", str(baseline), selection=narrower)
+    assert completed.returncode == 0, completed.stdout[-3000:]
+    left_out = sum(len(c["checks"]) for c in document["cases"] if c["case_id"].startswith("kv_gather_written"))
+    said = (
+        f"{left_out} baseline check(s) outside this run's selection (-k counter_ones_init --dtype fp16): not compared"
+    )
+    assert said in completed.stdout, completed.stdout[-3000:]
+    gate = json.loads((root / "narrowed" / "latest" / "SM8650" / "gate.json").read_text())
+    assert gate["ok"] and gate["excluded"] == left_out and gate["missing"] == 0 and gate["checks"] == []
+    assert gate["baseline"] == {
+        "night": "",
+        "run_id": document["run_id"],
+        "executorch": document["environment"]["executorch"],
+    }
+    edited = json.loads(json.dumps(document))
+    case = next(c for c in edited["cases"] if c["case_id"].startswith("counter_ones_init"))
+    case["checks"]["retired_check"] = {**next(iter(case["checks"].values())), "verdict": "passed", "known_failure": ""}
+    baseline = _write_baseline(root / "with-retired-check", edited)
+    dropped = _suite(root / "dropped", root / "cache", "--baseline", str(baseline), selection=narrower)
+    assert dropped.returncode == pytest.ExitCode.TESTS_FAILED, dropped.stdout[-3000:]
+    lines = _gate_lines(dropped)
+    assert lines == [
+        f"missing: SM8650 {case['case_id']} retired_check passed -> absent: in the baseline, not in this run "
+        "(renamed, not collected or a collection error?)"
+    ], dropped.stdout[-3000:]
+    assert (
+        "1 check(s) of the baseline are missing: if this run left them out on purpose, gate it with --allow-missing"
+        in dropped.stdout
+    )
     allowed = _suite(
         root / "allowed", root / "cache", "--baseline", str(baseline), "--allow-missing", selection=narrower
     )

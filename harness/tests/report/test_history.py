@@ -76,7 +76,10 @@ def _records(night: int) -> list[CheckRecord]:
 
 def _run(reports: Path, night: int) -> Path:
     run_id = f"2026120{night}-020000-{night}"
-    environments = {soc: {"soc": soc, "executorch": "1.5.1", "emulated": True} for soc in SOCS}
+    environments = {
+        soc: {"soc": soc, "executorch": "1.5.1", "emulated": True, "started": f"2026-12-0{night}T02:00:00+0000"}
+        for soc in SOCS
+    }
     writer.write_run(_records(night), environments, reports, run_id, COLUMNS)
     return reports / run_id
 
@@ -112,10 +115,10 @@ def test_history_names_the_regressions_first_night_the_flaky_check_and_the_missi
     document = json.loads((store / "history.json").read_text())
     names = [n["name"] for n in document["nights"]]
     assert names == [
-        "000001-20261201-020000-1",
-        "000002-20261202-020000-2",
-        "000003-20261203-020000-3",
-        "000004-20261204-020000-4",
+        "000001-2026-12-01-20261201-020000-1",
+        "000002-2026-12-02-20261202-020000-2",
+        "000003-2026-12-03-20261203-020000-3",
+        "000004-2026-12-04-20261204-020000-4",
     ]
     regressed = _check(document, REGRESSED)
     assert regressed["failing_since"] == names[1] and regressed["started_failing"] == [names[1]]
@@ -129,7 +132,7 @@ def test_history_names_the_regressions_first_night_the_flaky_check_and_the_missi
     assert missing.pop(("card", "SM8650: slice_mask"))["missing_since"] == names[3]
     assert not missing, missing  # the emulated devices change address every night and are not missing
     assert f"flaky across nights: {' '.join(FLAKY)}" in completed.stdout
-    assert "missing since 000004-20261204-020000-4: card SM8650: slice_mask" in completed.stdout
+    assert "missing since 000004-2026-12-04-20261204-020000-4: card SM8650: slice_mask" in completed.stdout
     findings = {f["finding"]: f["counts"] for f in document["findings"]}
     assert findings == {"F1": [1, 1, 1, 1], "new-state": [0, 1, 2, 1]}
     (errors,) = [e for e in document["errors"] if (e["soc"], e["case_id"], e["check"]) == REGRESSED]
@@ -165,9 +168,12 @@ def test_history_page_shows_the_same_and_escapes_report_text(store):
     text = (store / "history.html").read_text()
     page = _Page()
     page.feed(text)
-    assert [REGRESSED[1], "state", "000002-20261202-020000-2", "000002-20261202-020000-2"] == page.rows[
-        next(i for i, row in enumerate(page.rows) if REGRESSED[1] in row)
-    ][1:5]
+    assert [
+        REGRESSED[1],
+        "state",
+        "000002-2026-12-02-20261202-020000-2",
+        "000002-2026-12-02-20261202-020000-2",
+    ] == page.rows[next(i for i, row in enumerate(page.rows) if REGRESSED[1] in row)][1:5]
     assert any(row[:2] == ["card", "SM8650: slice_mask"] for row in page.rows)
     assert page.svgs >= 2 and "b" not in page.tags  # the known failure's <b> is text, not markup
     assert "&lt;b&gt;" in text and "<script" not in text and "http" not in text.replace("http://www.w3.org", "")
@@ -180,7 +186,7 @@ def test_a_night_that_cannot_be_read_is_named_not_fatal(tmp_path, store):
     broken.write_text("{not json")
     completed = _cli("history", copy)
     assert completed.returncode == 0, completed.stderr
-    assert "unreadable night 000002-20261202-020000-2: " in completed.stdout and "is not JSON" in completed.stdout
+    assert f"unreadable night 000002-2026-12-02-20261202-020000-2: {history.NOT_SEALED}" in completed.stdout
     assert "Traceback" not in completed.stderr
 
 
@@ -206,9 +212,40 @@ def test_a_phone_that_went_missing_is_named_by_its_serial(tmp_path):
             }
         }
         records = [r for r in _records(1) if r.soc == "SM8650"]
-        writer.write_run(records, {"SM8650": {"soc": "SM8650"}}, reports, f"run{night}", COLUMNS, provenance=provenance)
+        writer.write_run(
+            records,
+            {"SM8650": {"soc": "SM8650", "started": "2026-12-02T02:00:00+0000"}},
+            reports,
+            f"run{night}",
+            COLUMNS,
+            provenance=provenance,
+        )
         promote.promote(reports / f"run{night}", tmp_path / "store")
     document = history.build(history.read_store(tmp_path / "store"))
     assert [(m["kind"], m["name"], m["missing_since"]) for m in document["missing"]] == [
-        ("device", "SM8650: R3CT9", "000002-run2")
+        ("device", "SM8650: R3CT9", "000002-2026-12-02-run2")
     ]
+
+
+def test_findings_sort_numerically_with_deltas_and_verdicts_each_have_their_colour(store):
+    assert sorted(["F11", "new-state", "F2", "F1"], key=history.finding_order) == ["F1", "F2", "F11", "new-state"]
+    assert history._deltas([0, 1, 3, 3, 1]) == [(0, ""), (1, "+1"), (3, "+2"), (3, ""), (1, "-2")]
+    classes = [history.square_class(v) for v in ("passed", "failed", "xfailed", "xpassed", "skipped", None)]
+    assert classes == ["passed", "failed", "xfailed", "xpassed", "other", "absent"]
+    history.write(store)
+    text = (store / "history.html").read_text()
+    for verdict in ("failed", "xfailed", "passed"):
+        assert f'class="v {verdict}"' in text
+    assert len({line for line in text.splitlines() if line.startswith("span.")}) >= 2
+    row = next(line for line in text.splitlines() if line.startswith('<tr class="finding">') and "new-state" in line)
+    assert (
+        '<td>1 <span class="up">+1</span></td><td>2 <span class="up">+1</span></td><td>1 <span class="down">-1</span>'
+        in row
+    )
+    assert 'href="000004-2026-12-04-20261204-020000-4/FINDINGS.md#F1"' in text
+    copy = store.parent / "site"
+    history.write(store, copy)  # written elsewhere: the links reach the store from there
+    assert (
+        'href="../nightly/000004-2026-12-04-20261204-020000-4/SM8650/report.html#cell-'
+        in (copy / "history.html").read_text()
+    )

@@ -385,7 +385,10 @@ def test_gate_fails_on_a_dropped_check_unless_missing_is_allowed(clean_run):
     now = [r for r in records if r is not dropped]
     result = gate(typed(now), root / "run1")
     assert not result.ok and [c.key for c in result.missing] == [("SM8750", dropped["case_id"], "partitions")]
-    assert result.lines()[0].startswith(f"missing: SM8750 {dropped['case_id']} partitions passed -> absent")
+    assert result.lines()[0] == (
+        "1 check(s) of the baseline are missing: if this run left them out on purpose, gate it with --allow-missing"
+    )
+    assert result.lines()[1].startswith(f"missing: SM8750 {dropped['case_id']} partitions passed -> absent")
     allowed = gate(typed(now), root / "run1", allow_missing=True)
     assert allowed.ok and allowed.lines()[0].startswith("missing (allowed): ")
 
@@ -401,7 +404,16 @@ def test_gate_result_is_written_beside_each_report(clean_run, tmp_path: Path):
     assert sm8650["ok"] is False and [(e["kind"], e["case_id"], e["check"]) for e in sm8650["checks"]] == [
         ("regression", regressed["case_id"], "address_sharing")
     ]
-    assert json.loads((folders["SM8750"] / "gate.json").read_text()) == {"ok": True, "checks": [], "performance": []}
+    assert json.loads((folders["SM8750"] / "gate.json").read_text()) == {
+        "ok": True,
+        "baseline": {},
+        "selection": "",
+        "excluded": 0,
+        "missing": 0,
+        "missing_not_listed": 0,
+        "checks": [],
+        "performance": [],
+    }
     summary = (folders["SM8650"] / "summary.md").read_text()
     assert (
         "## Gate: FAILED (1 check(s) named)" in summary

@@ -312,6 +312,76 @@ def test_shards_of_a_slice_merge_into_the_unsharded_run(tmp_path: Path):
     merged_doc = json.loads((tmp_path / "merged" / "SM8650" / "report.json").read_text())
     assert merged_doc["summary"] == whole_doc["summary"] and merged_doc["checks"] == whole_doc["checks"]
     gated = _suite(tmp_path, "gated", cache, "--baseline", str(tmp_path / "merged"))  # the merge as the next baseline
-    assert gated.returncode == 0 and f"gate against {tmp_path / 'merged'}: no regressions" in gated.stdout, (
-        gated.stdout[-2000:]
+    said = f"gate against {tmp_path / 'merged'} (baseline: run id "  # the merge's: its parts' run id
+    assert gated.returncode == 0 and said in gated.stdout and "no regressions" in gated.stdout, gated.stdout[-2000:]
+
+
+# --- the merged run's id, its links, and a narrowed run's gate ----------------------------------------------------
+def test_a_merge_keeps_its_parts_run_id_or_takes_one_and_links_its_own_findings(tmp_path: Path):
+    """The run id is the parts' (never the --out folder's name, which a CI job reuses every night), and the
+    pages link the merged folder's own FINDINGS.md (or --docs-url), never this machine's checkout."""
+    records = make_records()
+    for record in records:
+        if record["known_failure"]:
+            record["known_failure"] = "known failure [x]: a defect (docs/FINDINGS.md#F1; executorch x.cpp)"
+    folders = _write_shards(tmp_path, records, 2)
+    merging.merge(folders, tmp_path / "merged")
+    document = json.loads((tmp_path / "merged" / "SM8650" / "report.json").read_text())
+    assert document["run_id"] == document["environment"]["run_id"] == "shard1"
+    copy = tmp_path / "merged" / "FINDINGS.md"
+    assert copy.read_text() == (REPO_ROOT / "docs" / "FINDINGS.md").read_text()
+    for view in ("report.html", "summary.md"):
+        text = (tmp_path / "merged" / "SM8650" / view).read_text()
+        assert "../FINDINGS.md#F" in text and str(REPO_ROOT) not in text, view
+    named = _merge_cli(
+        *map(str, folders),
+        "--out",
+        str(tmp_path / "m2"),
+        "--run-id",
+        "night-2026-12-06",
+        "--docs-url",
+        "https://x.org/d",
     )
+    assert named.returncode == 0, named.stderr
+    assert json.loads((tmp_path / "m2" / "SM8650" / "report.json").read_text())["run_id"] == "night-2026-12-06"
+    assert "https://x.org/d/FINDINGS.md#F" in (tmp_path / "m2" / "SM8650" / "report.html").read_text()
+    assert not (tmp_path / "m2" / "FINDINGS.md").exists()
+    for option, value, words in (
+        ("--run-id", "../elsewhere", "--run-id '../elsewhere': use letters"),
+        ("--docs-url", "javascript:alert(1)", "--docs-url 'javascript:alert(1)' is not an http(s) URL"),
+    ):
+        bad = _merge_cli(*map(str, folders), "--out", str(tmp_path / f"bad{option}"), option, value)
+        assert bad.returncode == 2 and words in bad.stderr and bad.stderr.count("\n") == 1, bad.stderr
+
+
+def test_a_narrowed_run_is_gated_on_what_it_selected_and_gate_json_stays_small(tmp_path: Path):
+    """A one-case run against the whole matrix: with its selection recorded (-k), the rest of the baseline
+    is counted as left out and the gate passes; without it, the missing checks fail the gate, the first
+    line names --allow-missing, and gate.json counts them instead of listing them all."""
+    records = [r for r in make_records() if r["verdict"] not in ("failed", "xpassed")]
+    write_run(typed(records), environments(), tmp_path / "base", "run0", COLUMNS)
+    case_id = next(r["case_id"] for r in records if r["soc"] == "SM8650")
+    small = [r for r in records if r["case_id"] == case_id]
+    selected = {"SM8650": {**environments()["SM8650"], "selection": "-k x", "selection_partial": "-k x"}}
+    write_run(typed(small), selected, tmp_path / "narrowed", "run1", COLUMNS)
+    write_run(typed(small), environments(), tmp_path / "unsaid", "run1", COLUMNS)
+    baseline = str(tmp_path / "base" / "run0")
+    ok = _merge_cli(str(tmp_path / "narrowed" / "run1"), "--out", str(tmp_path / "m1"), "--baseline", baseline)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    gate = json.loads((tmp_path / "m1" / "SM8650" / "gate.json").read_text())
+    assert gate["ok"] and gate["missing"] == 0 and gate["excluded"] == len(records) - len(small)
+    assert gate["baseline"] == {"night": "", "run_id": "run0", "executorch": environments()["SM8650"]["executorch"]}
+    assert f"{len(records) - len(small)} baseline check(s) outside this run's selection (-k x)" in ok.stdout
+    assert "baseline: run id run0, executorch" in (tmp_path / "m1" / "SM8650" / "summary.md").read_text()
+    assert "baseline: run id run0, executorch" in (tmp_path / "m1" / "SM8650" / "report.html").read_text()
+    failed = _merge_cli(str(tmp_path / "unsaid" / "run1"), "--out", str(tmp_path / "m2"), "--baseline", baseline)
+    assert failed.returncode == 1
+    missing = len(records) - len(small)
+    hint = f"{missing} check(s) of the baseline are missing: if this run left them out on purpose, gate it with --allow-missing"
+    lines = failed.stdout.splitlines()
+    assert lines[next(i for i, line in enumerate(lines) if line.startswith("gate against")) + 1].strip() == hint
+    path = tmp_path / "m2" / "SM8650" / "gate.json"  # the run has no SM8750: its missing checks are counted above
+    gate = json.loads(path.read_text())
+    assert gate["missing"] == len([r for r in records if r["soc"] == "SM8650"]) - len(small)
+    assert len(gate["checks"]) <= 20 and gate["missing_not_listed"] == gate["missing"] - len(gate["checks"])
+    assert path.stat().st_size < 10_000

@@ -27,6 +27,7 @@ from harness.emulator.launcher import EmulatorFleet
 from harness.paths import REPO_ROOT
 from harness.qnn.toolchain import prepare
 from harness.record import CheckRecord
+from harness.report.intake import read_report
 from harness.repro import issue, layout
 from harness.repro.bundle import BundleWriter
 from harness.repro.rerun import RerunError, find_case
@@ -408,9 +409,9 @@ def test_issue_escapes_markdown_from_a_failure_message():
 
 def test_rerun_names_what_is_wrong(tmp_path):
     with pytest.raises(RerunError, match="not a case id"):
-        find_case(tmp_path, "a;rm -rf /")
+        find_case(tmp_path, "a;rm -rf /", read_report)
     with pytest.raises(RerunError, match="no report.json"):
-        find_case(tmp_path, FAILING)
+        find_case(tmp_path, FAILING, read_report)
 
 
 def _record(verdict: str) -> CheckRecord:
@@ -650,7 +651,10 @@ def _crafted_run(tmp_path: Path, **case: str) -> Path:
     fields["case_id"] = case.get("case_id") or "-".join(fields[name] for name in ("card", "dtype", "mode", "soc"))
     soc = tmp_path / "run" / "SM8650"
     soc.mkdir(parents=True)
-    (soc / "report.json").write_text(json.dumps({"soc": "SM8650", "cases": [{**fields, "checks": {}}]}))
+    entry = {**fields, "tags": [], "device_serial": None, "delegates": None, "timings_s": {}, "checks": {}}
+    summary = dict.fromkeys(("passed", "failed", "xpassed", "xfailed", "skipped", "total"), 0)
+    document = {"schema_version": 1, "run_id": "r", "soc": "SM8650", "environment": {}, "summary": summary}
+    (soc / "report.json").write_text(json.dumps({**document, "cases": [entry]}))
     return tmp_path / "run"
 
 
@@ -671,11 +675,12 @@ def test_rerun_refuses_a_crafted_soc_in_one_line(tmp_path):
         run = _crafted_run(tmp_path / f"{soc}{dtype}", soc=soc, dtype=dtype)
         case_id = f"kv_arange_init-{dtype}-delegate_mutbuf-{soc}"
         completed = _rerun(run, case_id)
-        assert completed.returncode == 2, completed.stdout + completed.stderr
+        assert completed.returncode == (4 if dtype == "-pX" else 2), completed.stdout + completed.stderr
         assert (
             completed.stderr.strip().splitlines() == [completed.stderr.strip()] and "Traceback" not in completed.stderr
         )
-        assert "crafted report" in completed.stderr and "repro: " not in completed.stdout  # no pytest command was run
+        refused = "crafted report" in completed.stderr or "is not a valid report.json" in completed.stderr
+        assert refused and "repro: " not in completed.stdout  # no pytest command was run
     mismatched = _crafted_run(tmp_path / "mismatch", case_id="kv_arange_init-fp16-delegate_mutbuf-SM8750")
     completed = _rerun(mismatched, "kv_arange_init-fp16-delegate_mutbuf-SM8750")
     assert completed.returncode == 2 and "is not its card, dtype, mode and SoC joined" in completed.stderr
