@@ -196,7 +196,10 @@ class ConformanceReporter:
             provenance,
         )
         self._lines = [
-            report.summary_line(self.records, soc, folders[soc] / "report.html", shard) for soc in sorted(folders)
+            report.summary_line(
+                self.records, soc, folders[soc] / "report.html", shard, bool(environments.get(soc, {}).get("emulated"))
+            )
+            for soc in sorted(folders)
         ]
         self._lines += [line for soc in sorted(folders) for line in provenance.get(soc, {}).get("warnings", [])]
         self._lines += self._notes

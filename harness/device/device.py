@@ -97,6 +97,19 @@ def device_label(server: str, serial: str) -> str:
     return f"{server}/{serial}"
 
 
+def device_display(label: str, soc: str, emulated: bool) -> str:
+    """How a person reads a device (terminal lines, summary.md, the page): `emulated SM8650 (127.0.0.1:45551)`
+    for an emulated device, a phone's serial. device_label's full address stays in report.json, locks and the
+    pool: a private server's is a socket path of some 100 characters that is gone when the run ends."""
+    serial = label.rsplit("/", 1)[-1]
+    return f"emulated {soc} ({serial})" if emulated else serial
+
+
+def devices_display(labels: str, soc: str, emulated: bool) -> str:
+    """device_display of each of a comma-separated list of labels (report.json's environment device_serial)."""
+    return ", ".join(device_display(label.strip(), soc, emulated) for label in labels.split(",") if label.strip())
+
+
 def safe_pull_name(name: str) -> bool:
     """Whether a name a device listed can be a file in the local pull folder (not `..`, no `/`, no NUL)."""
     return name not in ("", ".", "..") and not any(char in name for char in "/\\\0")

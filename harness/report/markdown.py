@@ -9,6 +9,7 @@ count and a link. The HTML has every check.
 
 from __future__ import annotations
 
+from harness.device.device import devices_display
 from harness.report.document import (
     SPOKEN,
     by_finding,
@@ -101,7 +102,7 @@ def _performance(document: dict) -> list[str]:
     simulator = any(case["timing"].get("device_kind") != PHONE for case in timed)
     lines = [
         "",
-        "## Step times" + (" (simulator times: emulated devices, not a phone's NPU)" if simulator else ""),
+        "## Step times" + (" (HTP simulator times on the host: not phone performance)" if simulator else ""),
         "",
         "| case | device | first step us | p50 us | p90 us | repeats' p50 us | peak RSS KiB |",
         "| --- | --- | ---: | ---: | ---: | --- | ---: |",
@@ -119,7 +120,8 @@ def _performance(document: dict) -> list[str]:
     if rows:
         lines += [
             "",
-            "| delegation speed-up (skip-mode p50 / delegated p50, each its fastest repeat) | device | ratio |",
+            "| skip-mode p50 / delegated p50 (each its fastest repeat; a simulator's ratio is not a phone's) "
+            "| device | ratio |",
             "| --- | --- | ---: |",
         ]
         lines += [
@@ -228,9 +230,12 @@ def render(
     environment, summary = document["environment"], document["summary"]
     facts = [
         f"{key} {markdown_text(environment[key])}"
-        for key in ("executorch", "torch", "qnn_build_id", "device_model", "device_serial")
+        for key in ("executorch", "torch", "qnn_build_id", "device_model")
         if environment.get(key)
     ]
+    if environment.get("device_serial"):  # the short names; report.json keeps the addresses
+        shown = devices_display(str(environment["device_serial"]), document["soc"], bool(environment.get("emulated")))
+        facts.append(f"device_serial {markdown_text(shown)}")
     lines = [
         f"# {markdown_text(document['soc'])}: run {markdown_text(document['run_id'])}",
         "",

@@ -13,6 +13,7 @@ from pathlib import Path
 import jinja2
 from markupsafe import Markup
 
+from harness.device.device import devices_display
 from harness.report.chart import error_chart, step_time_chart
 from harness.report.document import (
     SPOKEN,
@@ -212,11 +213,17 @@ def _matrix(document: dict, flagged: set[str]) -> dict:
     return {"checks": checks, "folds": folds, "cards": len({c["card"] for c in cases})}
 
 
-def _environment_rows(environment: dict) -> list[list[tuple[str, str]]]:
+def _environment_rows(environment: dict, soc: str) -> list[list[tuple[str, str]]]:
+    """The environment as key/value pairs, the devices by their short names (report.json keeps the addresses)."""
     keys = [k for k in ENVIRONMENT_FIRST if k in environment] + sorted(
         k for k in environment if k not in ENVIRONMENT_FIRST
     )
-    pairs = [(key, "" if environment[key] is None else str(environment[key])) for key in keys]
+    shown = {**environment}
+    if environment.get("device_serial"):
+        shown["device_serial"] = devices_display(
+            str(environment["device_serial"]), soc, bool(environment.get("emulated"))
+        )
+    pairs = [(key, "" if shown[key] is None else str(shown[key])) for key in keys]
     return [pairs[i : i + ENV_PAIRS_PER_ROW] for i in range(0, len(pairs), ENV_PAIRS_PER_ROW)]
 
 
@@ -350,7 +357,7 @@ def render(document: dict, gate: GateResult | None = None, findings_link: str = 
         short_checks={column["name"]: column["short"] for column in document.get("checks") or ()},
         mode_labels=MODE_LABELS,
         matrix=_matrix(document, flagged),
-        environment_rows=_environment_rows(document["environment"]),
+        environment_rows=_environment_rows(document["environment"], document["soc"]),
         provenance=_provenance(document),
         gate=gated,
         findings_link=findings_link,

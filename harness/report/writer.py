@@ -7,6 +7,7 @@ import os
 import re
 from pathlib import Path
 
+from harness.device.device import device_display
 from harness.files import say, write_atomically
 from harness.paths import REPO_ROOT
 from harness.record import CheckRecord
@@ -150,9 +151,12 @@ def _write_views(folder: Path, document: dict, soc: str, gate: GateResult | None
         write_atomically(folder / "gate.json", json.dumps(gate_summary(mine), indent=1) + "\n")
 
 
-def summary_line(records: list[CheckRecord], soc: str, html: Path | None = None, shard: str | None = None) -> str:
-    """e.g. `SM8650 (shard 1/2): 120 passed, 3 failed, 10 xfailed on 127.0.0.1:5037/R5CW -> reports/<run>/SM8650/report.html`
-    (zero counts other than passed and failed are left out; the devices are those that ran a case)."""
+def summary_line(
+    records: list[CheckRecord], soc: str, html: Path | None = None, shard: str | None = None, emulated: bool = False
+) -> str:
+    """e.g. `SM8650 (shard 1/2): 120 passed, 3 failed, 10 xfailed on R5CW -> reports/<run>/SM8650/report.html`
+    (zero counts other than passed and failed are left out; the devices are those that ran a case, named as
+    device_display names them: emulated, the SoC's environment says)."""
     mine = [record for record in records if record.soc == soc]
     counts = tally(mine)
     shown = ", ".join(
@@ -160,7 +164,7 @@ def summary_line(records: list[CheckRecord], soc: str, html: Path | None = None,
         for verdict, n in counts.items()
         if verdict != "total" and (n or verdict in ("passed", "failed"))
     )
-    devices = sorted({record.device_serial for record in mine if record.device_serial})
+    devices = sorted({device_display(r.device_serial, soc, emulated) for r in mine if r.device_serial})
     return (
         f"{soc}"
         + (f" (shard {shard})" if shard else "")

@@ -227,7 +227,9 @@ def test_one_run_uses_the_devices_of_two_servers_and_names_an_unreachable_one(tw
             "each case on one device"
         )
         assert report["environment"]["device_serial"] == label
-        assert any(line.startswith(f"{soc}: ") and f" on {label} -> " in line for line in run.stdout.splitlines())
+        serial = label.rsplit("/", 1)[-1]  # the terminal names it short; report.json keeps the address
+        shown = f"emulated {soc} ({serial})" if report["environment"]["emulated"] else serial
+        assert any(line.startswith(f"{soc}: ") and f" on {shown} -> " in line for line in run.stdout.splitlines())
     (folder,) = [p for p in reports.iterdir() if not p.is_symlink()]
     context = RunContext.from_json((folder / "run-context.json").read_text())
     assert sorted(spec.label for spec in context.devices) == sorted([label_a, label_b])

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from html import unescape
 from html.parser import HTMLParser
 from pathlib import Path
 from types import SimpleNamespace
@@ -23,21 +24,24 @@ from harness.check_registry import CheckFailure, CheckSpec
 from harness.known_failures import KnownFailure
 from harness.paths import REPO_ROOT
 from harness.record import CheckRecord
-from harness.report import gate, merge as merging, write_run
+from harness.report import gate, merge as merging, summary_line, write_run
 from harness.report.chart import error_chart
 from harness.report.gate import clip
 from harness.report.intake import read_report
 from harness.report.markdown import render as render_markdown
 from harness.report.page import anchor
 from harness.tests.report.test_report import (
+    CHROMIUM_FLAGS,
     COLUMNS,
     MANY_CARDS,
     SCHEMA,
     _find,
+    chromium,  # noqa: F401 (the fixture, used as an argument)
     environments,
     make_records,
     typed,
 )
+from harness.text import markdown_text
 from harness.vocabulary import DTYPES, Mode
 
 COMMENT_LIMIT = 60 * 1024  # issue 34: both SoCs' summary.md under 60 KB (a GitHub comment holds 65,536 characters)
@@ -459,3 +463,101 @@ def test_the_terminal_ends_with_the_conformance_block_naming_what_pytest_counted
         " (5 checks on 1 SoC(s)); gate FAILED"
     ).replace(", 0 skipped", ""), tail[-1]
     assert "XFAIL" not in run.stdout, "no -ra flood"
+
+
+# Opens every cell's popover in turn (as a click does: open, then its toggle handler) and writes where each one
+# landed, with the box of its panel and the window and which of its corners the browser shows something else at
+# (a panel's overflow clipped it, or it lies under another element), into the DOM that --dump-dom prints.
+POPOVER_GEOMETRY = """<script>
+(function () {
+  document.querySelectorAll("details.fold").forEach(function (f) { f.open = true; });
+  var seen = [];
+  document.querySelectorAll("td.cell details").forEach(function (d) {
+    d.parentElement.scrollIntoView({block: "center", inline: "center"});
+    d.open = true;
+    d.dispatchEvent(new Event("toggle"));
+    var pop = d.querySelector(".pop"), panel = d.closest("section.panel");
+    var box = pop.getBoundingClientRect(), outer = panel.getBoundingClientRect();
+    var corners = [[box.left + 3, box.top + 3], [box.right - 3, box.top + 3], [box.left + 3, box.bottom - 3],
+      [box.right - 3, box.bottom - 3]];
+    seen.push({cell: d.parentElement.id, right_half: pop.classList.contains("left"), left: box.left,
+      right: box.right, top: box.top, bottom: box.bottom, width: box.width,
+      panel_left: outer.left + panel.clientLeft, panel_right: outer.left + panel.clientLeft + panel.clientWidth,
+      viewport: document.documentElement.clientWidth, height: window.innerHeight,
+      hidden_corners: corners.filter(function (p) { return !pop.contains(document.elementFromPoint(p[0], p[1])); })});
+    d.open = false;
+  });
+  var out = document.createElement("pre");
+  out.id = "geometry";
+  out.textContent = JSON.stringify(seen);
+  document.body.appendChild(out);
+})();
+</script>"""
+WIDTHS = (1000, 1400, 1920)
+
+
+def test_every_cell_popover_stays_inside_its_panel_and_the_window(chromium: str, tmp_path: Path):  # noqa: F811
+    folders = write_run(typed(make_records()), environments(), tmp_path / "reports", "run1", COLUMNS)
+    probe = tmp_path / "probe.html"
+    probe.write_text((folders["SM8650"] / "report.html").read_text().replace("</body>", POPOVER_GEOMETRY + "</body>"))
+    browsers = {
+        width: subprocess.Popen(
+            [
+                chromium,
+                *CHROMIUM_FLAGS,
+                f"--user-data-dir={tmp_path / f'profile-{width}'}",
+                f"--window-size={width},900",
+                "--hide-scrollbars",
+                "--dump-dom",
+                probe.as_uri(),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for width in WIDTHS
+    }
+    for width, browser in browsers.items():
+        dom, errors = browser.communicate(timeout=120)
+        assert browser.returncode == 0 and 'id="geometry"' in dom, errors[-2000:]
+        seen = json.loads(unescape(dom.split('<pre id="geometry">')[1].split("</pre>")[0]))
+        assert {c["right_half"] for c in seen} == {True, False}, "cells of both halves were opened"
+        assert all(abs(c["viewport"] - width) < 20 for c in seen), f"the window is not {width} px wide"
+        clipped = [
+            c
+            for c in seen
+            if c["left"] < max(c["panel_left"], 0) - 0.5
+            or c["right"] > min(c["panel_right"], c["viewport"]) + 0.5
+            or c["top"] < -0.5
+            or c["bottom"] > c["height"] + 0.5
+            or c["hidden_corners"]  # clipped by a panel, or under something else
+        ]
+        assert not clipped, f"{len(clipped)} of {len(seen)} popovers cross their panel at {width} px: {clipped[:3]}"
+        assert min(c["width"] for c in seen) >= min(600, width - 100), "a popover was squeezed, not moved"
+
+
+SOCKET = "localfilesystem:/tmp/qnnsuite-20261206-053633-4533-qxhixk7y/emulator/adb-server/adb.sock"
+
+
+@pytest.mark.parametrize(
+    ("address", "emulated", "shown"),
+    [
+        (f"{SOCKET}/127.0.0.1:45551", True, "emulated SM8650 (127.0.0.1:45551)"),
+        ("127.0.0.1:5037/R5CW30ABCDE", False, "R5CW30ABCDE"),  # a phone: its serial
+    ],
+)
+def test_devices_are_named_short_in_the_terminal_summary_md_and_the_page(
+    tmp_path: Path, address: str, emulated: bool, shown: str
+):
+    records = [dict(r, device_serial=address) for r in make_records(socs=("SM8650",))]
+    env = {"SM8650": dict(environments(("SM8650",))["SM8650"], device_serial=address, emulated=emulated)}
+    folder = write_run(typed(records), env, tmp_path / "reports", "run1", COLUMNS)["SM8650"]
+    line = summary_line(typed(records), "SM8650", folder / "report.html", emulated=emulated)
+    assert f" on {shown} -> " in line, line
+    page = unescape((folder / "report.html").read_text())
+    summary = (folder / "summary.md").read_text()
+    for text, name in ((line, shown), (page, shown), (summary, markdown_text(shown))):
+        assert name in text and address not in text and "localfilesystem" not in text
+    document = json.loads((folder / "report.json").read_text())  # the full address stays for what reads it
+    assert document["environment"]["device_serial"] == address
+    assert {case["device_serial"] for case in document["cases"]} == {address}

@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 from dataclasses import replace
+from html import unescape
 
 import jsonschema
 import pytest
@@ -151,14 +152,20 @@ def test_reports_show_p50_p90_first_step_memory_speedup_and_the_chart(tmp_path):
     case = next(c for c in document["cases"] if c["mode"] == "delegate_mutbuf")
     assert case["timing"]["p50_us"] == 6000 and case["timing"]["repeats_p50_us"] == [6000, 6600, 6300]
     summary = (folders["SM8650"] / "summary.md").read_text()
-    assert "## Step times (simulator times" in summary
+    assert "## Step times (HTP simulator times on the host: not phone performance)" in summary
+    assert "a simulator's ratio is not a phone's" in summary and "speed-up" not in summary
     assert (
         f"| {CARD}-fp16-delegate_mutbuf-SM8650 | simulator | 18,000 | 6,000 | 6,001 | 6,000 · 6,600 · 6,300 | 133,000 |"
         in summary
     )
     assert "1.50 |" in summary, "the speed-up: skip 9000 / delegated 6000"
     html = (folders["SM8650"] / "report.html").read_text()
-    assert 'id="step-times"' in html and "simulator times" in html and 'aria-label="execute time per step"' in html
+    assert 'id="step-times"' in html and 'aria-label="execute time per step"' in html
+    # folded by default (the page's longest part), and never read as a phone's speed
+    assert '<details class="fold" id="step-times-detail"><summary>' in html
+    step_times = unescape(html.split('id="step-times"')[1].split("</section>")[0])
+    assert "HTP simulator times on the host: not phone performance" in step_times
+    assert "(the simulator's, not a phone's)" in step_times and "speed-up" not in step_times
     assert "<summary>counter_add fp16: execute time per step, both modes</summary>" in html
 
 
