@@ -15,6 +15,7 @@ declared a registered check (a user's @check too), listed with their hashes in s
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import inspect
 import json
@@ -23,7 +24,7 @@ import shutil
 import sys
 import tarfile
 from dataclasses import replace
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 
 import numpy as np
@@ -32,8 +33,10 @@ from harness import check_registry
 from harness.device.execute import DEVICE_LOG, write_inputs
 from harness.files import say
 from harness.known_failures import KnownFailure
+from harness.numerics import TOLERANCES
 from harness.outcome import CaseOutcome
 from harness.paths import REPO_ROOT
+from harness.pipeline.card import ModelCard
 from harness.qnn.toolchain import Toolchain
 from harness.record import CheckRecord
 from harness.repro import exports, issue, layout, standalone
@@ -54,6 +57,49 @@ def _source(function: object) -> str:
         return inspect.getsource(target)
     except (OSError, TypeError):
         return ""
+
+
+def _call_arguments(function: object) -> dict | None:
+    """A functools.partial's bound arguments as Python literals (repr), so a script cut out of the card module
+    can call the class or function as the card does; {} for a plain one, None when one is not a literal."""
+    if not isinstance(function, partial):
+        return {"args": [], "kwargs": {}}
+    arguments = {
+        "args": [repr(value) for value in function.args],
+        "kwargs": {k: repr(v) for k, v in function.keywords.items()},
+    }
+    for value, text in [
+        *zip(function.args, arguments["args"]),
+        *((function.keywords[k], t) for k, t in arguments["kwargs"].items()),
+    ]:
+        try:
+            if ast.literal_eval(text) != value:
+                return None
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            return None
+    return arguments
+
+
+def card_record(card: ModelCard, card_file: str) -> dict:
+    """case.json's "card": what a reader (issue.md, the finding scripts of harness/report/issues.py) needs to
+    rebuild the card from the bundle's copy of its module."""
+    return {
+        "name": card.name,
+        "module": card.module,
+        "reference": card.reference,
+        "file": f"card/{card_file}",
+        "mutated_buffers": list(card.mutated_buffers),
+        "expected_partitions": card.expected_partitions,
+        "build_source": _source(card.build),
+        "steps_source": _source(card.steps),
+        "build_arguments": _call_arguments(card.build),
+        "steps_arguments": _call_arguments(card.steps),
+        "methods": list(card.methods),
+        "plan_source": _source(card.plan) if card.plan is not None else "",
+        # The compiler-spec options the card asks for (issue.md names them in its pipeline)
+        "online_prepare": card.online_prepare,
+        "shared_buffer": card.shared_buffer,
+    }
 
 
 class BundleWriter:
@@ -157,21 +203,8 @@ class BundleWriter:
             # A multi-method card's plan, the method of each step (repro.py takes it from the card's source;
             # here for issue.md and a reader); [] for a single-method program.
             "plan": case.card.step_methods(len(outcome.steps)) if case.card.multi_method else [],
-            "card": {
-                "name": case.card.name,
-                "module": case.card.module,
-                "reference": case.card.reference,
-                "file": f"card/{card_file.name}",
-                "mutated_buffers": list(case.card.mutated_buffers),
-                "expected_partitions": case.card.expected_partitions,
-                "build_source": _source(case.card.build),
-                "steps_source": _source(case.card.steps),
-                "methods": list(case.card.methods),
-                "plan_source": _source(case.card.plan) if case.card.plan is not None else "",
-                # The compiler-spec options the card asks for (issue.md names them in its pipeline)
-                "online_prepare": case.card.online_prepare,
-                "shared_buffer": case.card.shared_buffer,
-            },
+            "card": card_record(case.card, card_file.name),
+            "tolerance": TOLERANCES.get(case.dtype),  # the state checks' bound for this dtype (the issue's script)
             "environment": {
                 "executorch": package_version("executorch"),
                 "torch": package_version("torch"),

@@ -88,6 +88,7 @@ def _bundle(soc_folder: Path, case_id: str, message: str) -> str:
             "steps_source": sources["_counter_steps"],
         },
         "numbers": _steps(),
+        "tolerance": {"atol": 1e-2, "rtol": 1e-2, "range_fraction": 0.0},
         "lowering": {"ok": True, "error": ""},
         "checks": {"state": {"upstream": "executorch backends/qualcomm/runtime/QnnManager.cpp QnnManager::Allocate"}},
     }
@@ -192,9 +193,10 @@ def test_a_failure_no_entry_expects_is_its_own_finding_and_its_words_stay_text(t
     assert "The control fails too" in text
     span = "```` state differs <img src=x onerror=alert(1)> ``` [link](http://evil) @team ````"
     assert span in text  # in a code span its fence cannot close: shown as the characters it holds
-    assert "# [QNN] partitions fails: state differs \\<img src=x" in text  # in the title: escaped
-    assert "<img" not in text.replace(span, "").replace("\\<img", "")
-    assert "](http" not in text.replace(span, "")
+    # the title is plain text (GitHub's title field shows no Markdown), without what would make HTML or a link
+    assert "# [QNN] partitions fails: state differs img src=x onerror=alert(1) ``` [link] (http://evil) @team\n" in text
+    assert "<img" not in text.replace(span, "")
+    assert "](http://evil" not in text.replace(span, "")
     assert "Not analysed yet" in text and "No reproduction bundle" in text
 
 
