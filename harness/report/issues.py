@@ -164,13 +164,24 @@ class _Names(ast.NodeVisitor):
             self.visit(node.value)
 
 
+def _assigned(target: ast.expr) -> set[str]:
+    """The names an assignment target binds (not `A[i] = ...` or `a.b = ...`, which bind none)."""
+    if isinstance(target, ast.Name):
+        return {target.id}
+    if isinstance(target, ast.Starred):
+        return _assigned(target.value)
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return {name for element in target.elts for name in _assigned(element)}
+    return set()
+
+
 def _bound(statement: ast.stmt) -> set[str]:
     if isinstance(statement, (ast.FunctionDef, ast.ClassDef)):
         return {statement.name}
     if isinstance(statement, (ast.Import, ast.ImportFrom)):
         return {(alias.asname or alias.name).split(".")[0] for alias in statement.names}
-    if isinstance(statement, ast.Assign):
-        return {target.id for target in statement.targets if isinstance(target, ast.Name)}
+    if isinstance(statement, ast.Assign):  # `A = ...` and `A, B = ...` (nested and starred too)
+        return {name for target in statement.targets for name in _assigned(target)}
     if isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name):
         return {statement.target.id}
     return set()
