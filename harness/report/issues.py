@@ -48,6 +48,7 @@ FINDING_ID = re.compile(
     r"^F[0-9]{1,6}$"
 )  # docs/FINDINGS.md's sections: the only names a finding's files take as they are
 FILE_STEM = re.compile(r"^(?:F[0-9]{1,6}|new-[a-z0-9_]{1,60}(?:-[a-z0-9_]{1,60})?(?:-[0-9]{1,4})?)$")
+TORCH_DTYPE = re.compile(r"^torch\.(?:u?int(?:8|16|32|64)|float(?:16|32|64)|bfloat16|bool)$")
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,99}$")
 MAX_PLAN_STEPS = 1000
 # What shows a finding in its script, by the failing check's signature (harness/checks.py); any other
@@ -225,22 +226,35 @@ def card_code(module_source: str, model_name: str, steps_name: str) -> str | Non
     return "\n\n\n".join(part for part in parts if part)
 
 
+def _argument(text: object) -> str | None:
+    """One recorded argument as the script's code: a torch dtype as it is, anything else parsed as a Python
+    literal and printed again by repr (never copied as text); None when it is neither."""
+    if not isinstance(text, str) or len(text) > 1000:
+        return None
+    if TORCH_DTYPE.match(text):
+        return text
+    try:
+        return repr(ast.literal_eval(text))
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return None
+
+
 def _arguments(recorded: object) -> tuple[str, str] | None:
-    """A card's recorded call arguments (harness/repro/bundle.py card_record) as the script's literals, each
-    parsed as a Python literal and printed again by repr (never copied as text); None when unusable."""
+    """A card's recorded call arguments (harness/repro/bundle.py card_record) as the script's (args, kwargs)
+    expressions; None when unusable."""
     if not isinstance(recorded, dict) or not isinstance(recorded.get("args"), list):
         return None
     kwargs = recorded.get("kwargs") if isinstance(recorded.get("kwargs"), dict) else None
     if kwargs is None or len(recorded["args"]) + len(kwargs) > 20:
         return None
-    try:
-        args = [ast.literal_eval(text) for text in recorded["args"] if isinstance(text, str) and len(text) < 1000]
-        values = {k: ast.literal_eval(t) for k, t in kwargs.items() if IDENTIFIER.match(str(k)) and len(str(t)) < 1000}
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+    args = [_argument(text) for text in recorded["args"]]
+    values = {str(key): _argument(text) for key, text in kwargs.items() if IDENTIFIER.match(str(key))}
+    if None in args or None in values.values() or len(values) != len(kwargs):
         return None
-    if len(args) != len(recorded["args"]) or len(values) != len(kwargs):
-        return None
-    return repr(tuple(args)), repr(values)
+    return (
+        "(" + "".join(f"{arg}, " for arg in args) + ")",
+        "{" + ", ".join(f"{key!r}: {value}" for key, value in values.items()) + "}",
+    )
 
 
 def _plan(case: dict) -> tuple[list[str], list[str]] | None:

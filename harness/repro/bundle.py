@@ -28,6 +28,7 @@ from functools import cache, partial
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from harness import check_registry
 from harness.device.execute import DEVICE_LOG, write_inputs
@@ -59,25 +60,27 @@ def _source(function: object) -> str:
         return ""
 
 
+def _argument_text(value: object) -> str | None:
+    """An argument as the script writes it: a Python literal, or a torch dtype (torch.int32); None otherwise."""
+    if isinstance(value, torch.dtype):
+        return repr(value)
+    text = repr(value)
+    try:
+        return text if ast.literal_eval(text) == value else None
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return None
+
+
 def _call_arguments(function: object) -> dict | None:
-    """A functools.partial's bound arguments as Python literals (repr), so a script cut out of the card module
-    can call the class or function as the card does; {} for a plain one, None when one is not a literal."""
+    """A functools.partial's bound arguments as text (_argument_text), so a script cut out of the card module
+    can call the class or function as the card does; none for a plain one, None when one cannot be written."""
     if not isinstance(function, partial):
         return {"args": [], "kwargs": {}}
     arguments = {
-        "args": [repr(value) for value in function.args],
-        "kwargs": {k: repr(v) for k, v in function.keywords.items()},
+        "args": [_argument_text(value) for value in function.args],
+        "kwargs": {key: _argument_text(value) for key, value in function.keywords.items()},
     }
-    for value, text in [
-        *zip(function.args, arguments["args"]),
-        *((function.keywords[k], t) for k, t in arguments["kwargs"].items()),
-    ]:
-        try:
-            if ast.literal_eval(text) != value:
-                return None
-        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-            return None
-    return arguments
+    return None if None in arguments["args"] or None in arguments["kwargs"].values() else arguments
 
 
 def card_record(card: ModelCard, card_file: str) -> dict:

@@ -342,3 +342,20 @@ def test_a_night_without_bundles_says_so_and_how_to_get_them(tmp_path):
     assert "cannot be cut out" not in text and ".tar.gz" not in text
     assert "this folder holds none of the 2 reproduction bundle(s)" in text
     assert "` python -m harness repro counter_add-fp16-delegate_mutbuf-SM8650 --run RUN `" in text
+
+
+def test_a_cards_recorded_arguments_become_literals_or_no_script():
+    """A card built with functools.partial records its arguments (harness/repro/bundle.py); the script gets them
+    back as literals or torch dtypes, re-printed, and anything else means no script (never code from a bundle)."""
+    from functools import partial
+
+    import torch
+
+    from harness.repro.bundle import _call_arguments
+
+    recorded = _call_arguments(partial(max, "index_copy", (3,), dtype=torch.int32))
+    assert issues._arguments(recorded) == ("('index_copy', (3,), )", "{'dtype': torch.int32}")
+    assert _call_arguments(partial(max, object())) is None
+    for planted in ('__import__("os").system("id")', "torch.int32; import os", "torch.nn", "(1,) + (2,)"):
+        assert issues._arguments({"args": [planted], "kwargs": {}}) is None, planted
+    assert issues._arguments({"args": [], "kwargs": {"a b": "1"}}) is None
