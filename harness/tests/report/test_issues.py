@@ -359,3 +359,51 @@ def test_a_cards_recorded_arguments_become_literals_or_no_script():
     for planted in ('__import__("os").system("id")', "torch.int32; import os", "torch.nn", "(1,) + (2,)"):
         assert issues._arguments({"args": [planted], "kwargs": {}}) is None, planted
     assert issues._arguments({"args": [], "kwargs": {"a b": "1"}}) is None
+
+
+def test_a_script_exits_1_when_its_defect_shows_and_0_when_not(tmp_path, monkeypatch, capsys):
+    """The script's verdict per kind of finding, on what a lowering and run would have seen (no QNN here); then
+    main() end to end with the QNN part replaced: 1 with the defect, 0 without, 2 when it broke otherwise."""
+    import importlib.util
+
+    run = _run(tmp_path)
+    issues.write(run)
+    spec = importlib.util.spec_from_file_location("finding_script", run / "issues" / "F1.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    clean = {
+        "error": "",
+        "errors": [0.0],
+        "bad_steps": [],
+        "annotated": [],
+        "encodings": {},
+        "delegates": {"forward": 1},
+    }
+    shown = {
+        "numbers": {"bad_steps": [0]},
+        "error": {"error": "QnnError: 6004"},
+        "annotation": {"annotated": ["count (input of aten.add_.Tensor)"]},
+        "outside": {"outside": {"count"}},
+        "partitions": {"delegates": {"forward": 2}},
+        "encoding": {"encodings": {"prefill": {"count": (0.1, 0)}, "decode": {"count": (0.2, 0)}}},
+    }
+    for kind, seen in shown.items():
+        monkeypatch.setattr(script, "DEFECT", kind)
+        assert script.defect_shows({**clean, "outside": set(), **seen}), kind
+        assert not script.defect_shows({**clean, "outside": set()}), kind
+    monkeypatch.setattr(script, "DEFECT", "inside")
+    assert script.defect_shows({**clean, "outside": set()}) and not script.defect_shows({**clean, "outside": {"count"}})
+    monkeypatch.setattr(script, "DEFECT", "numbers")
+    monkeypatch.setattr(sys, "argv", ["F1.py"])
+    for failing, code, words in (
+        ({"bad_steps": [0, 1]}, 1, "DEFECT SHOWS: outputs out of tolerance at steps [0, 1]"),
+        ({}, 0, "defect does not show"),
+        ({"error": "RuntimeError: no backend"}, 2, "could not tell"),
+    ):
+        monkeypatch.setattr(
+            script,
+            "observe",
+            lambda s, e, skip, f=failing: {**clean, "outside": set(), **(f if skip == script.FAILING_SKIP else {})},
+        )
+        assert script.main() == code
+        assert words in capsys.readouterr().out
