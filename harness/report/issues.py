@@ -44,9 +44,8 @@ MAX_SOURCE_BYTES = 1024 * 1024  # a card module
 CARD_FILE = re.compile(r"^card/[A-Za-z0-9_]{1,100}\.py$")
 SOURCE_PATH = re.compile(r"^[A-Za-z0-9_.-]+(?:/[A-Za-z0-9_.-]+)+\.(?:py|cpp|cc|h|hpp)$")
 VERSION = re.compile(r"^[0-9]+(?:\.[0-9]+){1,3}")
-FINDING_ID = re.compile(
-    r"^F[0-9]{1,6}$"
-)  # docs/FINDINGS.md's sections: the only names a finding's files take as they are
+# docs/FINDINGS.md's sections: the only finding names a finding's files take as they are
+FINDING_ID = re.compile(r"^F[0-9]{1,6}$")
 FILE_STEM = re.compile(r"^(?:F[0-9]{1,6}|new-[a-z0-9_]{1,60}(?:-[a-z0-9_]{1,60})?(?:-[0-9]{1,4})?)$")
 TORCH_DTYPE = re.compile(r"^torch\.(?:u?int(?:8|16|32|64)|float(?:16|32|64)|bfloat16|bool)$")
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,99}$")
