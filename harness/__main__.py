@@ -120,9 +120,12 @@ def main(argv: list[str] | None = None) -> int:
 
         return bisect.main(argv[1:])
     parser = argparse.ArgumentParser(
-        prog="python -m harness", epilog="python -m harness matrix --help: the version matrix"
+        prog="python -m harness", epilog="python -m harness matrix --help (or bisect --help): their own options"
     )
     commands = parser.add_subparsers(dest="command", required=True)
+    # Listed here so --help names them; main() hands them their arguments before this parser runs.
+    commands.add_parser("matrix", help="run one selection in every executorch x onnxruntime-qnn combination")
+    commands.add_parser("bisect", help="find the first executorch release where a selection's verdicts change")
     for name, function, words in (
         ("setup", setup, "lay out the QNN tree, build the interposer, probe the bridge"),
         ("doctor", doctor, "print versions, SDK, bridge, adb and devices"),

@@ -24,6 +24,11 @@ def per_soc(
         "qnn_build_id": toolchain.probe.build_id if toolchain else "unknown",
         "qnn_sdk": f"{toolchain.sdk.root} ({toolchain.sdk.origin})" if toolchain else "unknown",
         "bridge": ("on" if toolchain.probe.bridge_device_config else "off") if toolchain else "unknown",
+        "compose_bridge": ("on" if toolchain.probe.bridge_compose_graphs else "off") if toolchain else "unknown",
+        # The QNN API the libraries have and the one executorch says it was tested against (its start-up warning):
+        # an upstream maintainer reproducing a finding needs the second
+        "qnn_api": (toolchain.probe.library_api or "unknown") if toolchain else "unknown",
+        "executorch_qnn_api": (toolchain.probe.built_for_api or "unknown") if toolchain else "unknown",
         "host": f"{socket.gethostname()} ({platform.machine()}, {platform.system()} {platform.release()})",
         "python": sys.version.split()[0],
         "run_id": context.run_id,

@@ -106,11 +106,19 @@ def history(store: Path, out: Path | None, url: str | None) -> int:
 def issues(run: Path, out: Path | None) -> int:
     try:
         written = findings.write(run, out)
-    except BaselineError as error:
+    except (BaselineError, findings.IssuesError) as error:
         print(f"issues: {error}", file=sys.stderr)
         return MALFORMED if isinstance(error, MalformedReport) else 2
     for path in written:
         print(path)
+    missing = findings.missing_bundles(run)
+    if missing:
+        print(
+            f"issues: {missing} reproduction bundle(s) the reports name are not in {run} (promoted with --no-bundles?): "
+            f"no script for those findings; take the bundles from the run's own folder, or write one again with "
+            f"`python -m harness repro CASE_ID --run RUN`",
+            file=sys.stderr,
+        )
     print(f"issues: {len(written)} finding(s)" + (f" in {written[0].parent}" if written else ": no failing check"))
     return 0
 

@@ -29,10 +29,10 @@ from pathlib import Path
 import jinja2
 from markupsafe import Markup
 
-from harness.files import write_atomically
 from harness.report.document import checks_of, rank
 from harness.report.gate import read_documents
 from harness.text import code_fence, code_span, markdown_text
+from harness.user_state import folder_problem
 from harness.vocabulary import DTYPES, MODE_ORDER, QUANT_DTYPES
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -44,6 +44,33 @@ MAX_SOURCE_BYTES = 1024 * 1024  # a card module
 CARD_FILE = re.compile(r"^card/[A-Za-z0-9_]{1,100}\.py$")
 SOURCE_PATH = re.compile(r"^[A-Za-z0-9_.-]+(?:/[A-Za-z0-9_.-]+)+\.(?:py|cpp|cc|h|hpp)$")
 VERSION = re.compile(r"^[0-9]+(?:\.[0-9]+){1,3}")
+# docs/FINDINGS.md's sections: the only finding names a finding's files take as they are
+FINDING_ID = re.compile(r"^F[0-9]{1,6}$")
+FILE_STEM = re.compile(r"^(?:F[0-9]{1,6}|new-[a-z0-9_]{1,60}(?:-[a-z0-9_]{1,60})?(?:-[0-9]{1,4})?)$")
+TORCH_DTYPE = re.compile(r"^torch\.(?:u?int(?:8|16|32|64)|float(?:16|32|64)|bfloat16|bool)$")
+IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,99}$")
+MAX_PLAN_STEPS = 1000
+# What shows a finding in its script, by the failing check's signature (harness/checks.py); any other
+# signature is a state or initial-state failure: the outputs against eager.
+DEFECT_KINDS = {
+    "lowering_failed": "error",
+    "not_run": "error",
+    "buffer_annotated": "annotation",
+    "buffer_outside_delegate": "outside",
+    "no_mutbuf_pair": "outside",
+    "buffer_not_outside": "inside",
+    "partition_count": "partitions",
+    "buffer_encoding_mismatch": "encoding",
+}
+DEFECT_WORDS = {
+    "numbers": "the failing mode's outputs leave the tolerance against eager at some step",
+    "error": "lowering, loading or running the failing mode raises",
+    "annotation": "the quantizer annotates a mutated buffer as an op's input",
+    "outside": "a mutated buffer stays outside the delegate although skip_mutable_buffer=False",
+    "inside": "a mutated buffer is taken into the delegate although skip_mutable_buffer=True",
+    "partitions": "a method lowers to another number of delegates than the card expects",
+    "encoding": "the methods quantize their reads of one shared buffer with different encodings",
+}
 UPSTREAM_REPOSITORIES = {  # the project words the manifest's references use -> repository and source prefix
     "executorch": ("pytorch/executorch", ""),
     "torchao": ("pytorch/ao", "torchao/"),
@@ -137,13 +164,24 @@ class _Names(ast.NodeVisitor):
             self.visit(node.value)
 
 
+def _assigned(target: ast.expr) -> set[str]:
+    """The names an assignment target binds (not `A[i] = ...` or `a.b = ...`, which bind none)."""
+    if isinstance(target, ast.Name):
+        return {target.id}
+    if isinstance(target, ast.Starred):
+        return _assigned(target.value)
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return {name for element in target.elts for name in _assigned(element)}
+    return set()
+
+
 def _bound(statement: ast.stmt) -> set[str]:
     if isinstance(statement, (ast.FunctionDef, ast.ClassDef)):
         return {statement.name}
     if isinstance(statement, (ast.Import, ast.ImportFrom)):
         return {(alias.asname or alias.name).split(".")[0] for alias in statement.names}
-    if isinstance(statement, ast.Assign):
-        return {target.id for target in statement.targets if isinstance(target, ast.Name)}
+    if isinstance(statement, ast.Assign):  # `A = ...` and `A, B = ...` (nested and starred too)
+        return {name for target in statement.targets for name in _assigned(target)}
     if isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name):
         return {statement.target.id}
     return set()
@@ -187,21 +225,103 @@ def card_code(module_source: str, model_name: str, steps_name: str) -> str | Non
     return "\n\n\n".join(part for part in parts if part)
 
 
-def minimal_script(title: str, finding: str, case: dict, module_source: str) -> str | None:
-    """The runnable script of a finding (None when the bundle's card cannot be cut out on its own)."""
+def _argument(text: object) -> str | None:
+    """One recorded argument as the script's code: a torch dtype as it is, anything else parsed as a Python
+    literal and printed again by repr (never copied as text); None when it is neither."""
+    if not isinstance(text, str) or len(text) > 1000:
+        return None
+    if TORCH_DTYPE.match(text):
+        return text
+    try:
+        return repr(ast.literal_eval(text))
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return None
+
+
+def _arguments(recorded: object) -> tuple[str, str] | None:
+    """A card's recorded call arguments (harness/repro/bundle.py card_record) as the script's (args, kwargs)
+    expressions; None when unusable."""
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("args"), list):
+        return None
+    kwargs = recorded.get("kwargs") if isinstance(recorded.get("kwargs"), dict) else None
+    if kwargs is None or len(recorded["args"]) + len(kwargs) > 20:
+        return None
+    args = [_argument(text) for text in recorded["args"]]
+    values = {str(key): _argument(text) for key, text in kwargs.items() if IDENTIFIER.match(str(key))}
+    if None in args or None in values.values() or len(values) != len(kwargs):
+        return None
+    return (
+        "(" + "".join(f"{arg}, " for arg in args) + ")",
+        "{" + ", ".join(f"{key!r}: {value}" for key, value in values.items()) + "}",
+    )
+
+
+def _plan(case: dict) -> tuple[list[str], list[str]] | None:
+    """(methods, the method of each step) of a multi-method card, ([], []) of a single-method one; None when
+    the bundle's record of them is unusable."""
+    methods = (case.get("card") or {}).get("methods") or []
+    plan = case.get("plan") or []
+    if not methods:
+        return [], []
+    if not isinstance(methods, list) or not isinstance(plan, list) or not 0 < len(plan) <= MAX_PLAN_STEPS:
+        return None
+    if not all(isinstance(m, str) and IDENTIFIER.match(m) and m != "forward" for m in methods):
+        return None
+    if not all(step in methods for step in plan) or len(plan) != case.get("steps"):
+        return None
+    return [str(m) for m in methods], [str(step) for step in plan]
+
+
+def _tolerance(case: dict) -> dict[str, float] | None:
+    recorded = case.get("tolerance")
+    if not isinstance(recorded, dict):
+        return None
+    try:
+        values = {key: float(recorded[key]) for key in ("atol", "rtol", "range_fraction")}
+    except (KeyError, TypeError, ValueError):
+        return None
+    return values if all(math.isfinite(v) and v >= 0 for v in values.values()) else None
+
+
+def defect_kind(signature: str) -> str:
+    """What shows a finding in its script (DEFECT_WORDS), from the failing check's signature."""
+    return DEFECT_KINDS.get(signature, "numbers")
+
+
+def minimal_script(
+    title: str, finding: str, case: dict, module_source: str, failing: Member | None = None
+) -> str | None:
+    """The runnable script of a finding (None when the bundle's card cannot be cut out on its own: its model
+    needs the suite, its arguments are not literals, or it asks for QNN shared buffers, which only a device's
+    runtime allocates). failing: the failing check the script shows (its signature and buffer mode)."""
     card = case.get("card") or {}
     model_name = _defined_name(str(card.get("build_source") or ""))
     steps_name = _defined_name(str(card.get("steps_source") or ""))
     code = card_code(module_source, model_name or "", steps_name or "") if model_name and steps_name else None
-    if code is None:
+    model_arguments = _arguments(card.get("build_arguments", {"args": [], "kwargs": {}}))
+    steps_arguments = _arguments(card.get("steps_arguments", {"args": [], "kwargs": {}}))
+    plan, tolerance = _plan(case), _tolerance(case)
+    if None in (code, model_arguments, steps_arguments, plan, tolerance) or card.get("shared_buffer"):
         return None
-    buffers = [str(b) for b in card.get("mutated_buffers") or []]
+    signature = str((failing.check.get("signature") if failing else "") or "")
+    kind = defect_kind(signature)
+    failing_skip = (failing.case["mode"] if failing else case.get("mode")) == "skip_mutbuf"
+    methods, steps_plan = plan
+    expected = card.get("expected_partitions") if isinstance(card.get("expected_partitions"), int) else 1
     settings = {
         "soc": str(case.get("soc")),
         "dtype": str(case.get("dtype")),
-        "steps": case["steps"] if isinstance(case.get("steps"), int) and 0 < case["steps"] <= 1000 else 4,
-        "buffers": buffers,
+        "steps": case["steps"] if isinstance(case.get("steps"), int) and 0 < case["steps"] <= MAX_PLAN_STEPS else 4,
+        "buffers": [str(b) for b in card.get("mutated_buffers") or []],
         "quant": QUANT_DTYPES.get(str(case.get("dtype")), ""),
+        "methods": methods,
+        "plan": steps_plan,
+        "share": bool(case.get("share_mutable_buffers")),
+        "online_prepare": bool(card.get("online_prepare")),
+        "failing_skip": failing_skip,
+        "defect": kind,
+        "tolerance": tolerance,
+        "expected_delegates": max(1, expected // max(1, len(methods))),
     }
     environment = jinja2.Environment(
         loader=jinja2.FileSystemLoader(TEMPLATES),
@@ -215,7 +335,16 @@ def minimal_script(title: str, finding: str, case: dict, module_source: str) -> 
         card_code=code,
         model=model_name,
         steps_function=steps_name,
-        settings={key: repr(value) for key, value in settings.items()},
+        multi_method=bool(methods),
+        failing_skip=failing_skip,
+        defect_words=DEFECT_WORDS[kind],
+        settings={
+            **{key: repr(value) for key, value in settings.items()},
+            "model_args": model_arguments[0],
+            "model_kwargs": model_arguments[1],
+            "steps_args": steps_arguments[0],
+            "steps_kwargs": steps_arguments[1],
+        },
     )
 
 
@@ -308,34 +437,93 @@ def _by_card(members: list[Member]) -> list[dict]:
     ]
 
 
-def _slug(finding: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", finding).strip("-.")[:80] or "finding"
+def file_stem(finding: str, representative: Member, taken: set[str]) -> str:
+    """The name of a finding's files: its id when it is a FINDINGS.md section (F<n>), else new-<check>[-<signature>]
+    from the failing check's own words reduced to [a-z0-9_] (never a report's text as it is: a planted report
+    must not name a file, say sitecustomize.py); a suffix when two findings would share a name."""
+    if FINDING_ID.match(finding):
+        stem = finding
+    else:
+        check = re.sub(r"[^a-z0-9_]", "", representative.check_name.lower())[:60] or "check"
+        signature = re.sub(r"[^a-z0-9_]", "", str(representative.check.get("signature") or "").lower())[:60]
+        stem = f"new-{check}" + (f"-{signature}" if signature else "")
+    unique, number = stem, 1
+    while unique in taken:
+        number += 1
+        unique = f"{stem}-{number}"
+    if not FILE_STEM.match(unique):
+        raise IssuesError(f"finding {finding!r} gives no safe file name: report it as a bug of the suite")
+    taken.add(unique)
+    return unique
 
 
 def _finalize(value: object) -> object:
     return value if isinstance(value, Markup) or value is None else markdown_text(value)
 
 
-def render(finding: str, members: list[Member], script_name: str) -> tuple[str, str | None]:
-    """(issue.md, the script or None) of one finding."""
-    # Here, not at the top: the manifest module needs `packaging`, which merge, diff, promote and history (and
-    # the CI jobs that run only them, with jinja2, jsonschema and filelock) do without.
-    from harness.known_failures import finding_titles
+def plain_title(text: str) -> str:
+    """A title as plain text, as GitHub's title field takes it (no Markdown escapes): one printable line, at
+    most 150 characters, without what would make HTML or a link of it in the issue's heading."""
+    line = " ".join("".join(c if c.isprintable() else " " for c in text).split())
+    return re.sub(r"[<>]", "", line).replace("](", "] (")[:150]
 
-    representative = _representative(members)
-    case, module_source = _bundle(representative)
-    environment = representative.document["environment"]
+
+def _title(finding: str, representative: Member) -> str:
+    from harness.known_failures import finding_titles  # needs `packaging` (see render)
+
     check = representative.check
     title = finding_titles().get(finding) or (
         check["known_failure"].split(": ", 1)[-1].split(" (docs/")[0]
         if check["known_failure"]
         else f"{representative.check_name} fails: {check['message']}"
     )
-    title = " ".join(title.split())[:150]
-    script = minimal_script(title, finding, case, module_source) if case else None
+    return plain_title(title)
+
+
+def _bundles(members: list[Member]) -> tuple[list[tuple[str, str]], int]:
+    """(SoC, bundle) of the members' bundles present in the folder, and how many the reports name that are not
+    (a night promoted with --no-bundles keeps the reports' links, not the bundles)."""
+    named = {(m.document["soc"], m.check["repro"], m.folder) for m in members if m.check.get("repro")}
+    present = sorted(
+        {
+            (soc, repro)
+            for soc, repro, folder in named
+            if not (folder / repro).is_symlink() and (folder / repro).is_dir()
+        }
+    )
+    return present, len({(soc, repro) for soc, repro, _ in named}) - len(present)
+
+
+def _setup(environment: dict, case: dict) -> dict:
+    """Where the run was, for the issue text: the simulator or a phone, the suite's bridges, the QNN versions
+    (the library's API, the one executorch says it was tested against, where its build pins QAIRT)."""
+    recorded = case.get("environment") if isinstance(case.get("environment"), dict) else {}
+    version = VERSION.match(str(environment.get("executorch") or ""))
+    return {
+        "simulator": environment.get("emulated") is True or recorded.get("device_kind") == "emulated",
+        "device_bridge": environment.get("bridge") == "on" or recorded.get("device_config_bridge") is True,
+        "compose_bridge": environment.get("compose_bridge") == "on",
+        "qnn_api": str(environment.get("qnn_api") or "not recorded"),
+        "executorch_qnn_api": str(environment.get("executorch_qnn_api") or "not recorded"),
+        "pin": Markup(
+            "https://github.com/pytorch/executorch/blob/"
+            + (f"v{version.group(0)}" if version else "main")
+            + "/backends/qualcomm/scripts/qnn_config.sh"
+        ),
+    }
+
+
+def render(finding: str, members: list[Member], script_name: str) -> tuple[str, str | None]:
+    """(issue.md, the script or None) of one finding."""
+    representative = _representative(members)
+    case, module_source = _bundle(representative)
+    environment = representative.document["environment"]
+    check = representative.check
+    title = _title(finding, representative)
+    script = minimal_script(title, finding, case, module_source, representative) if case else None
     upstream = _upstream(representative, case)
     members = sorted(members, key=lambda m: (m.document["soc"], m.case["case_id"], m.check_name))
-    bundles = sorted({(m.document["soc"], m.check["repro"]) for m in members if m.check.get("repro")})
+    bundles, missing_bundles = _bundles(members)
     numbers = case.get("numbers") if isinstance(case.get("numbers"), list) else []
     steps = (check.get("evidence") or {}).get("steps") or numbers
     template = jinja2.Environment(
@@ -348,15 +536,15 @@ def render(finding: str, members: list[Member], script_name: str) -> tuple[str, 
     ).get_template("finding_issue.md.j2")
     text = template.render(
         finding=finding,
-        title=title,
+        title=Markup(title),
         representative=representative,
         control=_control(representative),
         members=members,
         cases=sorted({(m.document["soc"], m.case["case_id"]) for m in members}),
         modes=sorted({m.case["mode"] for m in members}),
         dtypes=sorted({m.case["dtype"] for m in members}, key=lambda d: rank(DTYPES, d)),
-        signatures=sorted({str(m.check.get("signature") or m.check["known_failure"][:60]) for m in members}),
         env=environment,
+        setup=_setup(environment, case),
         steps=[
             {
                 "step": s.get("step"),
@@ -371,26 +559,79 @@ def render(finding: str, members: list[Member], script_name: str) -> tuple[str, 
         lowering_error=str((case.get("lowering") or {}).get("error") or "") if case else "",
         script=Markup(code_fence(script, "python")) if script else None,
         script_name=script_name,
+        defect_words=DEFECT_WORDS[defect_kind(str(check.get("signature") or ""))],
         upstream=upstream,
         links=_links(upstream, environment),
         bundles=bundles,
+        missing_bundles=missing_bundles,
         filed=[Markup(url) for url in sorted({u for m in members for u in FILED.findall(m.check["known_failure"])})],
         code=lambda value: Markup(code_span(value)),
     )
     return text, script
 
 
+def _output_folder(out: Path) -> int:
+    """A descriptor of the output folder, made 0700 if missing; refused unless it is a real folder of this
+    user's that nobody else may write (a link, or another account's folder, would let that account choose
+    where the scripts land). Every file is then written relative to it, so no link on the way is followed."""
+    try:
+        out.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    except OSError as error:
+        raise IssuesError(
+            f"cannot create the issues folder {out} ({error.strerror}): pass another with --out"
+        ) from None
+    try:
+        descriptor = os.open(out, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        problem = "is a symlink" if out.is_symlink() else "is not a folder"
+    else:
+        problem = folder_problem(os.fstat(descriptor), stat.S_IWGRP | stat.S_IWOTH, "writable by others")
+        if not problem:
+            return descriptor
+        os.close(descriptor)
+    raise IssuesError(
+        f"the issues folder {out} {problem}: someone else could choose what is written there; "
+        f"remove it or pass a folder of your own with --out"
+    )
+
+
+def _write_in(folder: int, name: str, text: str) -> None:
+    """name (a file name checked by the caller) written in the folder's descriptor via a new temporary file
+    (O_EXCL, no link followed) renamed over it: a planted link is replaced, never written through."""
+    temporary = f".{name}.tmp{os.getpid()}"
+    descriptor = os.open(
+        temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=folder
+    )
+    try:
+        with os.fdopen(descriptor, "wb") as file:
+            file.write(text.encode("utf-8", "backslashreplace"))
+        os.replace(temporary, name, src_dir_fd=folder, dst_dir_fd=folder)
+    except BaseException:
+        os.unlink(temporary, dir_fd=folder)
+        raise
+
+
 def write(run: Path, out: Path | None = None) -> list[Path]:
     """<out>/<finding>.md (and .py) for every finding of the run; out defaults to RUN/issues. Returns the .md files."""
     findings = group(run)
     out = out or run / "issues"
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-    for finding, members in sorted(findings.items()):
-        slug = _slug(finding)
-        text, script = render(finding, members, f"{slug}.py")
-        write_atomically(out / f"{slug}.md", text, errors="backslashreplace")
-        if script is not None:
-            write_atomically(out / f"{slug}.py", script)
-        written.append(out / f"{slug}.md")
+    folder = _output_folder(out)
+    written, taken = [], set()
+    try:
+        for finding, members in sorted(findings.items()):
+            stem = file_stem(finding, _representative(members), taken)
+            text, script = render(finding, members, f"{stem}.py")
+            _write_in(folder, f"{stem}.md", text)
+            if script is not None:
+                _write_in(folder, f"{stem}.py", script)
+            written.append(out / f"{stem}.md")
+    finally:
+        os.close(folder)
     return written
+
+
+def missing_bundles(run: Path) -> int:
+    """How many bundles the run's failing checks name that its folder does not hold."""
+    return sum(_bundles(members)[1] for members in group(run).values())

@@ -15,6 +15,7 @@ declared a registered check (a user's @check too), listed with their hashes in s
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import inspect
 import json
@@ -23,17 +24,20 @@ import shutil
 import sys
 import tarfile
 from dataclasses import replace
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from harness import check_registry
 from harness.device.execute import DEVICE_LOG, write_inputs
 from harness.files import say
 from harness.known_failures import KnownFailure
+from harness.numerics import TOLERANCES
 from harness.outcome import CaseOutcome
 from harness.paths import REPO_ROOT
+from harness.pipeline.card import ModelCard
 from harness.qnn.toolchain import Toolchain
 from harness.record import CheckRecord
 from harness.repro import exports, issue, layout, standalone
@@ -54,6 +58,51 @@ def _source(function: object) -> str:
         return inspect.getsource(target)
     except (OSError, TypeError):
         return ""
+
+
+def _argument_text(value: object) -> str | None:
+    """An argument as the script writes it: a Python literal, or a torch dtype (torch.int32); None otherwise."""
+    if isinstance(value, torch.dtype):
+        return repr(value)
+    text = repr(value)
+    try:
+        return text if ast.literal_eval(text) == value else None
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return None
+
+
+def _call_arguments(function: object) -> dict | None:
+    """A functools.partial's bound arguments as text (_argument_text), so a script cut out of the card module
+    can call the class or function as the card does; none for a plain one, None when one cannot be written."""
+    if not isinstance(function, partial):
+        return {"args": [], "kwargs": {}}
+    arguments = {
+        "args": [_argument_text(value) for value in function.args],
+        "kwargs": {key: _argument_text(value) for key, value in function.keywords.items()},
+    }
+    return None if None in arguments["args"] or None in arguments["kwargs"].values() else arguments
+
+
+def card_record(card: ModelCard, card_file: str) -> dict:
+    """case.json's "card": what a reader (issue.md, the finding scripts of harness/report/issues.py) needs to
+    rebuild the card from the bundle's copy of its module."""
+    return {
+        "name": card.name,
+        "module": card.module,
+        "reference": card.reference,
+        "file": f"card/{card_file}",
+        "mutated_buffers": list(card.mutated_buffers),
+        "expected_partitions": card.expected_partitions,
+        "build_source": _source(card.build),
+        "steps_source": _source(card.steps),
+        "build_arguments": _call_arguments(card.build),
+        "steps_arguments": _call_arguments(card.steps),
+        "methods": list(card.methods),
+        "plan_source": _source(card.plan) if card.plan is not None else "",
+        # The compiler-spec options the card asks for (issue.md names them in its pipeline)
+        "online_prepare": card.online_prepare,
+        "shared_buffer": card.shared_buffer,
+    }
 
 
 class BundleWriter:
@@ -157,21 +206,8 @@ class BundleWriter:
             # A multi-method card's plan, the method of each step (repro.py takes it from the card's source;
             # here for issue.md and a reader); [] for a single-method program.
             "plan": case.card.step_methods(len(outcome.steps)) if case.card.multi_method else [],
-            "card": {
-                "name": case.card.name,
-                "module": case.card.module,
-                "reference": case.card.reference,
-                "file": f"card/{card_file.name}",
-                "mutated_buffers": list(case.card.mutated_buffers),
-                "expected_partitions": case.card.expected_partitions,
-                "build_source": _source(case.card.build),
-                "steps_source": _source(case.card.steps),
-                "methods": list(case.card.methods),
-                "plan_source": _source(case.card.plan) if case.card.plan is not None else "",
-                # The compiler-spec options the card asks for (issue.md names them in its pipeline)
-                "online_prepare": case.card.online_prepare,
-                "shared_buffer": case.card.shared_buffer,
-            },
+            "card": card_record(case.card, card_file.name),
+            "tolerance": TOLERANCES.get(case.dtype),  # the state checks' bound for this dtype (the issue's script)
             "environment": {
                 "executorch": package_version("executorch"),
                 "torch": package_version("torch"),

@@ -5,6 +5,8 @@ at a version the test chooses (the injected change)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,7 @@ from packaging.version import Version
 from harness.matrix import bisect
 from harness.matrix.environments import MatrixSetupError, PythonEnv, QnnTree
 from harness.matrix.layout import Combination
+from harness.paths import REPO_ROOT
 from harness.record import CheckRecord
 from harness.report import writer
 
@@ -156,3 +159,13 @@ def test_a_wheels_requirement_is_the_file_and_its_venv_its_own(tmp_path):
     wheel = tmp_path / "executorch-1.5.0-cp311-cp311-linux_x86_64.whl"
     assert requirements_for("1.5.0", wheel=wheel)[-2] == f"executorch @ {wheel.resolve().as_uri()}"
     assert requirements_for("1.5.0")[-2] == "executorch==1.5.0"  # the release, as the matrix has it
+
+
+def test_harness_help_lists_every_subcommand_bisect_and_matrix_included():
+    completed = subprocess.run(
+        [sys.executable, "-m", "harness", "--help"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert completed.returncode == 0, completed.stderr
+    listed = completed.stdout.split("positional arguments:")[1]
+    for command in ("matrix", "bisect", "setup", "doctor", "repro", "emulate"):
+        assert f"\n    {command} " in listed, command

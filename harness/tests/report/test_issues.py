@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -88,6 +89,7 @@ def _bundle(soc_folder: Path, case_id: str, message: str) -> str:
             "steps_source": sources["_counter_steps"],
         },
         "numbers": _steps(),
+        "tolerance": {"atol": 1e-2, "rtol": 1e-2, "range_fraction": 0.0},
         "lowering": {"ok": True, "error": ""},
         "checks": {"state": {"upstream": "executorch backends/qualcomm/runtime/QnnManager.cpp QnnManager::Allocate"}},
     }
@@ -192,9 +194,10 @@ def test_a_failure_no_entry_expects_is_its_own_finding_and_its_words_stay_text(t
     assert "The control fails too" in text
     span = "```` state differs <img src=x onerror=alert(1)> ``` [link](http://evil) @team ````"
     assert span in text  # in a code span its fence cannot close: shown as the characters it holds
-    assert "# [QNN] partitions fails: state differs \\<img src=x" in text  # in the title: escaped
-    assert "<img" not in text.replace(span, "").replace("\\<img", "")
-    assert "](http" not in text.replace(span, "")
+    # the title is plain text (GitHub's title field shows no Markdown), without what would make HTML or a link
+    assert "# [QNN] partitions fails: state differs img src=x onerror=alert(1) ``` [link] (http://evil) @team\n" in text
+    assert "<img" not in text.replace(span, "")
+    assert "](http://evil" not in text.replace(span, "")
     assert "Not analysed yet" in text and "No reproduction bundle" in text
 
 
@@ -259,3 +262,148 @@ def test_a_manifest_entry_records_its_upstream_issue_and_the_issue_says_it_is_fi
     assert "**Filed already**: https://github.com/pytorch/executorch/issues/12345 (" in text
     issues.write(_run(tmp_path / "again"))
     assert "Filed already" not in (tmp_path / "again" / "reports" / "run1" / "issues" / "F1.md").read_text()
+
+
+# --- the output folder and file names, as attacks that fail -----------------------------------------------------
+
+
+def test_a_symlinked_issues_folder_is_refused_and_nothing_is_written_through_it(tmp_path):
+    run = _run(tmp_path)
+    elsewhere = tmp_path / "on_sys_path"
+    elsewhere.mkdir()
+    (run / "issues").symlink_to(elsewhere)
+    completed = _cli("issues", run)
+    assert completed.returncode == 2 and completed.stderr.count("\n") == 1, completed.stderr
+    assert "is a symlink" in completed.stderr and "--out" in completed.stderr
+    assert list(elsewhere.iterdir()) == []
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o775, 0o757])
+def test_an_issues_folder_others_may_write_is_refused(tmp_path, mode):
+    run = _run(tmp_path)
+    (run / "issues").mkdir()
+    os.chmod(run / "issues", mode)
+    completed = _cli("issues", run)
+    assert completed.returncode == 2 and "writable by others" in completed.stderr, completed.stderr
+    assert list((run / "issues").iterdir()) == []
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="giving a folder to another account needs root")
+def test_an_issues_folder_of_another_account_is_refused(tmp_path):
+    run = _run(tmp_path)
+    (run / "issues").mkdir(mode=0o755)
+    os.chown(run / "issues", 65534, 65534)
+    completed = _cli("issues", run)
+    assert completed.returncode == 2 and "belongs to uid 65534" in completed.stderr, completed.stderr
+    assert list((run / "issues").iterdir()) == []
+
+
+def test_a_planted_report_cannot_name_a_file(tmp_path):
+    """A report whose known-failure words are `sitecustomize` (or a path) once named the script written for them:
+    sitecustomize.py in a folder on sys.path runs in every later Python. File names come from F<n> ids only;
+    any other finding is new-<check>[-<signature>] reduced to [a-z0-9_]."""
+    run = _run(tmp_path)
+    report = run / "SM8650" / "report.json"
+    document = json.loads(report.read_text())
+    for case in document["cases"]:
+        for name, check in case["checks"].items():
+            if check["known_failure"]:
+                check["known_failure"] = "sitecustomize"
+            if name == "partitions" and check["verdict"] == "failed":
+                check["known_failure"] = "../../../../tmp/evil"
+    report.write_text(json.dumps(document))
+    issues.write(run)
+    names = sorted(p.name for p in (run / "issues").iterdir())
+    assert not [n for n in names if "sitecustomize" in n or "evil" in n], names
+    assert all(issues.FILE_STEM.match(n.rsplit(".", 1)[0]) for n in names), names
+    assert not (tmp_path / "evil.md").exists() and not Path("/tmp/evil.md").exists()
+
+
+def test_a_planted_link_in_the_folder_is_replaced_not_written_through(tmp_path):
+    run = _run(tmp_path)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("unchanged")
+    (run / "issues").mkdir(mode=0o700)
+    (run / "issues" / "F1.py").symlink_to(victim)
+    issues.write(run)
+    assert victim.read_text() == "unchanged"
+    assert not (run / "issues" / "F1.py").is_symlink() and "def main()" in (run / "issues" / "F1.py").read_text()
+
+
+def test_a_night_without_bundles_says_so_and_how_to_get_them(tmp_path):
+    run = _run(tmp_path)
+    for soc in ("SM8650", "SM8750"):
+        shutil.rmtree(run / soc / "repro")
+    completed = _cli("issues", run)
+    assert completed.returncode == 0, completed.stderr
+    assert "2 reproduction bundle(s) the reports name are not in" in completed.stderr
+    assert "--no-bundles" in completed.stderr and "python -m harness repro CASE_ID --run RUN" in completed.stderr
+    text = (run / "issues" / "F1.md").read_text()
+    assert "cannot be cut out" not in text and ".tar.gz" not in text
+    assert "this folder holds none of the 2 reproduction bundle(s)" in text
+    assert "` python -m harness repro counter_add-fp16-delegate_mutbuf-SM8650 --run RUN `" in text
+
+
+def test_a_cards_recorded_arguments_become_literals_or_no_script():
+    """A card built with functools.partial records its arguments (harness/repro/bundle.py); the script gets them
+    back as literals or torch dtypes, re-printed, and anything else means no script (never code from a bundle)."""
+    from functools import partial
+
+    import torch
+
+    from harness.repro.bundle import _call_arguments
+
+    recorded = _call_arguments(partial(max, "index_copy", (3,), dtype=torch.int32))
+    assert issues._arguments(recorded) == ("('index_copy', (3,), )", "{'dtype': torch.int32}")
+    assert _call_arguments(partial(max, object())) is None
+    for planted in ('__import__("os").system("id")', "torch.int32; import os", "torch.nn", "(1,) + (2,)"):
+        assert issues._arguments({"args": [planted], "kwargs": {}}) is None, planted
+    assert issues._arguments({"args": [], "kwargs": {"a b": "1"}}) is None
+
+
+def test_a_script_exits_1_when_its_defect_shows_and_0_when_not(tmp_path, monkeypatch, capsys):
+    """The script's verdict per kind of finding, on what a lowering and run would have seen (no QNN here); then
+    main() end to end with the QNN part replaced: 1 with the defect, 0 without, 2 when it broke otherwise."""
+    import importlib.util
+
+    run = _run(tmp_path)
+    issues.write(run)
+    spec = importlib.util.spec_from_file_location("finding_script", run / "issues" / "F1.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    clean = {
+        "error": "",
+        "errors": [0.0],
+        "bad_steps": [],
+        "annotated": [],
+        "encodings": {},
+        "delegates": {"forward": 1},
+    }
+    shown = {
+        "numbers": {"bad_steps": [0]},
+        "error": {"error": "QnnError: 6004"},
+        "annotation": {"annotated": ["count (input of aten.add_.Tensor)"]},
+        "outside": {"outside": {"count"}},
+        "partitions": {"delegates": {"forward": 2}},
+        "encoding": {"encodings": {"prefill": {"count": (0.1, 0)}, "decode": {"count": (0.2, 0)}}},
+    }
+    for kind, seen in shown.items():
+        monkeypatch.setattr(script, "DEFECT", kind)
+        assert script.defect_shows({**clean, "outside": set(), **seen}), kind
+        assert not script.defect_shows({**clean, "outside": set()}), kind
+    monkeypatch.setattr(script, "DEFECT", "inside")
+    assert script.defect_shows({**clean, "outside": set()}) and not script.defect_shows({**clean, "outside": {"count"}})
+    monkeypatch.setattr(script, "DEFECT", "numbers")
+    monkeypatch.setattr(sys, "argv", ["F1.py"])
+    for failing, code, words in (
+        ({"bad_steps": [0, 1]}, 1, "DEFECT SHOWS: outputs out of tolerance at steps [0, 1]"),
+        ({}, 0, "defect does not show"),
+        ({"error": "RuntimeError: no backend"}, 2, "could not tell"),
+    ):
+        monkeypatch.setattr(
+            script,
+            "observe",
+            lambda s, e, skip, f=failing: {**clean, "outside": set(), **(f if skip == script.FAILING_SKIP else {})},
+        )
+        assert script.main() == code
+        assert words in capsys.readouterr().out
