@@ -8,8 +8,8 @@ harness/report/issues.py names it), how a case's error moves. Every
 night's reports are read through harness/report/intake.py (they are data); a night that cannot be read is
 named in the history, not fatal.
 
-Verdict classes: a check *fails* with a verdict the gate counts as failing (harness/report/gate.py
-FAILING: failed, xfailed, xpassed) and *passes* with `passed`; skipped, not measured and infrastructure
+Verdict classes: a check *fails* with a verdict the gate counts as a regression after a pass (Verdict's
+`bundled`: failed, xfailed, xpassed) and *passes* with `passed`; skipped, not measured and infrastructure
 errors say nothing about executorch and neither start nor end a failure.
 """
 
@@ -24,11 +24,13 @@ from pathlib import Path
 import jinja2
 import markupsafe
 
+from harness.device import kinds
 from harness.files import write_atomically
 from harness.report.document import checks_of, json_safe
-from harness.report.gate import FAILING, BaselineError, read_documents
+from harness.report.gate import BaselineError, read_documents
 from harness.report.issues import finding_of
 from harness.report.promote import NIGHT_FILE, Night, nights
+from harness.vocabulary import Verdict
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 ABOUT_CHARS = 240
@@ -39,9 +41,10 @@ SHADES = ("#c6dbef", "#9ecae1", "#6baed6", "#4292c6", "#2171b5", "#08519c", "#08
 
 def verdict_class(verdict: str | None) -> str | None:
     """'fail', 'pass', or None for a verdict that says nothing about executorch (or an absent check)."""
-    if verdict in FAILING:
+    meaning = Verdict.of(verdict)
+    if meaning is not None and meaning.bundled:
         return "fail"
-    return "pass" if verdict == "passed" else None
+    return "pass" if meaning is Verdict.PASSED else None
 
 
 @dataclass(frozen=True)
@@ -68,13 +71,18 @@ def read_store(store: Path) -> list[NightReports]:
     return found
 
 
+def _emulated(kind_name: object) -> bool:
+    kind = kinds.named(kind_name)
+    return kind is not None and kind.emulated
+
+
 def _device_names(document: dict) -> set[str]:
     """Devices that measured this SoC, named so the same device has the same name every night: an
     emulated device's adb address changes each run, so it is known by its SoC."""
     devices = (document.get("provenance") or {}).get("devices") or []
     if devices:
         return {
-            f"emulated {document['soc']}" if d.get("kind") == "emulated" else d["serial"].rsplit("/", 1)[-1]
+            f"emulated {document['soc']}" if _emulated(d.get("kind")) else d["serial"].rsplit("/", 1)[-1]
             for d in devices
         }
     if document["environment"].get("emulated"):

@@ -33,10 +33,9 @@ from harness.files import write_atomically
 from harness.report.document import checks_of, rank
 from harness.report.gate import read_documents
 from harness.text import code_fence, code_span, markdown_text
-from harness.vocabulary import DTYPES, MODE_ORDER, QUANT_DTYPES
+from harness.vocabulary import DTYPES, MODE_ORDER, QUANT_DTYPES, Verdict
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
-ISSUE_VERDICTS = ("failed", "xfailed")  # a check that failed (expected or not); xpassed is the manifest's to fix
 FILED = re.compile(r"\[upstream: (https://github\.com/pytorch/[a-z]+/(?:issues|pull)/[0-9]{1,9})\]")  # describe()
 FINDING_REFERENCE = re.compile(r"FINDINGS\.md#(F[0-9]+)\b")
 MAX_JSON_BYTES = 16 * 1024 * 1024  # a bundle's case.json is tens of KB
@@ -58,7 +57,7 @@ def finding_of(name: str, check: dict) -> str | None:
     """The finding a check counts towards, or None when it did not fail: F<n> where the record or its
     known-failures entry points into docs/FINDINGS.md; an entry's own words where it points nowhere; for a
     failure no entry expected, `new-<check>[-<signature>]` (one finding per check and signature)."""
-    if check["verdict"] not in ISSUE_VERDICTS:
+    if not Verdict(check["verdict"]).fails:  # a check that failed, expected or not; xpassed is the manifest's to fix
         return None
     for text in (str(check.get("finding") or ""), check["known_failure"]):
         match = FINDING_REFERENCE.search(text) or re.fullmatch(r"(F[0-9]+)", text)

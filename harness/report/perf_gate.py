@@ -24,13 +24,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from harness.device import kinds
 from harness.record import CheckRecord, step_stats
 
 PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
 DEFAULT_BUDGET_PCT = 10.0
 MIN_REPEATS = 2  # repeats per run, on both sides, before a growth can be told from the noise
 DELEGATED, SKIPPED = "delegate_mutbuf", "skip_mutbuf"
-PHONE = "phone"  # harness/device/kinds.py: the only kind whose times are a real NPU's
 
 Key = tuple[str, str]  # soc, case_id
 
@@ -152,7 +152,7 @@ class Speedup:
 
     @property
     def simulator(self) -> bool:
-        return self.device_kind != PHONE
+        return kinds.simulated(self.device_kind)
 
 
 def speedups(document: dict) -> list[Speedup]:

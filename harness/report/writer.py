@@ -11,9 +11,10 @@ from harness.files import write_atomically
 from harness.paths import REPO_ROOT
 from harness.record import CheckRecord
 from harness.report import junit, markdown, page
-from harness.report.document import SPOKEN, Column, build, tally
+from harness.report.document import Column, build, tally
 from harness.report.gate import GateResult
 from harness.repro import layout
+from harness.vocabulary import Verdict
 
 LATEST = "latest"
 FINDINGS = REPO_ROOT / "docs" / "FINDINGS.md"
@@ -119,9 +120,7 @@ def summary_line(records: list[CheckRecord], soc: str, html: Path | None = None,
     mine = [record for record in records if record.soc == soc]
     counts = tally(mine)
     shown = ", ".join(
-        f"{n} {SPOKEN.get(verdict, verdict)}"
-        for verdict, n in counts.items()
-        if verdict != "total" and (n or verdict in ("passed", "failed"))
+        f"{counts[verdict]} {verdict.spoken}" for verdict in Verdict if counts[verdict] or verdict.always_counted
     )
     devices = sorted({record.device_serial for record in mine if record.device_serial})
     return (

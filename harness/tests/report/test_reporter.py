@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 from harness import reporter as reporter_module
 from harness.context import RunContext
-from harness.record import REPORT_ATTRIBUTE
+from harness.record import RECORD_PROPERTY
 from harness.reporter import ConformanceReporter
 from harness.tests.report.test_report import make_records, typed
 
@@ -24,10 +24,7 @@ def _reporter(tmp_path: Path) -> ConformanceReporter:
 
 
 def _report(nodeid: str, record: dict | None) -> SimpleNamespace:
-    report = SimpleNamespace(nodeid=nodeid)
-    if record is not None:
-        setattr(report, REPORT_ATTRIBUTE, record)
-    return report
+    return SimpleNamespace(nodeid=nodeid, user_properties=[(RECORD_PROPERTY, record)] if record is not None else [])
 
 
 def test_an_unreadable_record_is_named_and_the_rest_reported(tmp_path, monkeypatch):
