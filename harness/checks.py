@@ -678,7 +678,7 @@ def check_runner_parity(outcome: CaseOutcome) -> dict:
     return evidence
 
 
-# Multi-method programs (issue 32) --------------------------------------------------------------------------
+# Multi-method programs --------------------------------------------------------------------------
 # How state was lost between methods, each decided by comparing the device with eager run another way
 # (harness/pipeline/eager.py run_plan_isolated): exact where the device equals that other run at every step.
 CROSS_METHOD_SIGNATURES = (

@@ -146,17 +146,17 @@ class ModelCard:
     tags: frozenset[str] = field(default_factory=frozenset)
     module: str = ""  # where the card is registered, so a child process can find it again
     dtypes: tuple[str, ...] = CARD_DTYPES  # where the card is meaningful (the matrix skips the others)
-    # A multi-method card (issue 32): build() returns a module with these methods (no forward needed), and
+    # A multi-method card: build() returns a module with these methods (no forward needed), and
     # plan(n) names the method each of n steps runs; steps(n) gives that method's inputs. The methods share
     # the module's buffers: eager runs the plan on ONE module. Empty: a single-method card (forward).
     methods: tuple[str, ...] = ()
     plan: Callable[[int], list[str]] | None = None
-    # Lowered with generate_qnn_executorch_compiler_spec(online_prepare=True) (issue 32): the delegate holds a
+    # Lowered with generate_qnn_executorch_compiler_spec(online_prepare=True): the delegate holds a
     # QNN IR (DLC) program that the device composes into a graph when the program loads, instead of a context
     # binary prepared at lowering. Off: the offline-prepared program users ship by default.
     online_prepare: bool = False
     # Lowered with generate_qnn_executorch_compiler_spec(shared_buffer=True) and its graph inputs and outputs left
-    # unplanned (issue 32): the application supplies their memory, which the QNN backend registers with QNN
+    # unplanned: the application supplies their memory, which the QNN backend registers with QNN
     # instead of copying where it is QNN's shared memory (rpcmem, a phone's), as upstream's export_utils.py and
     # runner's --shared_buffer do. Off: executorch plans the I/O and the backend copies it.
     shared_buffer: bool = False

@@ -93,7 +93,7 @@ def main(argv: list[str]) -> int:
 def _lower_multi(
     request: LoweringRequest, card, model, calibration: list[tuple], facts: LoweringFacts, stage_done
 ) -> None:
-    """A multi-method card (issue 32): every method exported, quantized with its own calibration (as users
+    """A multi-method card: every method exported, quantized with its own calibration (as users
     do, which is where two encodings of one buffer come from) and lowered together with a dict, then
     serialized with share_mutable_buffers as the case says. The export facts and the quantized methods are
     the card's and the card x dtype's shared entries, as a single-method card's (prepared.py)."""

@@ -1,4 +1,4 @@
-"""Health checks, device logs and provenance (issue 12, items 3 and 4).
+"""Health checks, device logs and provenance.
 
 The suite runs are child `pytest suites` runs on two emulated devices (SM8650 healthy, SM8750 broken by a
 fault switch) over one small card, sharing one artifact cache, as in test_reliability.py. The rest are

@@ -1,4 +1,4 @@
-"""The version matrix (issue 16) at unit level: no executorch release is installed here.
+"""The version matrix at unit level: no executorch release is installed here.
 
 The side-by-side builder must put the rows that change first and word the change by the version that
 caused it (and must not call anything a change that is only a column that did not run); the renderers

@@ -1,4 +1,4 @@
-"""What is new comes first (issue 34 items 1 and 3): a gated report.html opens with the gate, each named check
+"""What is new comes first: a gated report.html opens with the gate, each named check
 linked to its cell; the matrix is a fold per dtype without empty columns; known failures are grouped by
 finding; the chart draws the tolerance; summary.md of a default-matrix run fits a GitHub comment; the
 records carry signature and finding; a merge keeps provenance; the terminal ends with the conformance
@@ -41,7 +41,7 @@ from harness.tests.report.test_report import (
 )
 from harness.vocabulary import DTYPES, Mode, Verdict
 
-COMMENT_LIMIT = 60 * 1024  # issue 34: both SoCs' summary.md under 60 KB (a GitHub comment holds 65,536 characters)
+COMMENT_LIMIT = 60 * 1024  # both SoCs' summary.md under 60 KB (a GitHub comment holds 65,536 characters)
 BEFORE_REPORT = Path("/work/before-report")  # a real default-matrix run, when this machine has it (read only)
 F1 = (
     "known failure [uninitialised_delegated_buffer]: delegated buffer ignores its registered initial value "
