@@ -632,11 +632,8 @@ def check_runner_parity(outcome: CaseOutcome) -> dict:
     _require_run(outcome)
     ours = outcome.run
     if ours.runner != COMPILED_RUNNER:
-        fix = (
-            "build it for phones with --android-ndk PATH and --executorch-android-build DIR"
-            if outcome.device is not None and outcome.device.name == "phone"
-            else "this device's payload has no suite_runner"
-        )
+        hint = outcome.device.suite_runner_hint if outcome.device is not None else ""
+        fix = hint or "this device's payload has no suite_runner"
         raise NotMeasured(f"this device ran the case through {ours.runner}, not the suite's compiled runner: {fix}")
     if outcome.rerun is None:
         raise NotMeasured("no second runner here (a reproduction bundle runs one): run the suite on a device")
@@ -681,7 +678,7 @@ def check_runner_parity(outcome: CaseOutcome) -> dict:
     return evidence
 
 
-# Multi-method programs (issue 32) --------------------------------------------------------------------------
+# Multi-method programs -------------------------------------------------------------------------------------
 # Outputs first: the device is compared with its reference at every step, and a failure is then explained by
 # the model the device equals: the quantized CPU programs with the state carried (a quantized device that shares
 # its state, encodings and all), or a way of losing the state (harness/pipeline/eager.py STATE_MODELS), each

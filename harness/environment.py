@@ -7,8 +7,7 @@ import socket
 import sys
 
 from harness.context import RunContext
-from harness.device import provenance
-from harness.device.kinds import EmulatedKind
+from harness.device import kinds, provenance
 from harness.qnn.toolchain import Toolchain
 from harness.versions import package_version
 
@@ -46,7 +45,7 @@ def per_soc(
                 "htp_arch": f"V{spec.htp_arch}",
                 "device_serial": spec.label,
                 "device_model": spec.model,
-                "emulated": spec.kind == EmulatedKind.name,
+                "emulated": kinds.of(spec.kind).emulated,
             },
         )
         if spec.label not in entry["device_serial"].split(", "):

@@ -148,30 +148,77 @@ def _checked_message(path: Path, entry: KnownFailure) -> None:
         )
 
 
-def _tables(path: Path, kind: str) -> list[dict]:
-    """The manifest's [[kind]] tables; a file that is not a readable TOML manifest, or whose `kind` is not a list
-    of tables, is one ValueError naming it."""
+def _manifest(path: Path) -> dict:
+    """The manifest's TOML document; a file that is not a readable TOML manifest is one ValueError naming it."""
     try:
-        raws = tomllib.loads(path.read_text(encoding="utf-8")).get(kind, [])
+        return tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
         raise ValueError(f"{path} is not a readable TOML manifest ({error})") from None
+
+
+def _tables(path: Path, manifest: dict, kind: str) -> list[dict]:
+    """The manifest's [[kind]] tables; a `kind` that is not a list of tables is one ValueError naming the file."""
+    raws = manifest.get(kind, [])
     if not isinstance(raws, list) or not all(isinstance(raw, dict) for raw in raws):
         raise ValueError(f"{path}: {kind} must be a list of tables ([[{kind}]] entries)")
     return raws
 
 
+FINDING_NAME = re.compile(r"F[0-9]{1,4}")  # a docs/FINDINGS.md anchor: the reports make a link of it
+
+
+FINDING_FIELDS = ("source", "upstream")  # what a finding states once for all its entries
+
+
+def _findings(path: Path, manifest: dict) -> dict[str, dict[str, str]]:
+    """The manifest's [findings.F<n>] tables: each finding's `source` (where upstream its cause lies) and
+    `upstream` (the issue filed for it), stated once for its entries."""
+    tables = manifest.get("findings", {})
+    if not isinstance(tables, dict):
+        raise ValueError(f'{path}: findings must be tables ([findings.F1] with source = "...")')
+    for name, table in tables.items():
+        if not FINDING_NAME.fullmatch(name) or not isinstance(table, dict) or set(table) - set(FINDING_FIELDS):
+            raise ValueError(
+                f"{path}: [findings.{name}] must be a finding of docs/FINDINGS.md (F<n>) with only "
+                'source = "<where upstream its cause lies>" and upstream = "<its issue>"'
+            )
+    return {name: {field: str(value) for field, value in table.items()} for name, table in tables.items()}
+
+
+def _with_reference(path: Path, raw: dict, findings: dict[str, dict[str, str]]) -> dict:
+    """An entry's fields with what its finding states (an entry's own source or upstream wins, where its case
+    meets the finding elsewhere) and its reference made of both: "docs/FINDINGS.md#F<n>; <source>". An entry
+    of a manifest without findings gives its reference itself."""
+    if "finding" not in raw:
+        return raw
+    fields = dict(raw)
+    name = fields.pop("finding")
+    if "reference" in fields:
+        raise ValueError(f"{path}: entry {raw.get('pattern')!r} has both finding and reference: keep the finding")
+    if name not in findings:
+        raise ValueError(
+            f"{path}: entry {raw.get('pattern')!r} names finding {name!r}, which has no [findings.{name}] table"
+        )
+    stated = {**findings[name], **{field: fields.pop(field) for field in FINDING_FIELDS if field in fields}}
+    source = str(stated.pop("source", ""))
+    return {**stated, **fields, "reference": f"docs/FINDINGS.md#{name}" + (f"; {source}" if source else "")}
+
+
 @cache
-def load(path: Path = MANIFEST) -> tuple[KnownFailure, ...]:
-    """The manifest's entries; every signature must be one a registered check declares (load the checks first).
-    A manifest that cannot be used is one ValueError naming the file (and the entry)."""
+def load(path: Path = MANIFEST, registered: bool = True) -> tuple[KnownFailure, ...]:
+    """The manifest's entries; every signature must be one a registered check declares (load the checks first;
+    registered=False: a reader that imports no check, and trusts the run that checked the manifest). A manifest
+    that cannot be used is one ValueError naming the file (and the entry)."""
     signatures = check_registry.signatures()
+    manifest = _manifest(path)
+    findings = _findings(path, manifest)
     entries = []
-    for raw in _tables(path, "known_failure"):
+    for raw in _tables(path, manifest, "known_failure"):
         try:
-            entry = KnownFailure(**raw)
+            entry = KnownFailure(**_with_reference(path, raw, findings))
         except TypeError as error:
             raise ValueError(f"{path}: entry {raw.get('pattern')!r}: {error}") from None
-        if entry.signature not in signatures:
+        if registered and entry.signature not in signatures:
             raise ValueError(f"{path}: signature {entry.signature!r} is not one of {', '.join(signatures)}")
         _checked_message(path, entry)
         if entry.upstream and not UPSTREAM_ISSUE.fullmatch(entry.upstream):
@@ -266,7 +313,7 @@ def hints(path: Path = MANIFEST) -> tuple[SignatureHint, ...]:
     used (an unknown field, a signature no check declares, a finding docs/FINDINGS.md does not have)."""
     signatures = check_registry.signatures()
     found = []
-    for raw in _tables(path, "signature_hint"):
+    for raw in _tables(path, _manifest(path), "signature_hint"):
         try:
             hint = SignatureHint(**raw)
         except TypeError as error:

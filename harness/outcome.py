@@ -54,11 +54,12 @@ class DeviceOutputs(Protocol):
 
 
 class DeviceTraits(Protocol):
-    """What the checks read of the kind of device that ran a case (harness/device/kinds.py's kinds, or a bundle's)."""
+    """What the checks read of the kind of device that ran a case (harness/device/kinds/' kinds, or a bundle's)."""
 
     name: str
     has_execute_trace: bool
     heap_pattern: int | None  # None: its fresh heap allocations cannot be made to hold a known byte
+    suite_runner_hint: str  # how a device of the kind gets the suite's compiled runner ("" when only a build can)
 
 
 @dataclass(frozen=True)

@@ -37,21 +37,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     run_options.add_options(parser)
 
 
-def _is_worker(config: pytest.Config) -> bool:
-    return hasattr(config, "workerinput")
-
-
 def _wants_devices(config: pytest.Config) -> bool:
     """Runs of the suites need devices, and so does any run given --device or --emulate; the
     harness's own tests (which start what they need) and `--help` do not."""
     if config.option.help:
         return False
-    explicit = (
-        config.getoption("--device")
-        or config.getoption("--emulate")
-        or config.getoption("--adb-server")
-        or os.environ.get("ANDROID_SERIAL")
-    )
+    explicit = any(config.getoption(name) for name in ("--device", "--emulate", "--adb-server"))
+    explicit = explicit or bool(os.environ.get("ANDROID_SERIAL"))
     suites = REPO_ROOT / "suites"
     return bool(explicit) or any(Path(str(arg).split("::")[0]).resolve().is_relative_to(suites) for arg in config.args)
 
@@ -64,7 +56,7 @@ def pytest_configure(config: pytest.Config) -> None:
             card.load_module(module)
         except ValueError as error:
             raise pytest.UsageError(f"--models: {error}") from error
-    if _is_worker(config):
+    if hasattr(config, "workerinput"):  # an xdist worker
         if WORKERINPUT_KEY in config.workerinput:  # absent when the run needs no devices
             config.stash[CONTEXT] = RunContext.from_json(config.workerinput[WORKERINPUT_KEY])
         return
@@ -114,7 +106,7 @@ def _start_lowering_for(config: pytest.Config, nodeids: list[str]) -> None:
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     config = session.config  # without xdist; under it the workers collect (the hook below)
-    if not _is_worker(config) and not config.pluginmanager.has_plugin("dsession"):
+    if not hasattr(config, "workerinput") and not config.pluginmanager.has_plugin("dsession"):
         _start_lowering_for(config, [item.nodeid for item in session.items])
         config.stash[CASE_ORDER] = cases.in_run_order(session.items)  # the case store lowers the next ahead
 
@@ -148,7 +140,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    session = config.stash.get(SESSION, None)
-    if session is not None:
-        reporter = config.stash.get(REPORTER, None)
+    """The reporter leaves the plugin manager (as junitxml's LogXML does), then the run stops: its work folder
+    is kept when the reports could not be written."""
+    reporter = config.stash.get(REPORTER, None)
+    if reporter is not None and config.pluginmanager.is_registered(reporter):
+        config.pluginmanager.unregister(reporter)
+    if (session := config.stash.get(SESSION, None)) is not None:
         session.stop(keep_work_dir=reporter is not None and reporter.failed)

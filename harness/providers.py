@@ -3,7 +3,7 @@
 A provider owns start and stop: `EmulatedFleet` starts a private adb server (on a unix socket in the run's
 0700 work folder: no other local account reaches it) and one emulated device per SoC for the run and stops all of it; `AttachedDevices` checks devices already on an adb server (phones,
 or emulated devices served by `python -m harness emulate`) and leaves them as they were. Each device's
-kind (harness/device/kinds.py) then owns its payload and capabilities. `provider_for` picks one from the
+kind (harness/device/kinds/) then owns its payload and capabilities. `provider_for` picks one from the
 options, as pytest-embedded's factory picks a device service. `restore_server` is the providers' side of a
 dropped adb server: the device layer (harness/device/pool.py) calls it from any worker, and it waits (bounded)
 for the server and connects again the devices `adb connect` had attached.
@@ -128,7 +128,7 @@ def restore_server(server: str, specs: list[DeviceSpec]) -> bool:
     knows none); says in one line what came of it and returns whether every device is back."""
     from harness.emulator.launcher import reconnect_devices
 
-    phones = any(spec.kind != kinds.EmulatedKind.name for spec in specs)
+    phones = any(not kinds.of(spec.kind).emulated for spec in specs)
     within_s = RESTORE_PHONES_S if phones else RESTORE_EMULATED_S
     if phones:
         say(f"adb server {server} dropped: waiting up to {within_s:.0f} s for it and its devices to be back")

@@ -15,7 +15,9 @@ from typing import Any
 
 from harness.vocabulary import Verdict
 
-REPORT_ATTRIBUTE = "qnnsuite_record"  # the TestReport attribute that carries a record's dict
+# The name of the (name, value) pair in pytest's report.user_properties that carries a record's dict: pytest's own
+# channel for a test's data to its reporters (junitxml reads it), which xdist forwards from its workers.
+RECORD_PROPERTY = "qnnsuite_record"
 # A manifest entry's reference (and so its description) names its finding as docs/FINDINGS.md#F<n>.
 _FINDING = re.compile(r"FINDINGS\.md#(F[0-9]+)\b")
 
@@ -51,6 +53,9 @@ class CheckRecord:
     signature: str = ""  # the failure's signature (a CheckFailure's, or the entry's that expected a pass); "" else
     finding: str = ""  # the docs/FINDINGS.md anchor (e.g. F1) of the known failure that explains it; "" else
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "verdict", Verdict(self.verdict))  # a verdict's string reads as its meaning
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-shaped (evidence may hold numpy scalars or paths: they become numbers or strings)."""
         return json.loads(json.dumps(asdict(self), default=_plain))
@@ -63,6 +68,20 @@ class CheckRecord:
         if "verdict" in values:  # without one, the record is torn: TypeError below
             values["verdict"] = Verdict(values["verdict"])  # ValueError on a verdict no run writes
         return cls(**values)
+
+
+def record_property(record: CheckRecord) -> tuple[str, dict[str, Any]]:
+    """The user_properties pair that carries a record to the controller's reporter."""
+    return (RECORD_PROPERTY, record.to_dict())
+
+
+def carried_record(user_properties: Any) -> dict[str, Any] | None:
+    """The record's dict a report's user_properties carry (None: the report is of no judged check). A pair
+    may arrive as a list: xdist sends it over its channel."""
+    for pair in user_properties or ():
+        if isinstance(pair, (tuple, list)) and len(pair) == 2 and pair[0] == RECORD_PROPERTY:
+            return pair[1]
+    return None
 
 
 def percentile(values: list[int], fraction: float) -> int | None:

@@ -23,22 +23,22 @@ from harness.context import RunContext
 from harness.files import say, unwritable, write_atomically
 from harness.options import REPORTS_NOT_WRITTEN, RunOptions
 from harness.qnn.toolchain import prepare
-from harness.record import REPORT_ATTRIBUTE, CheckRecord
+from harness.record import CheckRecord, carried_record
 from harness.report import perf_gate, structure_gate
-from harness.report.document import SPOKEN, tally
+from harness.report.document import tally
 from harness.report.gate import BaselineError, GateResult, Key, Outcome, Selection, clip, read_documents
 from harness.report.perf_gate import FAIL, PASS, WARN
 from harness.report.promote import identity
 from harness.repro import layout
 from harness.user_state import UnsafeStateDir, state_dir
-from harness.vocabulary import DTYPES, VERDICTS
+from harness.vocabulary import DTYPES, Verdict
 
 SECTION = "QNN mutable-buffer conformance"
 GATE_LINES = 20  # the gate's lines the terminal shows; gate.json, summary.md and report.html have all of them
 # pytest's (category, progress letter, verbose word) for a verdict its own outcomes would miscount: a check the
 # device cannot measure is not "skipped". An infrastructure error stays a pytest failure (its FAILED line and
 # its section carry the device's words, and junit and CI annotations see it); the closing line counts it apart.
-STATUS = {"not_measured": (SPOKEN["not_measured"], "n", "NOT MEASURED")}
+STATUS = {Verdict.NOT_MEASURED: (Verdict.NOT_MEASURED.spoken, "n", "NOT MEASURED")}
 REASON_LINES = 5  # per verdict that is not executorch's: the distinct reasons the terminal names
 KEPT_RECORDS = "records"  # the user's state folder for records no report could take
 
@@ -74,7 +74,7 @@ class ConformanceReporter:
         self._skipped: collections.Counter[str] = collections.Counter()  # reasons of checks skipped unjudged
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        data = getattr(report, REPORT_ATTRIBUTE, None)
+        data = carried_record(getattr(report, "user_properties", None))
         if data is None:
             if getattr(report, "skipped", False) and isinstance(
                 report.longrepr, tuple
@@ -92,7 +92,7 @@ class ConformanceReporter:
     def pytest_report_teststatus(self, report: pytest.TestReport) -> tuple[str, str, str] | None:
         """pytest's own counts (its last line, its progress letters) name the two verdicts that are not about
         executorch, instead of counting a not-measured check as skipped and an infrastructure error as failed."""
-        data = getattr(report, REPORT_ATTRIBUTE, None)
+        data = carried_record(getattr(report, "user_properties", None))
         verdict = data.get("verdict") if isinstance(data, dict) else None
         if verdict in STATUS:
             return STATUS[verdict]
@@ -209,7 +209,7 @@ class ConformanceReporter:
                     f"{soc}: {len(bundles)} reproduction bundle(s), "
                     f"{sum(b.archive_bytes for b in bundles) / 1024:.0f} KiB as .tar.gz -> {folders[soc] / layout.REPRO_DIR}"
                 )
-        if unbundled := [r for r in self.records if r.verdict in layout.BUNDLED_VERDICTS and not r.repro]:
+        if unbundled := [r for r in self.records if r.verdict.bundled and not r.repro]:
             self._lines.append(
                 f"{len(unbundled)} check(s) have no reproduction bundle (it could not be written; "
                 f"stderr says why), e.g. {unbundled[0].case_id} {unbundled[0].check}"
@@ -315,7 +315,7 @@ def reason_lines(records: list[CheckRecord]) -> list[str]:
     device that dropped names itself once here rather than once per check."""
     last = {(r.soc, r.case_id, r.check): r for r in records}
     lines = []
-    for verdict in ("not_measured", "infra_error"):
+    for verdict in (verdict for verdict in Verdict if verdict.apart):
         by_reason: dict[str, list[CheckRecord]] = {}
         for record in last.values():
             if record.verdict == verdict:
@@ -323,9 +323,9 @@ def reason_lines(records: list[CheckRecord]) -> list[str]:
                     clip(record.message.splitlines()[0] if record.message else "(no message)"), []
                 ).append(record)
         for reason, same in sorted(by_reason.items(), key=lambda item: -len(item[1]))[:REASON_LINES]:
-            lines.append(f"  {SPOKEN[verdict]}: {len(same)} check(s), e.g. {same[0].case_id} {same[0].check}: {reason}")
+            lines.append(f"  {verdict.spoken}: {len(same)} check(s), e.g. {same[0].case_id} {same[0].check}: {reason}")
         if len(by_reason) > REASON_LINES:
-            lines.append(f"  {SPOKEN[verdict]}: {len(by_reason) - REASON_LINES} more reason(s) in report.html")
+            lines.append(f"  {verdict.spoken}: {len(by_reason) - REASON_LINES} more reason(s) in report.html")
     return lines
 
 
@@ -335,9 +335,9 @@ def closing_line(records: list[CheckRecord], gate_failed: bool = False) -> str:
     failed."""
     counts = tally(records)
     shown = ", ".join(
-        f"{counts[verdict]} {SPOKEN.get(verdict, verdict)}"
-        for verdict in VERDICTS
-        if counts[verdict] or verdict in ("passed", "failed", "not_measured", "infra_error")
+        f"{counts[verdict]} {verdict.spoken}"
+        for verdict in Verdict
+        if counts[verdict] or verdict.always_counted or verdict.apart
     )
     socs = len({record.soc for record in records})
     return f"conformance: {shown} ({counts['total']} checks on {socs} SoC(s))" + (

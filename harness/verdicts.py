@@ -6,8 +6,8 @@ the test; judge() runs the check, applies the entries (a failure with the expect
 pass where one was expected is a strict XPASS failure), words the failure as one line and returns a
 Judgement with the CheckRecord. run_check then asks the bundle writer for the case's reproduction bundle and
 raises what pytest must see. The report hook (harness/plugin.py) only calls settle(), which words pytest's
-report as the judgement says and puts the record on it, where the controller's reporter finds it
-(harness/reporter.py), as junitxml's properties travel on reports.
+report as the judgement says and puts the record in its user_properties, where the controller's reporter finds
+it (harness/reporter.py), as junitxml's properties travel on reports (xdist forwards them from its workers).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from harness.check_registry import (
 from harness.device.device import DeviceError
 from harness.known_failures import KnownFailure
 from harness.outcome import CaseOutcome
-from harness.record import REPORT_ATTRIBUTE, CheckRecord, finding_in
+from harness.record import CheckRecord, finding_in, record_property
 from harness.vocabulary import Case, Verdict
 
 EXPECTED = pytest.StashKey[list[KnownFailure]]()
@@ -199,7 +199,7 @@ def settle(item: pytest.Item, call: pytest.CallInfo, report: pytest.TestReport) 
     elif line is not None:
         report.longrepr = line
     if judgement is not None:
-        setattr(report, REPORT_ATTRIBUTE, replace(judgement.record, duration_s=round(report.duration, 3)).to_dict())
+        report.user_properties.append(record_property(replace(judgement.record, duration_s=round(report.duration, 3))))
 
 
 def _last_line(message: str) -> str:

@@ -40,17 +40,76 @@ QUANT_DTYPES = {"16a8w": "use_16a8w", "8a8w": "use_8a8w", "16a4w": "use_16a4w", 
 MIN_HTP_ARCH = {BLOCK_DTYPE: 69}
 
 
+@dataclass(frozen=True)
+class VerdictMeaning:
+    """What a verdict means to every reader of it: the renderers, the summary lines, the gate, the bundles.
+
+    The one table of these meanings is Verdict's members below; a consumer asks a member (`verdict.fails_run`),
+    never keeps a list of verdict strings of its own. A flag left out is False."""
+
+    label: str  # its cell in a table (report.html, the matrix's side by side)
+    spoken: str  # in a sentence's counts: "3 not measured"
+    junit: str = ""  # JUnit's element for it ("" for none: a pass)
+    passes: bool = False  # the check's own function passed (an xpassed one did: its manifest entry is wrong)
+    fails: bool = False  # the check's own function failed, expected or not
+    fails_run: bool = False  # a conformance failure of the run: a person must look (JUnit's <failure>)
+    measured: bool = False  # the check was verified on its case (the gate names one measured before, not now)
+    bundled: bool = False  # a reproduction bundle is written for it; after a pass the gate calls it a regression
+    apart: bool = False  # not about executorch (the device or the lab): counted and listed apart, never a finding
+    always_counted: bool = False  # a run's counts name it even at zero
+
+
 class Verdict(StrEnum):
     """A check's final verdict (harness/verdicts.py decides it); the value is the one spelling in records and
-    reports."""
+    reports, and each member carries its meaning (VerdictMeaning's fields: `Verdict.FAILED.label`)."""
 
-    PASSED = "passed"
-    FAILED = "failed"
-    XPASSED = "xpassed"  # an expected failure did not happen: a strict failure of the run
-    XFAILED = "xfailed"  # failed as a known-failures entry expects
-    SKIPPED = "skipped"
-    NOT_MEASURED = "not_measured"  # the device cannot measure the check
-    INFRA_ERROR = "infra_error"  # the device or the lab failed, not executorch
+    label: str
+    spoken: str
+    junit: str
+    passes: bool
+    fails: bool
+    fails_run: bool
+    measured: bool
+    bundled: bool
+    apart: bool
+    always_counted: bool
+
+    def __new__(cls, value: str, meaning: VerdictMeaning) -> Verdict:
+        member = str.__new__(cls, value)
+        member._value_ = value
+        for name, said in vars(meaning).items():
+            setattr(member, name, said)
+        return member
+
+    PASSED = "passed", VerdictMeaning("pass", "passed", passes=True, measured=True, always_counted=True)
+    FAILED = (
+        "failed",
+        VerdictMeaning(
+            "FAIL", "failed", "failure", fails=True, fails_run=True, measured=True, bundled=True, always_counted=True
+        ),
+    )
+    # An expected failure did not happen: a strict failure of the run
+    XPASSED = (
+        "xpassed",
+        VerdictMeaning("XPASS", "xpassed", "failure", passes=True, fails_run=True, measured=True, bundled=True),
+    )
+    # Failed as a known-failures entry expects
+    XFAILED = "xfailed", VerdictMeaning("xfail", "xfailed", "skipped", fails=True, measured=True, bundled=True)
+    # The check does not apply to the case
+    SKIPPED = "skipped", VerdictMeaning("skip", "skipped", "skipped")
+    # The device cannot measure the check
+    NOT_MEASURED = "not_measured", VerdictMeaning("n/m", "not measured", "skipped", apart=True)
+    # The device or the lab failed, not executorch
+    INFRA_ERROR = "infra_error", VerdictMeaning("INFRA", "infrastructure errors", "error", apart=True)
+
+    @classmethod
+    def of(cls, value: object) -> Verdict | None:
+        """The verdict a string from a report names; None for one this suite does not know (a report of another
+        release's suite, or "absent" in a comparison)."""
+        try:
+            return cls(value)
+        except ValueError:
+            return None
 
 
 VERDICTS = tuple(verdict.value for verdict in Verdict)  # report order
@@ -87,17 +146,17 @@ class ModelCard:
     tags: frozenset[str] = field(default_factory=frozenset)
     module: str = ""  # where the card is registered, so a child process can find it again
     dtypes: tuple[str, ...] = CARD_DTYPES  # where the card is meaningful (the matrix skips the others)
-    # A multi-method card (issue 32): build() returns a module with these methods (no forward needed), and
+    # A multi-method card: build() returns a module with these methods (no forward needed), and
     # plan(n) names the method each of n steps runs; steps(n) gives that method's inputs. The methods share
     # the module's buffers: eager runs the plan on ONE module. Empty: a single-method card (forward).
     methods: tuple[str, ...] = ()
     plan: Callable[[int], list[str]] | None = None
-    # Lowered with generate_qnn_executorch_compiler_spec(online_prepare=True) (issue 32): the delegate holds a
+    # Lowered with generate_qnn_executorch_compiler_spec(online_prepare=True): the delegate holds a
     # QNN IR (DLC) program that the device composes into a graph when the program loads, instead of a context
     # binary prepared at lowering. Off: the offline-prepared program users ship by default.
     online_prepare: bool = False
     # Lowered with generate_qnn_executorch_compiler_spec(shared_buffer=True) and its graph inputs and outputs left
-    # unplanned (issue 32): the application supplies their memory, which the QNN backend registers with QNN
+    # unplanned: the application supplies their memory, which the QNN backend registers with QNN
     # instead of copying where it is QNN's shared memory (rpcmem, a phone's), as upstream's export_utils.py and
     # runner's --shared_buffer do. Off: executorch plans the I/O and the backend copies it.
     shared_buffer: bool = False

@@ -5,7 +5,7 @@ HTP arch, the same seven files upstream's scripts push (SimpleADB in executorch'
 backends/qualcomm/export_utils.py); with a trace interposer built for Android (--android-ndk), that
 interposer is pushed as libQnnHtp.so and Qualcomm's library beside it as libQnnHtp.real.so, as the host
 overlay does (harness/qnn/interposer.py). An emulated device gets the emulated runner, since its QNN
-libraries are the host's. Which one a device is, is decided in harness/device/kinds.py.
+libraries are the host's. Which one a device is, is decided in harness/device/kinds/.
 """
 
 from __future__ import annotations

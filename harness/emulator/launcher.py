@@ -2,7 +2,7 @@
 
 The private server listens on `localfilesystem:WORKDIR/adb-server/adb.sock` (adb's `-L`), in a folder only
 this user may enter: an adb server authenticates no client, so a loopback port would hand every local
-account root shells on the devices (issue 29). The harness's client reaches it through
+account root shells on the devices. The harness's client reaches it through
 harness/device/adb.py; the stock adb client with `ADB_SERVER_SOCKET=localfilesystem:PATH`.
 
 Or, for `python -m harness emulate` (harness/emulator/serve.py), the user's own TCP adb server when the user

@@ -1,1 +1,1 @@
-"""The version matrix (issue 16): one suite selection across executorch and QNN library releases, side by side."""
+"""The version matrix: one suite selection across executorch and QNN library releases, side by side."""

@@ -17,7 +17,6 @@ import re
 import shlex
 import sys
 import time
-import tomllib
 from pathlib import Path
 
 from harness.matrix import render, runner, side_by_side
@@ -94,8 +93,7 @@ def flaky_reasons() -> frozenset[str]:
     refused and no page was written); each column's suite run checked the manifest."""
     from harness import known_failures
 
-    entries = tomllib.loads(known_failures.MANIFEST.read_text(encoding="utf-8")).get("known_failure", [])
-    return frozenset(known_failures.KnownFailure(**raw).describe() for raw in entries if raw.get("flaky"))
+    return frozenset(entry.describe() for entry in known_failures.load(registered=False) if entry.flaky)
 
 
 def write_side_by_side(folder: Path, fallback_command: str) -> Path:

@@ -13,17 +13,10 @@ import jinja2
 
 from harness.matrix.layout import OUTPUTS
 from harness.text import markdown_text
+from harness.vocabulary import Verdict
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 CROSS_MARKDOWN = "cross.md"  # beside cross.json (harness/matrix/cross.py)
-LABELS = {
-    "passed": "pass",
-    "failed": "FAIL",
-    "xpassed": "XPASS",
-    "xfailed": "xfail",
-    "skipped": "skip",
-    "absent": "absent",
-}
 
 
 def md(value: object) -> str:
@@ -42,10 +35,15 @@ def _environment(autoescape: bool) -> jinja2.Environment:
     )
     environment.filters["md"] = md
     environment.globals["eager"] = _eager
-    environment.filters["verdict"] = lambda cell: (
-        "n/a" if cell is None else LABELS.get(cell["verdict"], cell["verdict"])
-    )
+    environment.filters["verdict"] = label
     return environment
+
+
+def label(cell: dict | None) -> str:
+    """A side-by-side cell's label: the verdict's own (Verdict.label), a column's `absent`, or `n/a` for no cell."""
+    if cell is None:
+        return "n/a"
+    return verdict.label if (verdict := Verdict.of(cell["verdict"])) else str(cell["verdict"])
 
 
 def _eager(row: dict) -> str:

@@ -19,11 +19,9 @@ from packaging.version import InvalidVersion, Version
 from harness.matrix.layout import COMBINATION_FILE, Combination, report_files
 from harness.qnn import qairt
 from harness.report.document import check_order as document_check_order, rank
+from harness.vocabulary import Verdict
 
 MATRIX_SCHEMA_VERSION = 1
-# What a verdict says about the check itself: a known failure that now passes passes, an expected failure fails.
-OUTCOME = {"passed": "passes", "xpassed": "passes", "failed": "fails", "xfailed": "fails", "skipped": "skipped"}
-FINDINGS = ("failed", "xfailed", "xpassed")
 ABSENT = "absent"
 
 
@@ -123,9 +121,18 @@ def _worded(axis: str, sequence: list[tuple[str, str]]) -> str:
     return f"varies with {name}: " + ", ".join(f"{value} in {version}" for version, value in sequence)
 
 
+def said_of_check(verdict: str) -> str:
+    """What a verdict says about the check itself: a known failure that now passes passes, an expected failure
+    fails; any other verdict (a column's `absent` too) as it is."""
+    meaning = Verdict.of(verdict)
+    if meaning is not None and (meaning.passes or meaning.fails):
+        return "passes" if meaning.passes else "fails"
+    return verdict
+
+
 def label(values: list[tuple[Column, str]]) -> str:
     """What changed across the columns (verdicts of the columns that ran), and since which version."""
-    outcomes = [(column, OUTCOME.get(verdict, verdict)) for column, verdict in values]
+    outcomes = [(column, said_of_check(verdict)) for column, verdict in values]
     if len({value for _, value in outcomes}) == 1:
         outcomes = list(values)  # same outcome, different verdicts (e.g. failed vs xfailed): name those
     for axis in ("executorch", "qnn"):
@@ -253,7 +260,7 @@ def _findings(columns: list[Column], cells: list[dict]) -> list[dict]:
     examples: dict[str, str] = {}
     for index, column_cells in enumerate(cells):
         for cell in column_cells.values():
-            if cell["verdict"] in FINDINGS:
+            if (verdict := Verdict.of(cell["verdict"])) is not None and verdict.bundled:
                 signature = signature_of(cell)
                 table.setdefault(signature, [0 if column.ran else None for column in columns])[index] += 1
                 examples.setdefault(signature, cell["message"] or cell["known_failure"])

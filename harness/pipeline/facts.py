@@ -166,7 +166,7 @@ class LoweringFacts:
     # card (and dtype) did, and this one read them from the shared entry); what a run's work counts sum.
     exported: bool = False
     quantized: bool = False
-    # A multi-method program (issue 32): its methods in the program's order (empty: a single-method program),
+    # A multi-method program: its methods in the program's order (empty: a single-method program),
     # and, quantized, each method's encodings of each mutated buffer: method -> buffer -> {"read", "write"}
     # (harness/pipeline/stages.py buffer_encodings), what the cross_method_state check compares.
     methods: list[str] = field(default_factory=list)

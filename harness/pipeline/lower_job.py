@@ -101,7 +101,7 @@ def main(argv: list[str]) -> int:
 def _lower_multi(
     request: LoweringRequest, card, model, calibration: list[tuple], facts: LoweringFacts, stage_done, recorder
 ) -> None:
-    """A multi-method card (issue 32): every method exported, quantized as its own program calibrated along
+    """A multi-method card: every method exported, quantized as its own program calibrated along
     the plan (as users do, which is where two encodings of one buffer come from) and lowered together with a dict, then
     serialized with share_mutable_buffers as the case says. The export facts and the quantized methods are
     the card's and the card x dtype's shared entries, as a single-method card's (prepared.py)."""

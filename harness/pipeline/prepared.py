@@ -10,7 +10,7 @@ quantized program, torch.export.save) and prepared.json (its facts, or the error
 written last) for a card x dtype. Each
 is made under a file lock, so workers needing the same entry wait for the one that makes it.
 
-A multi-method card (issue 32) shares the same way, its entry holding a program per method: export.json has
+A multi-method card shares the same way, its entry holding a program per method: export.json has
 the union of what its methods mutate (stages.export_facts_multi), and the card x dtype's entry <method>.pt2
 for each method (each quantized with its own calibration: stages.quantize_multi) and, in prepared.json, their
 facts and each method's encodings of the shared buffers. Its cases (two buffer modes, with and without

@@ -267,7 +267,7 @@ def memory_planning(card: ModelCard, share_mutable_buffers: bool = False):
     )
 
 
-# Multi-method cards (issue 32) ----------------------------------------------------------------------------
+# Multi-method cards ----------------------------------------------------------------------------
 def method_view(model: torch.nn.Module, method: str) -> torch.nn.Module:
     """The model with `method` as its forward, sharing the model's state (its __dict__: parameters and
     buffers are the same tensors, under the same names), so every method exports the buffer under one FQN,

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from harness.record import CheckRecord, finding_in
-from harness.vocabulary import DTYPES, MODE_ORDER, VERDICTS
+from harness.vocabulary import DTYPES, MODE_ORDER, VERDICTS, Verdict
 
 SCHEMA_VERSION = 1
 CASE_FIELDS = (
@@ -32,7 +32,6 @@ CASE_FIELDS = (
 )
 CHECK_FIELDS = ("verdict", "message", "known_failure", "evidence", "duration_s", "nodeid")
 Column = dict[str, str]  # {"name": check name, "short": its column label}
-SPOKEN = {"infra_error": "infrastructure errors", "not_measured": "not measured"}  # verdicts in a report's words
 
 
 def json_safe(value: Any) -> Any:
@@ -138,9 +137,7 @@ def checks_of(document: dict) -> list[tuple[dict, str, dict]]:
 
 def problems(document: dict) -> list[tuple[dict, str, dict]]:
     """Checks that need a person: failures, and known failures that now pass."""
-    return [
-        (case, name, check) for case, name, check in checks_of(document) if check["verdict"] in ("failed", "xpassed")
-    ]
+    return [(case, name, check) for case, name, check in checks_of(document) if Verdict(check["verdict"]).fails_run]
 
 
 def with_verdict(document: dict, verdict: str) -> list[tuple[dict, str, dict]]:
@@ -192,7 +189,7 @@ class Finding:
 
     @property
     def xpassed(self) -> int:
-        return sum(check["verdict"] == "xpassed" for _, _, check in self.members)
+        return sum(check["verdict"] == Verdict.XPASSED for _, _, check in self.members)
 
 
 def by_finding(document: dict) -> list[Finding]:

@@ -27,16 +27,12 @@ from harness.report.document import checks_of
 from harness.report.intake import ReportDataError, read_report
 from harness.report.perf_gate import FAIL, PerfVerdict
 from harness.report.structure_gate import StructureVerdict
+from harness.vocabulary import Verdict
 
 Key = tuple[str, str, str]  # soc, case_id, check
-# A check that passed in the baseline and is now an expected failure still regressed: somebody added
-# a manifest entry for something that used to work, which the gate must show.
-FAILING = ("failed", "xpassed", "xfailed")
-PASSING = ("passed", "xpassed")
 ABSENT = "absent"
 BASELINE_KEYS = ("night", "run_id", "executorch")
 LISTED_MISSING = 20  # missing checks gate.json lists; the rest are counted
-MEASURED = ("passed", "failed", "xpassed", "xfailed")
 MESSAGE_CHARS = 160
 ELLIPSIS = "…"
 
@@ -108,14 +104,18 @@ class MalformedReport(BaselineError):
 
 @dataclass(frozen=True)
 class Outcome:
-    verdict: str
+    verdict: str  # a Verdict's value: report.json's schema and the records allow no other
     known_failure: str = ""
     message: str = ""
     dtype: str = ""  # the case's (a selection by --dtype leaves the baseline's other dtypes out)
 
     @property
+    def meaning(self) -> Verdict:
+        return Verdict(self.verdict)
+
+    @property
     def expected_to_fail(self) -> bool:
-        return self.verdict not in PASSING and (self.verdict == "xfailed" or bool(self.known_failure))
+        return not self.meaning.passes and (self.verdict == Verdict.XFAILED or bool(self.known_failure))
 
 
 @dataclass(frozen=True)
@@ -335,21 +335,24 @@ def compare(
     before = {key: outcome for key, outcome in before.items() if key not in outside}
     common = [Change(key, before[key], after[key]) for key in sorted(before.keys() & after.keys())]
     added = [Change(key, None, after[key]) for key in sorted(after.keys() - before.keys())]
-    regressions = tuple(c for c in common if c.before.verdict == "passed" and c.after.verdict in FAILING)
+    # A check that passed in the baseline and is now an expected failure (a bundled verdict) still regressed:
+    # somebody added a manifest entry for something that used to work, which the gate must show.
+    regressions = tuple(c for c in common if c.before.verdict == Verdict.PASSED and c.after.meaning.bundled)
     fixed = tuple(
         c
         for c in common + added
-        if c.after.verdict == "xpassed"
-        or (c.before is not None and c.before.expected_to_fail and c.after.verdict in PASSING)
+        if c.after.verdict == Verdict.XPASSED
+        or (c.before is not None and c.before.expected_to_fail and c.after.meaning.passes)
     )
     new = tuple(
         c
         for c in added + common
-        if c.after.verdict == "failed" and (c.before is None or c.before.verdict not in ("passed", "failed"))
+        if c.after.verdict == Verdict.FAILED
+        and (c.before is None or c.before.verdict not in (Verdict.PASSED, Verdict.FAILED))
     )
-    unmeasured = tuple(c for c in common if c.after.verdict == "not_measured" and c.before.verdict in MEASURED)
+    unmeasured = tuple(c for c in common if c.after.verdict == Verdict.NOT_MEASURED and c.before.meaning.measured)
     missing = tuple(Change(key, before[key], None) for key in sorted(before.keys() - after.keys())) + unmeasured
-    infrastructure = tuple(c for c in common + added if c.after.verdict == "infra_error")
+    infrastructure = tuple(c for c in common + added if c.after.verdict == Verdict.INFRA_ERROR)
     return GateResult(
         regressions, fixed, new, missing, allow_missing, infrastructure, excluded=len(outside), selection=selection.text
     )

@@ -8,8 +8,8 @@ harness/report/issues.py names it), how a case's error moves. Every
 night's reports are read through harness/report/intake.py (they are data); a night that cannot be read is
 named in the history, not fatal.
 
-Verdict classes: a check *fails* when it failed (a new failure) or xfailed (a known failure that still
-shows), and *passes* when it passed or xpassed (a known failure that passed: the defect did not show, the
+Verdict classes (Verdict's `fails` and `passes`): a check *fails* when it failed (a new failure) or xfailed
+(a known failure that still shows), and *passes* when it passed or xpassed (a known failure that passed: the defect did not show, the
 news a nightly owner waits for, so it is listed apart and drawn in its own colour); skipped, not measured
 and infrastructure errors say nothing about executorch and neither start nor end a failure. Nights are
 stored whether their gate passed or not (promote records the verdict), so *failing since* counts real
@@ -35,6 +35,7 @@ from urllib.parse import quote
 import jinja2
 import markupsafe
 
+from harness.device import kinds
 from harness.files import write_atomically
 from harness.report.document import checks_of, json_safe
 from harness.report.gate import BaselineError, read_documents
@@ -43,6 +44,7 @@ from harness.report.page import anchor
 from harness.report.promote import Night, gate_of, night_record, nights
 from harness.report.writer import FINDINGS_NAME
 from harness.repro.layout import LINK
+from harness.vocabulary import Verdict
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 ABOUT_CHARS = 240
@@ -51,22 +53,23 @@ PLOT_W, PLOT_H, LEFT, TOP, BOTTOM = 300, 110, 42, 8, 20
 SHADES = ("#c6dbef", "#9ecae1", "#6baed6", "#4292c6", "#2171b5", "#08519c", "#08306b")
 
 
-FAILS, PASSES = ("failed", "xfailed"), ("passed", "xpassed")
 NOT_SEALED = "not written by this user's promote (no valid seal, or its reports changed since): not read"
 
 
 def verdict_class(verdict: str | None) -> str | None:
     """'fail', 'pass', or None for a verdict that says nothing about executorch (or an absent check)."""
-    if verdict in FAILS:
+    meaning = Verdict.of(verdict)
+    if meaning is not None and meaning.fails:
         return "fail"
-    return "pass" if verdict in PASSES else None
+    return "pass" if meaning is not None and meaning.passes else None
 
 
 def square_class(verdict: str | None) -> str:
     """A strip square's colour: failed, xfailed and xpassed each their own, apart from passed and the rest."""
     if verdict is None:
         return "absent"
-    return verdict if verdict in ("passed", "failed", "xfailed", "xpassed") else "other"
+    meaning = Verdict.of(verdict)
+    return verdict if meaning is not None and meaning.measured else "other"
 
 
 def finding_order(name: str) -> tuple:
@@ -107,13 +110,18 @@ def read_store(store: Path) -> list[NightReports]:
     return found
 
 
+def _emulated(kind_name: object) -> bool:
+    kind = kinds.named(kind_name)
+    return kind is not None and kind.emulated
+
+
 def _device_names(document: dict) -> set[str]:
     """Devices that measured this SoC, named so the same device has the same name every night: an
     emulated device's adb address changes each run, so it is known by its SoC."""
     devices = (document.get("provenance") or {}).get("devices") or []
     if devices:
         return {
-            f"emulated {document['soc']}" if d.get("kind") == "emulated" else d["serial"].rsplit("/", 1)[-1]
+            f"emulated {document['soc']}" if _emulated(d.get("kind")) else d["serial"].rsplit("/", 1)[-1]
             for d in devices
         }
     if document["environment"].get("emulated"):

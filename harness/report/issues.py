@@ -29,14 +29,14 @@ from pathlib import Path
 import jinja2
 from markupsafe import Markup
 
+from harness.device import kinds
 from harness.report.document import checks_of, rank
 from harness.report.gate import read_documents
 from harness.text import code_fence, code_span, markdown_text
 from harness.user_state import folder_problem
-from harness.vocabulary import DTYPES, MODE_ORDER, QUANT_DTYPES
+from harness.vocabulary import DTYPES, MODE_ORDER, QUANT_DTYPES, Verdict
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
-ISSUE_VERDICTS = ("failed", "xfailed")  # a check that failed (expected or not); xpassed is the manifest's to fix
 FILED = re.compile(r"\[upstream: (https://github\.com/pytorch/[a-z]+/(?:issues|pull)/[0-9]{1,9})\]")  # describe()
 FINDING_REFERENCE = re.compile(r"FINDINGS\.md#(F[0-9]+)\b")
 MAX_JSON_BYTES = 16 * 1024 * 1024  # a bundle's case.json is tens of KB
@@ -85,7 +85,7 @@ def finding_of(name: str, check: dict) -> str | None:
     """The finding a check counts towards, or None when it did not fail: F<n> where the record or its
     known-failures entry points into docs/FINDINGS.md; an entry's own words where it points nowhere; for a
     failure no entry expected, `new-<check>[-<signature>]` (one finding per check and signature)."""
-    if check["verdict"] not in ISSUE_VERDICTS:
+    if not Verdict(check["verdict"]).fails:  # a check that failed, expected or not; xpassed is the manifest's to fix
         return None
     for text in (str(check.get("finding") or ""), check["known_failure"]):
         match = FINDING_REFERENCE.search(text) or re.fullmatch(r"(F[0-9]+)", text)
@@ -494,13 +494,19 @@ def _bundles(members: list[Member]) -> tuple[list[tuple[str, str]], int]:
     return present, len({(soc, repro) for soc, repro, _ in named}) - len(present)
 
 
+def _emulated_kind(name: object) -> bool:
+    """A bundle's recorded device kind is an emulated one (an unknown or missing kind is not)."""
+    kind = kinds.named(name)
+    return kind is not None and kind.emulated
+
+
 def _setup(environment: dict, case: dict) -> dict:
     """Where the run was, for the issue text: the simulator or a phone, the suite's bridges, the QNN versions
     (the library's API, the one executorch says it was tested against, where its build pins QAIRT)."""
     recorded = case.get("environment") if isinstance(case.get("environment"), dict) else {}
     version = VERSION.match(str(environment.get("executorch") or ""))
     return {
-        "simulator": environment.get("emulated") is True or recorded.get("device_kind") == "emulated",
+        "simulator": environment.get("emulated") is True or _emulated_kind(recorded.get("device_kind")),
         "device_bridge": environment.get("bridge") == "on" or recorded.get("device_config_bridge") is True,
         "compose_bridge": environment.get("compose_bridge") == "on",
         "qnn_api": str(environment.get("qnn_api") or "not recorded"),

@@ -12,10 +12,14 @@ import re
 import xml.etree.ElementTree as ET
 
 from harness.report.document import checks_of
+from harness.vocabulary import Verdict
 
 # Characters XML 1.0 cannot hold at all (messages may carry terminal escapes from a runner's log), and
 # lone surrogates, which no UTF-8 file can (one made writing junit.xml fail, leaving it empty).
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff\ufffe\uffff]")
+
+
+JUNIT = (("failure", "failures"), ("error", "errors"), ("skipped", "skipped"))  # element -> its testsuite count
 
 
 def _text(value: object) -> str:
@@ -31,21 +35,18 @@ def _testcase(suite: ET.Element, case: dict, name: str, check: dict) -> None:
     element = ET.SubElement(
         suite, "testcase", classname=_text(name), name=_text(case["case_id"]), time=_seconds(check["duration_s"])
     )
-    verdict, message, reason = check["verdict"], _text(check["message"]), _text(check["known_failure"])
-    if verdict == "failed":
-        failure = ET.SubElement(element, "failure", type="failed", message=message)
-        failure.text = _text(json.dumps(check["evidence"], indent=1)) if check["evidence"] else message
-    elif verdict == "xpassed":
-        ET.SubElement(element, "failure", type="xpassed", message=f"known failure now passes: {reason}")
-    elif verdict == "xfailed":
-        detail = f" ({message})" if message else ""
-        ET.SubElement(element, "skipped", type="xfailed", message=f"known failure: {reason}{detail}")
-    elif verdict == "skipped":
-        ET.SubElement(element, "skipped", type="skipped", message=message)
-    elif verdict == "not_measured":
-        ET.SubElement(element, "skipped", type="not_measured", message=f"not measured: {message}")
-    elif verdict == "infra_error":  # the device or the lab failed: an error, not a conformance failure
-        ET.SubElement(element, "error", type="infra_error", message=message)
+    verdict, message, reason = Verdict(check["verdict"]), _text(check["message"]), _text(check["known_failure"])
+    if not verdict.junit:
+        return
+    if verdict is Verdict.XPASSED:
+        message = f"known failure now passes: {reason}"
+    elif verdict is Verdict.XFAILED:
+        message = f"known failure: {reason}" + (f" ({message})" if message else "")
+    elif verdict is Verdict.NOT_MEASURED:
+        message = f"not measured: {message}"
+    element = ET.SubElement(element, verdict.junit, type=verdict.value, message=message)
+    if verdict is Verdict.FAILED:
+        element.text = _text(json.dumps(check["evidence"], indent=1)) if check["evidence"] else message
 
 
 def render(document: dict) -> str:
@@ -55,9 +56,7 @@ def render(document: dict) -> str:
     total_time = _seconds(sum(c["duration_s"] for _, _, c in checks if isinstance(c["duration_s"], (int, float))))
     counts = {
         "tests": str(summary["total"]),
-        "failures": str(summary["failed"] + summary["xpassed"]),
-        "errors": str(summary.get("infra_error", 0)),
-        "skipped": str(summary["skipped"] + summary["xfailed"] + summary.get("not_measured", 0)),
+        **{plural: str(sum(summary.get(v, 0) for v in Verdict if v.junit == element)) for element, plural in JUNIT},
         "time": total_time,
     }
     root = ET.Element("testsuites", name=_text(f"qnn-mutbuf {document['run_id']}"), **counts)

@@ -9,9 +9,9 @@ count and a link. The HTML has every check.
 
 from __future__ import annotations
 
+from harness.device import kinds
 from harness.device.device import devices_display
 from harness.report.document import (
-    SPOKEN,
     by_finding,
     checks_of,
     problems,
@@ -23,7 +23,6 @@ from harness.report.gate import GateResult, clip
 from harness.report.perf_gate import (
     FAIL,
     PASS,
-    PHONE,
     PROFILE_TOP,
     WARN,
     finding_candidates,
@@ -32,7 +31,7 @@ from harness.report.perf_gate import (
 )
 from harness.repro.layout import REPRO_DIR, BundleSize
 from harness.text import markdown_text
-from harness.vocabulary import VERDICTS
+from harness.vocabulary import Verdict
 
 SLOWEST_STAGES = 6
 EXAMPLES = 3  # cases named on a grouped line
@@ -41,7 +40,7 @@ FINDINGS = "docs/FINDINGS.md"  # where a finding's anchor is, when the caller gi
 
 
 def _totals(summary: dict) -> str:
-    return ", ".join(f"{summary[v]} {SPOKEN.get(v, v)}" for v in VERDICTS if summary[v] or v in ("passed", "failed"))
+    return ", ".join(f"{summary[v]} {v.spoken}" for v in Verdict if summary[v] or v.always_counted)
 
 
 def _kib(size: int) -> str:
@@ -99,7 +98,7 @@ def _performance(document: dict) -> list[str]:
     timed = [case for case in document["cases"] if isinstance(case.get("timing"), dict)]
     if not timed:
         return []
-    simulator = any(case["timing"].get("device_kind") != PHONE for case in timed)
+    simulator = any(kinds.simulated(case["timing"].get("device_kind")) for case in timed)
     lines = [
         "",
         "## Step times" + (" (HTP simulator times on the host: not phone performance)" if simulator else ""),
@@ -109,7 +108,7 @@ def _performance(document: dict) -> list[str]:
     ]
     for case in timed[:LISTED]:
         timing = case["timing"]
-        kind = "phone" if timing.get("device_kind") == PHONE else "simulator"
+        kind = kinds.report_label(timing.get("device_kind"))
         lines.append(
             f"| {markdown_text(case['case_id'])} | {kind} | {_us(timing.get('first_step_us'))} "
             f"| {_us(timing.get('p50_us'))} | {_us(timing.get('p90_us'))} "
@@ -125,7 +124,7 @@ def _performance(document: dict) -> list[str]:
             "| --- | --- | ---: |",
         ]
         lines += [
-            f"| {markdown_text(f'{r.card} {r.dtype} {r.soc}')} | {'simulator' if r.simulator else 'phone'} | {r.ratio:.2f} |"
+            f"| {markdown_text(f'{r.card} {r.dtype} {r.soc}')} | {kinds.report_label(r.device_kind)} | {r.ratio:.2f} |"
             for r in rows[:LISTED]
         ]
     candidates = finding_candidates(document)
@@ -158,7 +157,7 @@ def _failures(document: dict) -> list[str]:
     lines = [f"## Failures ({len(failing)})", ""]
     for (verdict, name, signature), members in groups.items():
         first = members[0][2]
-        line = first["message"] if verdict == "failed" else first["known_failure"]
+        line = first["message"] if verdict == Verdict.FAILED else first["known_failure"]
         lines.append(
             f"- **{verdict}** {markdown_text(name)}"
             + (f" `{signature}`" if signature else "")
@@ -170,7 +169,7 @@ def _failures(document: dict) -> list[str]:
 
 
 def _infrastructure(document: dict) -> list[str]:
-    infrastructure = with_verdict(document, "infra_error")
+    infrastructure = with_verdict(document, Verdict.INFRA_ERROR)
     if not infrastructure:  # the device or the lab failed: no conformance verdict, rerun on a healthy device
         return []
     lines = ["", f"## Infrastructure errors ({len(infrastructure)}): not verified, rerun on a healthy device", ""]
@@ -248,7 +247,7 @@ def render(
         lines += _gate(gate)
     lines += _failures(document)
     lines += _infrastructure(document)
-    unmeasured = with_verdict(document, "not_measured")
+    unmeasured = with_verdict(document, Verdict.NOT_MEASURED)
     if unmeasured:
         reasons = sorted({check["message"] for _, _, check in unmeasured})
         lines += ["", f"## Not measured ({len(unmeasured)})", ""]

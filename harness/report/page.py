@@ -13,10 +13,10 @@ from pathlib import Path
 import jinja2
 from markupsafe import Markup
 
+from harness.device import kinds
 from harness.device.device import devices_display
 from harness.report.chart import error_chart, step_time_chart
 from harness.report.document import (
-    SPOKEN,
     by_finding,
     check_order,
     checks_of,
@@ -27,21 +27,12 @@ from harness.report.document import (
     with_verdict,
 )
 from harness.report.gate import GateResult
-from harness.report.perf_gate import FAIL, PASS, PHONE, WARN, finding_candidates, profile_top, speedups
+from harness.report.perf_gate import FAIL, PASS, WARN, finding_candidates, profile_top, speedups
 from harness.repro.layout import LINK
 from harness.text import printable
-from harness.vocabulary import DTYPES, MODE_ORDER, VERDICTS
+from harness.vocabulary import DTYPES, MODE_ORDER, VERDICTS, Verdict
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
-LABELS = {
-    "passed": "pass",
-    "failed": "FAIL",
-    "xpassed": "XPASS",
-    "xfailed": "xfail",
-    "skipped": "skip",
-    "not_measured": "n/m",
-    "infra_error": "INFRA",
-}
 MODE_LABELS = {"delegate_mutbuf": "delegated", "skip_mutbuf": "skip_mutbuf", "meta_llama": "meta llama"}
 ENVIRONMENT_FIRST = (
     "executorch",
@@ -91,7 +82,7 @@ class Cell:
 
     @property
     def label(self) -> str:
-        return LABELS.get(self.verdict, self.verdict)
+        return verdict.label if (verdict := Verdict.of(self.verdict)) else self.verdict
 
     @property
     def title(self) -> str:
@@ -101,7 +92,7 @@ class Cell:
     @property
     def expandable(self) -> bool:
         """Everything but a plain pass or skip opens to its details; state passes too, for their chart."""
-        return self.verdict not in ("passed", "skipped") or bool(self.chart)
+        return self.verdict not in (Verdict.PASSED, Verdict.SKIPPED) or bool(self.chart)
 
 
 def _pretty(value: object, depth: int = 0) -> str:
@@ -123,7 +114,7 @@ def _pretty(value: object, depth: int = 0) -> str:
 def _cell(case: dict, check_name: str, check: dict, opens_left: bool) -> Cell:
     evidence = check["evidence"] or {}
     steps = evidence.get("steps") if isinstance(evidence.get("steps"), list) else None  # per-step numbers: a chart
-    shown = evidence if check["verdict"] != "passed" else {}  # a pass's numbers are in its chart's tooltips
+    shown = evidence if check["verdict"] != Verdict.PASSED else {}  # a pass's numbers are in its chart's tooltips
     return Cell(
         case["card"],
         case["dtype"],
@@ -173,9 +164,9 @@ def _table(cases: list[dict], checks: list[str]) -> dict:
                 "card": card,
                 "tags": tags,
                 "cells": cells,
-                "failures": sum(v in ("failed", "xpassed") for v in verdicts),
-                "infrastructure": verdicts.count("infra_error"),
-                "xfails": verdicts.count("xfailed"),
+                "failures": sum(Verdict(v).fails_run for v in verdicts),
+                "infrastructure": verdicts.count(Verdict.INFRA_ERROR),
+                "xfails": verdicts.count(Verdict.XFAILED),
             }
         )
     return {"groups": groups, "columns": columns, "rows": rows}
@@ -196,7 +187,7 @@ def _matrix(document: dict, flagged: set[str]) -> dict:
         shapes = sorted(set(modes_of.values()), key=lambda modes: (-sum(m == modes for m in modes_of.values()), modes))
         tables = [_table([c for c in mine if modes_of[c["card"]] == shape], checks) for shape in shapes]
         verdicts = [check["verdict"] for c in mine for check in c["checks"].values()]
-        needs_a_look = any(v in ("failed", "xpassed", "infra_error") for v in verdicts) or any(
+        needs_a_look = any(Verdict(v).fails_run or v == Verdict.INFRA_ERROR for v in verdicts) or any(
             c["case_id"] in flagged for c in mine
         )
         folds.append(
@@ -324,7 +315,7 @@ def _performance(document: dict) -> dict | None:
             case["timing"].get("steps_us") or []
         )
     return {
-        "simulator": any(case["timing"].get("device_kind") != PHONE for case in timed),
+        "simulator": any(kinds.simulated(case["timing"].get("device_kind")) for case in timed),
         "cases": timed,
         "speedups": speedups(document),
         "candidates": finding_candidates(document),
@@ -352,8 +343,8 @@ def render(document: dict, gate: GateResult | None = None, findings_link: str = 
         document=document,
         summary=document["summary"],
         verdicts=VERDICTS,
-        labels=LABELS,
-        spoken=SPOKEN,
+        labels={verdict.value: verdict.label for verdict in Verdict},
+        spoken={verdict.value: verdict.spoken for verdict in Verdict},
         short_checks={column["name"]: column["short"] for column in document.get("checks") or ()},
         mode_labels=MODE_LABELS,
         matrix=_matrix(document, flagged),
@@ -362,7 +353,9 @@ def render(document: dict, gate: GateResult | None = None, findings_link: str = 
         gate=gated,
         findings_link=findings_link,
         problems=[_cell(case, name, check, False) for case, name, check in problems(document)],
-        infrastructure=[_cell(case, name, check, False) for case, name, check in with_verdict(document, "infra_error")],
+        infrastructure=[
+            _cell(case, name, check, False) for case, name, check in with_verdict(document, Verdict.INFRA_ERROR)
+        ],
         findings=[
             (finding, [_cell(case, name, check, False) for case, name, check in finding.members])
             for finding in by_finding(document)

@@ -35,6 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from harness.device import kinds
 from harness.record import CheckRecord, step_stats
 
 PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
@@ -52,7 +53,6 @@ MAX_BAND_PCT = 50.0  # a noise band wider than this cannot judge a change of the
 MAX_STEP_US = 600_000_000  # a p50 step of more than 10 minutes is no measurement (a device run times out first)
 IMPLAUSIBLE_SPEEDUP = 4.0  # a baseline this many times slower than now is suspect, not a 4x speed-up to pass
 DELEGATED, SKIPPED = "delegate_mutbuf", "skip_mutbuf"
-PHONE = "phone"  # harness/device/kinds.py: the only kind whose times are a real NPU's
 
 Key = tuple[str, str]  # soc, case_id
 
@@ -210,7 +210,7 @@ def compare(baseline: dict[Key, dict], records: list[CheckRecord], budget_pct: f
         before, after = repeats_of(before_timing, statistic), repeats_of(after_timing, statistic)
         if not before or not after:
             continue
-        drift = 0.0 if after_timing.get("device_kind") == PHONE else SIMULATOR_DRIFT_PCT
+        drift = SIMULATOR_DRIFT_PCT if kinds.simulated(after_timing.get("device_kind")) else 0.0
         judged = judge(before, after, budget_pct, drift)
         verdicts.append(
             PerfVerdict(
@@ -246,7 +246,7 @@ class Speedup:
 
     @property
     def simulator(self) -> bool:
-        return self.device_kind != PHONE
+        return kinds.simulated(self.device_kind)
 
 
 def speedups(document: dict) -> list[Speedup]:

@@ -12,9 +12,10 @@ from harness.files import say, write_atomically
 from harness.paths import REPO_ROOT
 from harness.record import CheckRecord
 from harness.report import junit, markdown, page
-from harness.report.document import SPOKEN, Column, build, tally
+from harness.report.document import Column, build, tally
 from harness.report.gate import GateResult, summary as gate_summary
 from harness.repro import layout
+from harness.vocabulary import Verdict
 
 LATEST = "latest"
 FINDINGS = REPO_ROOT / "docs" / "FINDINGS.md"
@@ -160,9 +161,7 @@ def summary_line(
     mine = [record for record in records if record.soc == soc]
     counts = tally(mine)
     shown = ", ".join(
-        f"{n} {SPOKEN.get(verdict, verdict)}"
-        for verdict, n in counts.items()
-        if verdict != "total" and (n or verdict in ("passed", "failed"))
+        f"{counts[verdict]} {verdict.spoken}" for verdict in Verdict if counts[verdict] or verdict.always_counted
     )
     devices = sorted({device_display(r.device_serial, soc, emulated) for r in mine if r.device_serial})
     return (

@@ -45,7 +45,6 @@ from harness.runner import build as runner_build
 from harness.versions import package_version
 
 PTE_LIMIT_BYTES = 2 * 1024 * 1024  # a larger .pte is left out: repro.py makes it again
-BUNDLED_VERDICTS = layout.BUNDLED_VERDICTS
 SCHEMA_VERSION = 1
 
 
@@ -117,7 +116,7 @@ class BundleWriter:
     def add(self, record: CheckRecord, outcome: CaseOutcome, signature: str, known: KnownFailure | None) -> CheckRecord:
         """Add the check to its case's bundle; the record comes back with the bundle's link (or as it
         was, when the check is not bundled or the bundle cannot be written: one line says why)."""
-        bundled = record.verdict in BUNDLED_VERDICTS or self._write_passes
+        bundled = record.verdict.bundled or self._write_passes
         folder = self._run_folder / record.soc / layout.link(record.case_id)
         finding, _, upstream = (known.reference if known else "").partition(";")
         entry = {

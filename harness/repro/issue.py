@@ -17,10 +17,12 @@ import jinja2
 from markupsafe import Markup
 
 from harness import check_registry
+from harness.device import kinds
 from harness.known_failures import finding_titles
 from harness.numerics import TOLERANCES
 from harness.repro import layout
 from harness.text import code_fence, code_span, markdown_text
+from harness.vocabulary import Verdict
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 TRACEBACK_LINES = 12
@@ -88,8 +90,15 @@ def _pipeline(case: dict) -> str:
     return f"exports with `torch.export`, {quantize}{lower}, serialises with {serialise}"
 
 
+def _traced(kind_name: object) -> bool:
+    """Whether the kind that ran the case traces every execute (its numbers then come with addresses)."""
+    kind = kinds.named(kind_name)
+    return kind is not None and kind.has_execute_trace
+
+
 def _device_words(env: dict) -> str:
-    if env.get("device_kind") == "emulated" or not env.get("device_serial"):
+    kind = kinds.named(env.get("device_kind"))
+    if (kind is not None and kind.emulated) or not env.get("device_serial"):
         return (
             "the x86_64 HTP simulator (an emulated device of the suite, running the .pte with executorch's pybindings)"
         )
@@ -140,9 +149,7 @@ def _template() -> jinja2.Template:
 
 def render(case: dict) -> str:
     """The report for one bundle (case.json as a dict)."""
-    failing = [
-        (name, check) for name, check in case["checks"].items() if check["verdict"] in ("failed", "xfailed", "xpassed")
-    ]
+    failing = [(name, check) for name, check in case["checks"].items() if Verdict(check["verdict"]).bundled]
     causes = sorted({(check["finding"], check["upstream"]) for _, check in failing if check["upstream"]})
     tolerance = TOLERANCES.get(case["dtype"], {})
     folder = layout.folder_name(case["case_id"])
@@ -167,7 +174,7 @@ def render(case: dict) -> str:
         if tolerance
         else "see the suite",
         traceback_tail="\n".join(traceback[-TRACEBACK_LINES:]),
-        has_trace=bool(case.get("numbers")) and case["environment"].get("device_kind") == "emulated",
+        has_trace=bool(case.get("numbers")) and _traced(case["environment"].get("device_kind")),
         code=code,
         fenced=fenced,
         finding_title=_finding_title,

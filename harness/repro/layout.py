@@ -15,7 +15,6 @@ from pathlib import Path
 REPRO_DIR = "repro"
 ARCHIVE_SUFFIX = ".tar.gz"
 CASE_FILE = "case.json"
-BUNDLED_VERDICTS = ("failed", "xfailed", "xpassed")  # the checks a case's bundle is written for (without --repro-all)
 PLAIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,120}$")
 # What a record's `repro` field may hold: the page links it, so nothing else becomes a link.
 LINK = re.compile(rf"^{REPRO_DIR}/[A-Za-z0-9][A-Za-z0-9_.-]{{0,120}}$")

@@ -538,6 +538,7 @@ class BundleDevice:
     name: str
     has_execute_trace: bool
     heap_pattern: int | None
+    suite_runner_hint: str = ""
 
 
 @dataclass

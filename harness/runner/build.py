@@ -264,7 +264,7 @@ def android_compile_command(compiler: str, folder: Path, torch_include: Path, ou
 
 
 def build_for_android(clangxx: Path, folder: Path) -> AndroidRunner:
-    """The runner for aarch64-android, built with the NDK's clang++ (harness/device/kinds.py finds it in the
+    """The runner for aarch64-android, built with the NDK's clang++ (harness/device/kinds/ finds it in the
     NDK, as for the interposer) against the user's executorch Android build; cached by content (source,
     compiler, command, every header and library of the build)."""
     check_android_build(folder)

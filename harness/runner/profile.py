@@ -1,4 +1,4 @@
-"""The QNN profile of a run (--profile-level, issue 33): the runner's ETDump read with executorch's devtools
+"""The QNN profile of a run (--profile-level): the runner's ETDump read with executorch's devtools
 Inspector, as per-step events for the case's timing.
 
 A program lowered with a QNN profile_level makes the QNN backend log its profile into the runner's event tracer

@@ -1,5 +1,5 @@
 /*
- * suite_runner: the conformance suite's own ExecuTorch runner (issue 31).
+ * suite_runner: the conformance suite's own ExecuTorch runner.
  *
  * Why it exists: upstream's qnn_executor_runner runs one method per process and reports only an average
  * time, so state can never cross methods and no single step can be timed. This runner executes a whole
@@ -63,7 +63,7 @@
  * "runner: io memory rpcmem|ordinary" names which memory the run used.
  * --share_memory_arenas is Module's share_memory_arenas (one set of planned arenas for all methods), which
  * programs exported with share_mutable_buffers rely on.
- * ETDump (--etdump_path, the QNN profile of issue 33): the Module gets executorch's ETDumpGen as its event
+ * ETDump (--etdump_path, the QNN profile): the Module gets executorch's ETDumpGen as its event
  * tracer; every Method::execute is an event block of its own, and the QNN backend logs its profile events
  * (per op, when the program was lowered with a profile_level) into the block of the execute that made them.
  * The ETDump is written once, after the last step; harness/runner/profile.py reads it with the devtools

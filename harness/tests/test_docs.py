@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -172,3 +173,16 @@ def test_pytest_outside_the_venv_is_one_line_and_a_usage_error(args, tmp_path):
     assert len(lines) == 1 and "Traceback" not in lines[0], lines
     assert lines[0].startswith("qnnsuite: torch") and "run harness/run.sh suite" in lines[0]
     assert "not importable from " in lines[0]
+
+
+def test_the_findings_table_counts_the_manifests_entries_of_each_finding():
+    """FINDINGS.md's table says how many manifest entries each finding has: the manifest's own count (a finding
+    without entries says why in words, e.g. "none (bridged)")."""
+    import harness.checks  # noqa: F401  (registers the checks whose signatures the manifest names)
+    from harness import known_failures
+    from harness.record import finding_in
+
+    text = (REPO_ROOT / "docs" / "FINDINGS.md").read_text(encoding="utf-8")
+    stated = dict(re.findall(r"^\| \[(F[0-9]+)\]\(#F[0-9]+\)[^|]*\|[^|]*\| ([^|]+?) \|", text, re.M))
+    counted = Counter(finding_in(entry.reference) for entry in known_failures.load())
+    assert stated and {name: int(value) for name, value in stated.items() if value.isdigit()} == dict(counted)

@@ -1,4 +1,4 @@
-"""Lab faults and their bounds (issue 35): a full or read-only report folder, a runner that floods its
+"""Lab faults and their bounds: a full or read-only report folder, a runner that floods its
 output, an output file far larger than its program's, a wedged adb server, the run's adb server killed or
 replaced on its socket, torn state files and a card's helper module that changes. Each test breaks one thing and asserts the one line, the exit code or verdict,
 what is written and that nothing is left running; and a healthy input the defence must leave alone.

@@ -466,7 +466,7 @@ def test_control_characters_and_lone_surrogates_keep_reports_well_formed(tmp_pat
     assert "\\ud800 lone" in (folder / "summary.md").read_text(encoding="utf-8")
 
 
-# --- file attacks (issue 29) ---
+# --- file attacks ---
 # Files the suite did not write this run (a cache, report.json files, card modules, manifests) are handed to
 # it crafted, as an attacker (or a broken CI job) would: each is refused, or made inert, in one line.
 
@@ -905,7 +905,7 @@ def test_manifest_pattern_that_backtracks_for_hours_is_refused_and_no_check_hang
     known_failures.load.cache_clear()
 
 
-# --- device attacks (issue 29) ---
+# --- device attacks ---
 # Run as they were found: from a second local account (`setpriv` to nobody; the tests run as root) with the
 # stock adb client, or as a device shell.
 

@@ -1,4 +1,4 @@
-"""The existing checks judge a multi-method case per method (issue 32): partitions, annotation, address_sharing,
+"""The existing checks judge a multi-method case per method: partitions, annotation, address_sharing,
 state and initial_state each fail a case where ONE method is broken, naming that method, and pass a good one;
 a method the rule cannot apply to is recorded as not applicable with its reason, never as a pass.
 

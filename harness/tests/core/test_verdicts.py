@@ -4,6 +4,7 @@ verdicts travel as the strings report.json has always held. No device, no loweri
 
 from __future__ import annotations
 
+from dataclasses import fields
 from types import SimpleNamespace
 
 import pytest
@@ -11,9 +12,9 @@ import pytest
 from harness.check_registry import CheckFailure, CheckSpec, InfrastructureError, NotApplicable, NotMeasured
 from harness.device.device import DeviceError
 from harness.known_failures import KnownFailure
-from harness.record import REPORT_ATTRIBUTE, CheckRecord
+from harness.record import CheckRecord, carried_record
 from harness.verdicts import EXPECTED, JUDGEMENT, decide, judge, settle
-from harness.vocabulary import VERDICTS, Case, Mode, ModelCard, Verdict
+from harness.vocabulary import VERDICTS, Case, Mode, ModelCard, Verdict, VerdictMeaning
 
 CARD = ModelCard(
     name="made_up",
@@ -160,7 +161,9 @@ def _settled(when: str, failure: BaseException | None, judgement=None, expected:
     if judgement is not None:
         item.stash[JUDGEMENT] = judgement
     outcome = "passed" if failure is None else ("skipped" if isinstance(failure, pytest.skip.Exception) else "failed")
-    report = SimpleNamespace(outcome=outcome, longrepr="pytest's words" if failure else None, duration=1.23456)
+    report = SimpleNamespace(
+        outcome=outcome, longrepr="pytest's words" if failure else None, duration=1.23456, user_properties=[]
+    )
     settle(item, SimpleNamespace(when=when, excinfo=SimpleNamespace(value=failure) if failure else None), report)
     return report
 
@@ -173,22 +176,41 @@ def test_settle_words_the_report_as_the_judgement_says_and_carries_the_record():
         STATE_MISMATCH.describe(),
         "pytest's words",
     )
-    record = getattr(xfailed, REPORT_ATTRIBUTE)
+    record = carried_record(xfailed.user_properties)
     assert (record["verdict"], record["duration_s"], record["message"]) == ("xfailed", 1.235, "state differs")
     xpassed = _settled("call", None, _judge(expected=(STATE_MISMATCH,)), (STATE_MISMATCH,))
     assert xpassed.outcome == "failed" and xpassed.longrepr.startswith("[XPASS(strict)] known failure [state_mismatch]")
     measured = _settled("call", NotMeasured("no trace"), _judge(NotMeasured("no trace")))
     assert (measured.outcome, measured.longrepr) == ("skipped", ("suites/test_state.py", 7, "not measured: no trace"))
     passed = _settled("call", None, _judge())
-    assert (passed.outcome, passed.longrepr, getattr(passed, REPORT_ATTRIBUTE)["verdict"]) == ("passed", None, "passed")
+    assert (passed.outcome, passed.longrepr, carried_record(passed.user_properties)["verdict"]) == (
+        "passed",
+        None,
+        "passed",
+    )
 
 
 def test_settle_words_a_fixture_failure_without_a_record():
     infra = _settled("setup", InfrastructureError("device quarantined"))
-    assert infra.longrepr == f"{NODEID}: infrastructure error: device quarantined" and not hasattr(
-        infra, REPORT_ATTRIBUTE
-    )
+    assert infra.longrepr == f"{NODEID}: infrastructure error: device quarantined" and not infra.user_properties
     bug = _settled("setup", RuntimeError("fixture bug"))
     assert (bug.outcome, bug.longrepr) == ("failed", "pytest's words")
     # a pass where a failure is expected is an XPASS only for a judged check: never a set-up that passed
     assert _settled("setup", None, expected=(STATE_MISMATCH,)).outcome == "passed"
+
+
+def test_every_verdict_carries_every_meaning_and_the_meanings_agree():
+    """Each member holds every field of VerdictMeaning (the renderers and the gate read nothing else), and the
+    meanings keep the rules the reports have always shown."""
+    for verdict in Verdict:
+        for meaning in fields(VerdictMeaning):
+            assert isinstance(getattr(verdict, meaning.name), {"str": str, "bool": bool}[meaning.type]), meaning.name
+        assert verdict.label and verdict.spoken
+        assert not (verdict.passes and verdict.fails), verdict
+        assert not (verdict.apart and verdict.measured), verdict  # not about executorch: never a measurement
+        assert (verdict.junit == "failure") == verdict.fails_run, verdict
+        assert verdict.measured == (verdict.passes or verdict.fails), verdict
+    assert [v for v in Verdict if v.bundled] == [Verdict.FAILED, Verdict.XPASSED, Verdict.XFAILED]
+    assert [v for v in Verdict if v.apart] == [Verdict.NOT_MEASURED, Verdict.INFRA_ERROR]
+    assert len({v.label for v in Verdict}) == len(Verdict), "two verdicts would share a table cell"
+    assert Verdict.of("absent") is None and Verdict.of("xfailed") is Verdict.XFAILED

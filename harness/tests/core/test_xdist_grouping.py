@@ -1,6 +1,6 @@
 """The pinned pytest/pytest-xdist pair must keep an xdist_group on one worker under --dist loadgroup.
 
-Measured (pytest-xdist issue 1386): pytest 9.2.0 with xdist 3.8.0 ignores the groups; the suite relies on grouping to keep a
+Measured (pytest-dev/pytest-xdist#1386): pytest 9.2.0 with xdist 3.8.0 ignores the groups; the suite relies on grouping to keep a
 device's cases together, so this is checked, not assumed.
 """
 

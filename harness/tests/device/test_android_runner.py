@@ -1,4 +1,4 @@
-"""The suite's runner for phones (issue 31 item 2): --executorch-android-build is checked at the start with one
+"""The suite's runner for phones: --executorch-android-build is checked at the start with one
 line naming what it lacks; with a stand-in NDK (harness/emulator/phone.py write_ndk: the host compilers, as the
 emulated phones run host binaries) the same suite_runner.cpp is built against the build folder, cached by
 content, and a phone's payload carries it as `suite_runner` with the build's shared libraries."""

@@ -1,4 +1,4 @@
-"""Health checks, device logs and provenance (issue 12, items 3 and 4).
+"""Health checks, device logs and provenance.
 
 The suite runs are child `pytest suites` runs on two emulated devices (SM8650 healthy, SM8750 broken by a
 fault switch) over one small card, sharing one artifact cache, as in test_reliability.py. The rest are
@@ -33,7 +33,7 @@ from harness.environment import provenance_per_soc
 from harness.outcome import CaseOutcome
 from harness.paths import REPO_ROOT
 from harness.qnn.sdk import WHEEL_ORIGIN, QnnSdk
-from harness.record import REPORT_ATTRIBUTE
+from harness.record import RECORD_PROPERTY
 from harness.report import page, write_run
 from harness.tests.report.test_report import COLUMNS, environments, make_records, typed
 
@@ -387,7 +387,9 @@ def test_the_terminal_summary_warns_once_where_device_and_host_qnn_builds_differ
     )
     reporter = reporter_module.ConformanceReporter(options, context, None)
     for record in make_records(cards={"counter_add": ("counter",)}, socs=("SM8650",)):
-        reporter.pytest_runtest_logreport(SimpleNamespace(nodeid=record["nodeid"], **{REPORT_ATTRIBUTE: record}))
+        reporter.pytest_runtest_logreport(
+            SimpleNamespace(nodeid=record["nodeid"], user_properties=[(RECORD_PROPERTY, record)])
+        )
     reporter.pytest_sessionfinish(SimpleNamespace(exitstatus=0))
     warnings = [line for line in reporter._lines if line.startswith("warning: ")]
     assert len(warnings) == warned and all(

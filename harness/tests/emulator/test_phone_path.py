@@ -1,4 +1,4 @@
-"""The phone path end to end without a phone (issue 12, first "Must show"): `python -m harness emulate
+"""The phone path end to end without a phone: `python -m harness emulate
 --as-phone` serves an SM8650 and an SM8750 that look like phones on a private adb server, and the user's
 command runs against them with the build folder and SDK tree that emulate wrote. The harness takes its
 phone path (kind, SoC detection without ro.soc.model, upstream's push list); address sharing is not

@@ -1,4 +1,4 @@
-"""Cross-version programs (issue 34 item 6): a program lowered by one release run on another's runtime.
+"""Cross-version programs: a program lowered by one release run on another's runtime.
 
 The classification is tested on its own, with runner results made up at the process boundary (what a
 runner process leaves: exit code, log, raw output files): a refusal keeps its error line and is never

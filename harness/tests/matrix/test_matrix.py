@@ -1,4 +1,4 @@
-"""The version matrix (issue 16) at unit level: no executorch release is installed here.
+"""The version matrix at unit level: no executorch release is installed here.
 
 The side-by-side builder must put the rows that change first and word the change by the version that
 caused it (and must not call anything a change that is only a column that did not run); the renderers
@@ -20,6 +20,7 @@ from harness.matrix.environments import MatrixSetupError, PythonEnv, QnnTree
 from harness.matrix.layout import COMBINATION_FILE, Combination
 from harness.matrix.side_by_side import Column
 from harness.paths import REPO_ROOT
+from harness.vocabulary import Verdict
 
 BUILD = {"2.47": "v2.47.0.260601114230", "2.51": "v2.51.0.260929181845"}
 
@@ -447,3 +448,20 @@ def test_rows_follow_the_reports_check_columns_a_new_check_included():
         "made_up_check",
         "export",
     ]
+
+
+def test_the_side_by_side_labels_every_verdict_from_the_verdict_itself():
+    """Each verdict, not measured and infrastructure errors too, has its own label in both renderers."""
+    case = "kv_arange_init-fp16-delegate_mutbuf-SM8650"
+    verdicts = {(case, f"check_{verdict.value}"): (verdict.value, f"why {verdict.value}") for verdict in Verdict}
+    columns = [
+        _column("1.4.1", "2.51", verdicts),
+        _column("1.5.1", "2.51", {key: PASS for key in verdicts}),
+    ]
+    document = side_by_side.build(columns, "m", "c")
+    markdown, page = render.render_markdown(document), render.render_html(document)
+    for verdict in Verdict:
+        row = next(line for line in markdown.splitlines() if f"check_{verdict.value} " in line)
+        assert f" {verdict.label} |" in row, (verdict, row)
+        assert f">{verdict.label}<" in page, verdict
+    assert render.label(None) == "n/a" and render.label({"verdict": side_by_side.ABSENT}) == "absent"

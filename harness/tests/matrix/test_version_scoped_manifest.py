@@ -1,4 +1,4 @@
-"""Known-failure entries scoped to executorch and QAIRT versions (issue 16).
+"""Known-failure entries scoped to executorch and QAIRT versions.
 
 A scoped entry must apply inside its scope and vanish outside it, in both directions; a bad scope is
 one line at load time; scopes never measure a version nobody asked for; the QAIRT release is read from

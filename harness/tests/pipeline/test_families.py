@@ -1,4 +1,4 @@
-"""The issue 32 card families (fixtures/families.py): what each family promises beyond the zoo's eager
+"""The card families (fixtures/families.py): what each family promises beyond the zoo's eager
 contract (harness/tests/pipeline/test_zoo_cards.py runs that over them too), and the manifest entries of
 their findings (docs/FINDINGS.md#families): each matches the failure the suite measured and not a
 neighbouring one. No lowering, no device: eager PyTorch, torch.export and the verdict path."""

@@ -1,4 +1,4 @@
-"""16a4w_block (LPBQ, issue 32): its quantizer config is upstream's block quantization, it runs only on SoCs
+"""16a4w_block (LPBQ): its quantizer config is upstream's block quantization, it runs only on SoCs
 whose HTP has it (V69 and newer), and only the cards that opt in have it."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Multi-method cards (issue 32) from the card contract to a real lowering run by the compiled runner.
+"""Multi-method cards from the card contract to a real lowering run by the compiled runner.
 
 Without QNN: every multi-method card's plan runs each declared method, its eager plan on one module differs
 from each method on its own copy (so state really crosses methods: a check built on it can fail), and its

@@ -1,4 +1,4 @@
-"""Must show of issue 32, end to end on an emulated device: a two-method card whose decode reads the cache its
+"""End to end on an emulated device: a two-method card whose decode reads the cache its
 prefill wrote passes cross_method_state where the state crosses methods (the device's compiled runner runs
 the plan in one process), and fails with the check's own signature when the runner reloads the program
 between steps (the device's fault switch runner_reload_each_line: one runner process per step).

@@ -1,4 +1,4 @@
-"""Online prepare (issue 32, docs/FINDINGS.md#F19): the card option reaches the compiler spec and the lowering
+"""Online prepare (docs/FINDINGS.md#F19): the card option reaches the compiler spec and the lowering
 key, and no manifest entry expects the runner's crash at loading an online-prepared program (the suite bridges
 F19: harness/tests/qnn/test_compose_bridge.py)."""
 

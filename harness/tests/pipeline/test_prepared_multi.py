@@ -1,5 +1,5 @@
-"""A multi-method card's cases share its export facts and each dtype's quantized methods (harness/pipeline/prepared.py,
-issue 32 item 5), and the program a case lowers from the shared entry is the one it lowers on its own.
+"""A multi-method card's cases share its export facts and each dtype's quantized methods (harness/pipeline/prepared.py),
+and the program a case lowers from the shared entry is the one it lowers on its own.
 
 Real lowerings (HTP simulator) of the prefill/decode card, whose two methods are quantized with their own
 calibrations: the case that makes the entry, a case of another mode and share_mutable_buffers that reads it,

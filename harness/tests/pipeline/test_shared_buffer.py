@@ -1,4 +1,4 @@
-"""Shared buffers (issue 32, docs/FINDINGS.md#F20): the card option reaches the memory plan
+"""Shared buffers (docs/FINDINGS.md#F20): the card option reaches the memory plan
 (graph inputs and outputs unplanned, so the application supplies them) and the lowering key, and on an
 emulated device the suite's runner runs such a program with memory it supplies, says which memory, and
 gives eager's outputs; a plain program keeps planned I/O. (The option reaching the compiler spec is

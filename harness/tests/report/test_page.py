@@ -1,4 +1,4 @@
-"""What is new comes first (issue 34 items 1 and 3): a gated report.html opens with the gate, each named check
+"""What is new comes first: a gated report.html opens with the gate, each named check
 linked to its cell; the matrix is a fold per dtype without empty columns; known failures are grouped by
 finding; the chart draws the tolerance; summary.md of a default-matrix run fits a GitHub comment; the
 records carry signature and finding; a merge keeps provenance; the terminal ends with the conformance
@@ -9,6 +9,7 @@ from __future__ import annotations
 import configparser
 import json
 import os
+import re
 import subprocess
 import sys
 from html import unescape
@@ -42,9 +43,9 @@ from harness.tests.report.test_report import (
     typed,
 )
 from harness.text import markdown_text
-from harness.vocabulary import DTYPES, Mode
+from harness.vocabulary import DTYPES, Mode, Verdict
 
-COMMENT_LIMIT = 60 * 1024  # issue 34: both SoCs' summary.md under 60 KB (a GitHub comment holds 65,536 characters)
+COMMENT_LIMIT = 60 * 1024  # both SoCs' summary.md under 60 KB (a GitHub comment holds 65,536 characters)
 BEFORE_REPORT = Path("/work/before-report")  # a real default-matrix run, when this machine has it (read only)
 F1 = (
     "known failure [uninitialised_delegated_buffer]: delegated buffer ignores its registered initial value "
@@ -382,7 +383,7 @@ import pytest
 
 from harness import reporter as reporter_module
 from harness.context import RunContext
-from harness.record import REPORT_ATTRIBUTE
+from harness.record import RECORD_PROPERTY
 from harness.report.gate import Outcome
 
 reporter_module.prepare = lambda sdk: None  # no QNN toolchain here: the environment says none
@@ -403,7 +404,7 @@ def pytest_configure(config):
 def pytest_runtest_makereport(item, call):
     report = yield
     if call.when == "call":
-        setattr(report, REPORT_ATTRIBUTE, RECORDS[item.name])
+        report.user_properties.append((RECORD_PROPERTY, RECORDS[item.name]))
     return report
 """
 
@@ -561,3 +562,18 @@ def test_devices_are_named_short_in_the_terminal_summary_md_and_the_page(
     document = json.loads((folder / "report.json").read_text())  # the full address stays for what reads it
     assert document["environment"]["device_serial"] == address
     assert {case["device_serial"] for case in document["cases"]} == {address}
+
+
+def test_the_page_labels_every_verdict_from_the_verdict_itself(tmp_path: Path):
+    """Each verdict (not measured and infrastructure errors too) gets its own label in the matrix's cells."""
+    records = make_records(cards={"counter_add": ("counter",)}, socs=("SM8650",))
+    assert len(records) >= len(Verdict)
+    for record, verdict in zip(records, Verdict, strict=False):
+        record.update(verdict=verdict.value, message="" if verdict is Verdict.PASSED else f"why {verdict.value}")
+        if verdict in (Verdict.XFAILED, Verdict.XPASSED):
+            record.update(known_failure=F1, finding="F1")
+    folders = write_run(typed(records), environments(), tmp_path / "reports", "run1", COLUMNS)
+    html = (folders["SM8650"] / "report.html").read_text()
+    for verdict in Verdict:  # the matrix's cell (the legend lists every label whatever the cells say)
+        cell = rf'data-verdict="{verdict.value}">(<details><summary [^>]*>)?<span class="v {verdict.value}"[^>]*>'
+        assert re.search(cell + re.escape(verdict.label) + "</span>", html), verdict

@@ -1,4 +1,4 @@
-"""The phones' delegation rule takes the run's --perf-budget (issue 33 item 4), not a fixed 10%: the budget
+"""The phones' delegation rule takes the run's --perf-budget, not a fixed 10%: the budget
 reaches report.json as the environment's perf_budget_pct, and summary.md / report.html list a finding
 candidate only beyond it."""
 

@@ -1,4 +1,4 @@
-"""The performance gate and the step-time views (issue 33): the rule (harness/report/perf_gate.py) with a
+"""The performance gate and the step-time views: the rule (harness/report/perf_gate.py) with a
 slowed input it catches and healthy ones it must not flag, the delegation speed-up and phones' finding
 candidates, report.json (schema), summary.md, report.html and gate.json, and the emulated slowdown switch.
 The end-to-end Must show (a slowdown injected into one mode fails the gate naming exactly those cases; two

@@ -1,4 +1,4 @@
-"""Must show of issue 33: the performance gate on real runs of emulated devices (about 2-3 minutes).
+"""The performance gate on real runs of emulated devices (about 2-3 minutes).
 
 Three child `pytest suites` runs of one card on one emulated SM8650, fp16, both buffer modes, each with
 `--perf-repeats 3`: a baseline, the same selection again (it must pass `--perf-gate`: no false alarm on this

@@ -7,9 +7,12 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
-from harness import reporter as reporter_module
+import pytest
+from _pytest.reports import TestReport, pytest_report_from_serializable, pytest_report_to_serializable
+
+from harness import plugin, reporter as reporter_module
 from harness.context import RunContext
-from harness.record import REPORT_ATTRIBUTE
+from harness.record import RECORD_PROPERTY, record_property
 from harness.reporter import ConformanceReporter
 from harness.tests.report.test_report import make_records, typed
 
@@ -24,10 +27,7 @@ def _reporter(tmp_path: Path) -> ConformanceReporter:
 
 
 def _report(nodeid: str, record: dict | None) -> SimpleNamespace:
-    report = SimpleNamespace(nodeid=nodeid)
-    if record is not None:
-        setattr(report, REPORT_ATTRIBUTE, record)
-    return report
+    return SimpleNamespace(nodeid=nodeid, user_properties=[(RECORD_PROPERTY, record)] if record is not None else [])
 
 
 def test_an_unreadable_record_is_named_and_the_rest_reported(tmp_path, monkeypatch):
@@ -89,3 +89,32 @@ def test_a_run_with_no_selected_check_adds_no_lines(tmp_path):
     reporter.pytest_runtest_logreport(SimpleNamespace(nodeid="t", skipped=False, longrepr=None))
     reporter.pytest_sessionfinish(SimpleNamespace(exitstatus=0))
     assert reporter._lines == []
+
+
+def test_a_record_arrives_through_user_properties_as_xdist_forwards_a_report(tmp_path):
+    """settle() puts the record in the call report's user_properties; xdist sends a worker's report to the
+    controller through pytest's own serialisation hooks, and the reporter reads the record from what arrives.
+    The record is not on the item, so the teardown report (what junitxml writes properties from) has none."""
+    record = typed(make_records(cards={"counter_add": ("counter",)}, socs=("SM8650",)))[0]
+    item_properties: list = []
+    report = TestReport(record.nodeid, ("suites/test_state.py", 1, "x"), {}, "passed", None, "call", [], 0.5)
+    report.user_properties = list(item_properties)
+    report.user_properties.append(record_property(record))
+    assert item_properties == []
+    sent = pytest_report_to_serializable(report)
+    arrived = pytest_report_from_serializable(json.loads(json.dumps(sent)))  # execnet may send a pair as a list
+    reporter = _reporter(tmp_path)
+    reporter.pytest_runtest_logreport(arrived)
+    assert [r.to_dict() for r in reporter.records] == [record.to_dict()]
+
+
+def test_the_reporter_leaves_the_plugin_manager_at_unconfigure(tmp_path):
+    """As junitxml unregisters its LogXML: a second session in the same process (pytester, an IDE) must not
+    find the last run's reporter still collecting."""
+    manager = pytest.PytestPluginManager()
+    reporter = _reporter(tmp_path)
+    manager.register(reporter, plugin.REPORTER_NAME)
+    config = SimpleNamespace(stash=pytest.Stash(), pluginmanager=manager)
+    config.stash[plugin.REPORTER] = reporter
+    plugin.pytest_unconfigure(config)
+    assert not manager.is_registered(reporter) and manager.get_plugin(plugin.REPORTER_NAME) is None

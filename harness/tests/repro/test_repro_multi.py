@@ -1,4 +1,4 @@
-"""Reproduction bundles of multi-method cases (issue 32): a real suite run of mm_counter (fp16, SM8650, both
+"""Reproduction bundles of multi-method cases: a real suite run of mm_counter (fp16, SM8650, both
 buffer modes) writes them, and each bundle's repro.py, alone in an empty folder, replays the card's plan
 (advance, read, advance, read: each step on its method, in ONE loaded program) and gives the suite's verdict.
 

@@ -1,4 +1,4 @@
-"""The suite's compiled runner (harness/runner/, issue 31): built from nothing and cached, state carried across
+"""The suite's compiled runner (harness/runner/): built from nothing and cached, state carried across
 steps and methods of one process, outputs bit-equal to executorch's Python runtime, and one line per bad input.
 
 Lowering and the Python runtime run in child processes with the toolchain's environment (they load QNN); the

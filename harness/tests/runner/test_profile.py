@@ -1,4 +1,4 @@
-"""--profile-level (issue 33 item 1): the QNN profile per step in a case's evidence.
+"""--profile-level: the QNN profile per step in a case's evidence.
 
 End to end (two child `pytest suites` runs of counter_add fp16 on one emulated SM8650, about 2-4 minutes): with
 `--profile-level detailed` every run case's report.json timing holds the QNN backend's per-op events for every
