@@ -1083,7 +1083,7 @@ def test_emulate_refuses_a_server_started_with_adb_a(tmp_path: Path) -> None:
         while not listening_tcp_ports([server.pid]):
             assert time.monotonic() < deadline, "the adb -a server did not start"
             time.sleep(0.1)
-        refused = _emulate("--soc", "SM8650", "--adb-port", str(port))
+        refused = _emulate("--soc", "SM8650", "--adb-port", str(port), "--allow-tcp-server")
         assert host_request(port, "host:devices") == ""  # nothing was served on it
     finally:
         with contextlib.suppress(OSError):
