@@ -68,6 +68,8 @@ NEEDED_PATH_VARIABLES = (
     "QNN_SDK_ROOT",
     "QNNSUITE_EMULATED_PHONE",
 )
+# Of those, the library folders whose links (the QNN overlay's, to the SDK's libraries) are followed one step.
+LIBRARY_VARIABLES = ("LD_LIBRARY_PATH", "QNN_SDK_ROOT", "QNNSUITE_EMULATED_PHONE")
 PROBE_TIMEOUT_S = 10
 
 
@@ -110,24 +112,31 @@ def _link_targets(folder: Path) -> list[Path]:
 
 
 @functools.lru_cache(maxsize=16)
-def _needed(named: tuple[str, ...]) -> tuple[Path, ...]:
-    """Host paths a device command reads (the checkout's harness, the Python, the paths `named`), outermost
-    only, none of them `/` or a folder holding a home folder (cached: every command asks with the same)."""
+def _needed(named: tuple[tuple[str, str], ...]) -> tuple[Path, ...]:
+    """Host paths a device command reads (the checkout's harness, the Python, the paths `named`: variable,
+    entry), outermost only, none of them `/` or a folder holding a home folder (cached: every command asks
+    with the same)."""
     candidates = [Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).resolve().parent, REPO_ROOT]
-    for entry in named:
+    for variable, entry in named:
         path = Path(entry)
         if not path.is_absolute() or not path.exists():
             continue
         folder = path if path.is_dir() else path.parent
         if folder.name == "bin" and (folder.parent / "pyvenv.cfg").exists():  # a venv's Python: the whole venv
             folder = folder.parent
-        candidates += [folder, path.resolve().parent, *_link_targets(folder)]
-        candidates += _link_targets(folder / "lib") if (folder / "lib").is_dir() else []
+        target = path.resolve()  # a Python's binary is a link into its base installation
+        candidates += [folder, target if target.is_dir() else target.parent]
+        if variable in LIBRARY_VARIABLES:
+            candidates += [*_link_targets(folder), *_link_targets(folder / "lib")]
     homes = _home_folders()
     usable = [
-        path.resolve()
+        shown  # as named (a link on the way stays a way in) and as resolved
         for path in candidates
-        if len(path.parts) > 1 and path.exists() and not any(home.is_relative_to(path) for home in homes)
+        for shown in (Path(os.path.abspath(path)), path.resolve())
+        if len(shown.parts) > 1
+        and shown.parts[1] not in SYSTEM_DIRS  # there already
+        and shown.exists()
+        and not any(home.is_relative_to(shown) for home in homes)
     ]
     return tuple(_outermost(usable))
 
@@ -135,16 +144,24 @@ def _needed(named: tuple[str, ...]) -> tuple[Path, ...]:
 def host_binds(root: Path, env: dict[str, str], private: Sequence[Path]) -> list[str]:
     """bwrap arguments for the host paths a device command needs, with the private folders among them hidden."""
     named = tuple(
-        entry for name in NEEDED_PATH_VARIABLES for entry in env.get(name, "").split(":") if entry.startswith("/")
+        (name, entry)
+        for name in NEEDED_PATH_VARIABLES
+        for entry in env.get(name, "").split(":")
+        if entry.startswith("/")
     )
     needed = _needed(named)
     command: list[str] = []
     for path in needed:
         command += ["--ro-bind", str(path), str(path)]
-    hidden = {Path(os.path.realpath(folder)) for folder in private if Path(folder).is_absolute()}
+    hidden = {
+        shown
+        for folder in private
+        if Path(folder).is_absolute()
+        for shown in (Path(os.path.abspath(folder)), Path(os.path.realpath(folder)))
+        if any(shown.is_relative_to(path) for path in needed)
+    }
     for folder in _outermost(hidden):
-        if any(folder.is_relative_to(path) for path in needed):
-            command += ["--tmpfs", str(folder)]
+        command += ["--tmpfs", str(folder)]
     return command + ["--ro-bind", str(root.parent), str(root.parent)]  # the device's own folder
 
 

@@ -210,3 +210,16 @@ def test_a_full_tmp_stops_the_run_with_one_line(tmp_path: Path) -> None:
         "ERROR: cannot make the run's work folder in /tmp (No space left on device): free space there or set "
         "TMPDIR to a folder of yours with room (the run never falls back to another folder)"
     ]
+
+
+def test_a_private_folder_inside_a_needed_path_is_hidden_whatever_holds_it(tmp_path: Path) -> None:
+    """Attack: the run's work folder lies inside the checkout (which the jail binds for the runner) while a
+    folder above the checkout is private too; a home folder named as a needed path is never bound."""
+    work = REPO_ROOT / ".qnn" / "a-work-folder"
+    argv = jail.host_binds(
+        tmp_path / "device" / "root", {"PYTHONPATH": f"{REPO_ROOT}:{Path.home()}"}, [REPO_ROOT.parent, work]
+    )
+    binds = [argv[index + 1] for index, word in enumerate(argv) if word == "--ro-bind"]
+    hidden = [argv[index + 1] for index, word in enumerate(argv) if word == "--tmpfs"]
+    assert str(REPO_ROOT) in binds and str(work) in hidden and str(REPO_ROOT.parent) not in hidden + binds
+    assert str(Path.home()) not in binds and "/" not in binds
