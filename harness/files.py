@@ -9,7 +9,9 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import sys
+import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +24,34 @@ UNWRITABLE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM
 # Less room than this where the reports go is a full disk before the run: a run's smallest report.json alone
 # is larger, so such a run could only end in "reports not written".
 REPORT_ROOM_BYTES = 64 * 1024
+
+# What a fresh work folder must take before a run starts in it: sockets, keys, logs and the first programs.
+WORK_FOLDER_ROOM = 1 << 20
+
+
+class NoWorkFolder(RuntimeError):
+    """The run's work folder cannot be made where it belongs; the message is one line naming the fix."""
+
+
+def make_work_folder(prefix: str) -> Path:
+    """A fresh 0700 folder for one run's work in $TMPDIR, else /tmp, and nowhere else, that takes
+    WORK_FOLDER_ROOM bytes. tempfile's own choice falls back to /var/tmp or the current folder when /tmp is
+    full, silently; a run must say so instead and stop (NoWorkFolder)."""
+    base = Path(os.environ.get("TMPDIR") or "/tmp").absolute()
+    folder = None
+    try:
+        folder = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+        with open(folder / ".room", "wb") as probe:
+            probe.write(bytes(WORK_FOLDER_ROOM))  # a full file system refuses it here (delayed allocation too)
+        (folder / ".room").unlink()
+    except OSError as error:
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+        raise NoWorkFolder(
+            f"cannot make the run's work folder in {base} ({error.strerror or error}): free space there or set "
+            f"TMPDIR to a folder of yours with room (the run never falls back to another folder)"
+        ) from error
+    return folder
 
 
 def write_atomically(path: Path, text: str, encoding: str = "utf-8", errors: str = "strict") -> None:

@@ -94,7 +94,7 @@ class EmulatedFleet:
         device_env = kinds.EmulatedKind.heap_environment(self._toolchain.child_env())
         device_env["QNNSUITE_PYTHON"] = sys.executable
         self._fleet = fleet = EmulatorFleet(
-            list(self.expected_socs), self._work_dir / "emulator", device_env=device_env
+            list(self.expected_socs), self._work_dir / "emulator", device_env=device_env, private_dirs=(self._work_dir,)
         )
         fleet.start()
         faults_by_soc = json.loads(os.environ.get(FAULTS_ENV, "{}"))

@@ -23,7 +23,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 from collections.abc import Iterable
 from pathlib import Path
@@ -33,6 +32,7 @@ from harness.context import RunContext, new_run_id
 from harness.device import kinds, pool
 from harness.device.device import DeviceError
 from harness.emulator.launcher import FleetError
+from harness.files import NoWorkFolder, make_work_folder
 from harness.options import RunOptions
 from harness.pipeline.health_card import STEPS as HEALTH_STEPS
 from harness.pipeline.lowering_cache import is_lowered, lowering_directory
@@ -76,7 +76,10 @@ class RunSession:
         except UnsafeStateDir as error:
             raise RunStartError(str(error)) from error
         run_id = new_run_id()
-        work_dir = Path(tempfile.mkdtemp(prefix=f"qnnsuite-{run_id}-"))
+        try:  # the devices' jails hide it wherever it is (harness/emulator/jail.py)
+            work_dir = make_work_folder(f"qnnsuite-{run_id}-")
+        except NoWorkFolder as error:
+            raise RunStartError(str(error)) from error
         socket_path = work_dir / "lower.sock"  # where the lowering server serves once started
         checks_health = health_check and not self._options.compile_only
         try:

@@ -116,8 +116,17 @@ def device_to_host(device_path: str, root: Path) -> Path:
 class Device:
     """State shared by all connections to one emulated device: sandbox, properties, faults, live streams."""
 
-    def __init__(self, root: Path, props_file: Path, banner_name: str | None, keys: list[PublicKey]) -> None:
+    def __init__(
+        self,
+        root: Path,
+        props_file: Path,
+        banner_name: str | None,
+        keys: list[PublicKey],
+        private: tuple[Path, ...] = (),
+    ) -> None:
+        """private: host folders the jail hides from this device's commands (the run's work folder)."""
         self.root = root.resolve()
+        self.private = private
         self.keys = keys  # the only hosts this device lets in
         self.props_file = props_file.resolve()
         self.faults_file = self.root / ".faults.json"
@@ -220,7 +229,7 @@ class Device:
         )
         if not self.jail_problem:
             env.update(PATH=f"/system/bin:{DEVICE_PATH}")
-            argv = jail.jail_argv(self.root, ["/bin/sh", "-c", command], "/data/local/tmp", env)
+            argv = jail.jail_argv(self.root, ["/bin/sh", "-c", command], "/data/local/tmp", env, self.private)
         else:
             env.update(
                 PATH=f"{self.root}/system/bin:{DEVICE_PATH}",
@@ -750,12 +759,20 @@ def main() -> None:
         required=True,
         help="adbkey.pub of the adb server allowed in (adb_keys format, one key a line)",
     )
+    parser.add_argument(
+        "--private",
+        type=Path,
+        action="append",
+        default=[],
+        help="a host folder the device's commands must never see (repeatable): the run's work folder",
+    )
     arguments = parser.parse_args()
     try:
         keys = load_keys(arguments.adb_key)
     except (OSError, ValueError) as error:
         parser.exit(2, f"adbd: cannot read --adb-key: {error}\n")
-    serve(Device(arguments.root, arguments.props_file, arguments.banner_name, keys), arguments.port_file)
+    device = Device(arguments.root, arguments.props_file, arguments.banner_name, keys, tuple(arguments.private))
+    serve(device, arguments.port_file)
 
 
 if __name__ == "__main__":

@@ -227,16 +227,19 @@ class EmulatorFleet:
         device_env: dict[str, str] | None = None,
         as_phone: bool = False,
         user_server: AdbServer | None = None,
+        private_dirs: tuple[Path, ...] = (),
     ) -> None:
         """device_env: the environment device commands run in (the QNN toolchain's, for the runners: the suite's
         compiled runner and the pybindings one, each a fresh process in the device's jail).
         user_server: serve the devices on the user's TCP adb server there (started if none answers on its
-        loopback port); without it the fleet's own server listens on a unix socket in `workdir`."""
+        loopback port); without it the fleet's own server listens on a unix socket in `workdir`.
+        private_dirs: host folders, besides `workdir`, that the devices' jails hide (the run's work folder)."""
         self.socs = list(socs)
         self.device_env = device_env
         self.as_phone = as_phone
         self.user_server = user_server
         self.workdir = Path(workdir).resolve()
+        self.private_dirs = (self.workdir, *(Path(folder).resolve() for folder in private_dirs))
         self.server = user_server or AdbServer.unix(private_socket_path(self.workdir))
         self.devices: list[EmulatedDeviceInfo] = []
         self._server: subprocess.Popen[bytes] | None = None
@@ -389,6 +392,7 @@ class EmulatorFleet:
                 name,
                 "--adb-key",
                 str(self.server_public_key),
+                *[word for folder in self.private_dirs for word in ("--private", str(folder))],
             ],
             cwd=PROJECT_ROOT,
             stdin=subprocess.DEVNULL,

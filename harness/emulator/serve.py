@@ -2,15 +2,17 @@
 user runs (`pytest suites --device S ...`) can run against them from another terminal.
 
     python -m harness emulate --soc SM8650 [--soc SM8750 ...] [--as-phone]
-                              [--adb-port PORT [--allow-network-server]] [--write-sdk DIR] [--write-build DIR]
+                              [--adb-port PORT --allow-tcp-server [--allow-network-server]]
+                              [--write-sdk DIR] [--write-build DIR]
 
 By default the devices are served by an adb server of emulate's own, on a unix socket in a private folder
 (an adb server authenticates no client: on a TCP port, any local account would get root shells on the
 devices); emulate prints the `export ADB_SERVER_SOCKET=localfilesystem:...` line that points adb and the
 suite at it. With --adb-port the server is the user's TCP one there (started on loopback if none answers),
-and the devices trust only its keys (harness/emulator/launcher.py); a server that listens beyond loopback
-(`adb -a`) would hand them to every host on the network, so it is refused unless --allow-network-server
-says that is meant. `--as-phone` makes them look like phones
+and the devices trust only its keys (harness/emulator/launcher.py); since any local account may talk to a
+TCP adb server, loopback included, and get the devices' root shells through it, --adb-port is refused unless
+--allow-tcp-server says that is meant; a server that listens beyond loopback (`adb -a`) would hand them to
+every host on the network, so it is refused unless --allow-network-server says that too. `--as-phone` makes them look like phones
 (harness/emulator/phone.py), so the harness takes its phone path for them. `--write-sdk` and
 `--write-build` write a phone-layout QNN SDK tree and a standard executorch build folder for them; with no
 --soc the command writes those and ends.
@@ -22,21 +24,23 @@ import argparse
 import ipaddress
 import os
 import shlex
+import shutil
 import signal
 import sys
-import tempfile
 from pathlib import Path
 
 from harness.device import kinds
 from harness.device.adb import AdbServer
 from harness.emulator import phone
 from harness.emulator.launcher import EmulatorFleet, FleetError
+from harness.files import NoWorkFolder, make_work_folder
 from harness.qnn import soc as soc_table
 from harness.qnn.interposer import InterposerBuildError
 from harness.qnn.sdk import SdkError
 from harness.qnn.toolchain import ToolchainError, prepare
 
 READY_LINE = "emulate: serving; Ctrl-C stops"  # tests wait for this line
+REFUSED = "refused"  # _user_server said why it will not serve on the user's TCP server
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,6 +54,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="PORT",
         help="serve on your TCP adb server at this port (default: a private server on a unix socket)",
+    )
+    parser.add_argument(
+        "--allow-tcp-server",
+        action="store_true",
+        help="accept --adb-port: every local account can use a TCP adb server, loopback included, and gets "
+        "root shells on the emulated devices through it",
     )
     parser.add_argument(
         "--allow-network-server",
@@ -86,6 +96,9 @@ def main(args: argparse.Namespace) -> int:
     if not socs and not (args.write_sdk or args.write_build):
         print("emulate: nothing to do: pass --soc SOC (repeatable), or --write-sdk/--write-build DIR", file=sys.stderr)
         return 2
+    user_server = _user_server(args) if socs else None
+    if user_server is REFUSED:
+        return 2
     try:
         toolchain = prepare(args.qnn_sdk)
         written = _write_trees(args, toolchain)
@@ -94,24 +107,6 @@ def main(args: argparse.Namespace) -> int:
         return 1
     if not socs:
         return 0
-    user_server = None
-    if args.adb_port is not None:
-        if not 0 < args.adb_port < 65536:
-            print(
-                f"emulate: --adb-port {args.adb_port}: give a TCP port (1-65535), or drop it for a private server",
-                file=sys.stderr,
-            )
-            return 2
-        user_server = AdbServer("127.0.0.1", args.adb_port)  # served on this host's loopback in any case
-        exposed = network_listeners(args.adb_port)
-        if exposed and not args.allow_network_server:
-            print(
-                f"emulate: the adb server on port {args.adb_port} listens on {', '.join(exposed)}, beyond loopback "
-                f"(`adb -a`): every host that reaches it would get root shells on the emulated devices; restart it "
-                f"without -a, drop --adb-port for a private server, or pass --allow-network-server",
-                file=sys.stderr,
-            )
-            return 2
     try:  # as the run's own emulated devices get it (harness/providers.py), or a phone's
         device_env = (
             phone.device_environment(toolchain, dict(os.environ))
@@ -125,21 +120,56 @@ def main(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     # Ctrl-C stops it even when started in the background of a script, where SIGINT arrives ignored.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    with tempfile.TemporaryDirectory(prefix="qnnsuite-emulate-") as workdir:  # 0700, removed at the end
-        try:
-            with EmulatorFleet(
-                socs, Path(workdir), device_env, as_phone=args.as_phone, user_server=user_server
-            ) as fleet:
-                _announce(fleet, written)
-                try:
-                    signal.pause()
-                except KeyboardInterrupt:
-                    pass
-        except FleetError as error:
-            print(f"emulate: {error}", file=sys.stderr)
-            return 1
+    try:  # 0700, removed at the end; never silently elsewhere when $TMPDIR or /tmp is full
+        workdir = make_work_folder("qnnsuite-emulate-")
+    except NoWorkFolder as error:
+        print(f"emulate: {error}", file=sys.stderr)
+        return 1
+    try:
+        with EmulatorFleet(socs, workdir, device_env, as_phone=args.as_phone, user_server=user_server) as fleet:
+            _announce(fleet, written)
+            try:
+                signal.pause()
+            except KeyboardInterrupt:
+                pass
+    except FleetError as error:
+        print(f"emulate: {error}", file=sys.stderr)
+        return 1
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
     print("emulate: stopped", flush=True)
     return 0
+
+
+def _user_server(args: argparse.Namespace) -> AdbServer | str | None:
+    """The user's TCP adb server that --adb-port names (None without it), or REFUSED after one line saying why."""
+    if args.adb_port is None:
+        return None
+    if not 0 < args.adb_port < 65536:
+        print(
+            f"emulate: --adb-port {args.adb_port}: give a TCP port (1-65535), or drop it for a private server",
+            file=sys.stderr,
+        )
+        return REFUSED
+    if not args.allow_tcp_server:
+        print(
+            f"emulate: --adb-port {args.adb_port}: any local account can use a TCP adb server, loopback "
+            f"included, and would get root shells on the emulated devices; drop --adb-port for a private "
+            f"server, or pass --allow-tcp-server if that is meant",
+            file=sys.stderr,
+        )
+        return REFUSED
+    user_server = AdbServer("127.0.0.1", args.adb_port)  # served on this host's loopback in any case
+    exposed = network_listeners(args.adb_port)
+    if exposed and not args.allow_network_server:
+        print(
+            f"emulate: the adb server on port {args.adb_port} listens on {', '.join(exposed)}, beyond loopback "
+            f"(`adb -a`): every host that reaches it would get root shells on the emulated devices; restart it "
+            f"without -a, drop --adb-port for a private server, or pass --allow-network-server",
+            file=sys.stderr,
+        )
+        return REFUSED
+    return user_server
 
 
 def _write_trees(args: argparse.Namespace, toolchain) -> dict[str, Path]:

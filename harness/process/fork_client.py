@@ -1,6 +1,7 @@
-"""The client side of harness.process.fork_server: hand one request (argv, cwd, umask, environment and the
-stdin/stdout/stderr descriptors) to a server and wait for the child's exit status; or, when no server takes
-it, run the same request the slow way, in a fresh Python (`run`).
+"""The client side of harness.process.fork_server: hand one request (argv, cwd, umask, the stdin/stdout/stderr
+descriptors, the run's secret from beside the socket, and the environment, which the server only compares
+with its own) to a server and wait for the child's exit status; or, when no server takes it, run the same
+request the slow way, in a fresh Python (`run`).
 
 Imported by the emulated runner on every invocation, where start-up cost is what counts: only os, socket
 and json at import.
@@ -49,6 +50,20 @@ def unix_address(path: str) -> tuple[str, int | None]:
     return f"/proc/self/fd/{directory}/{os.path.basename(path)}", directory
 
 
+def key_file_of(socket_path: str) -> str:
+    """Where the run's secret for the server at socket_path is: beside it, in the run's private work folder."""
+    return socket_path + ".key"
+
+
+def read_key(socket_path: str) -> str:
+    """The secret a request to the server at socket_path carries ("" when there is none: it is refused)."""
+    try:
+        with open(key_file_of(socket_path), "rb") as key:
+            return key.read(256).decode("ascii", "replace").strip()
+    except OSError:
+        return ""
+
+
 def current_umask() -> int:
     umask = os.umask(0)
     os.umask(umask)
@@ -63,7 +78,16 @@ def request(
     fds maps the child's 0/1/2 to descriptors of this process (a missing one stays closed in the child).
     NotStarted when the server did not start it; ServerGone when the server went away during the run;
     TimeoutError past timeout_s, after which the connection is closed, which makes the server kill the child."""
-    message = json.dumps({"argv": argv, "cwd": cwd, "umask": current_umask(), "env": env, "fds": sorted(fds)}).encode()
+    message = json.dumps(
+        {
+            "argv": argv,
+            "cwd": cwd,
+            "umask": current_umask(),
+            "env": env,
+            "fds": sorted(fds),
+            "secret": read_key(path),
+        }
+    ).encode()
     with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as connection:
         try:
             address, directory = unix_address(path)

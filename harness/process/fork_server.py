@@ -2,8 +2,8 @@
 
 The lowering of a case pays seconds of `import torch, executorch` per invocation while doing a few seconds
 of work (declared in harness/process/services.py). It gets a server built from this module: it imports its modules once,
-then forks a child per request that takes the client's argv, cwd, umask, environment (os.environ replaced)
-and stdin/stdout/stderr (received as descriptors, SCM_RIGHTS), runs the service's entry point and _exits.
+then forks a child per request that takes the client's argv, cwd, umask and stdin/stdout/stderr (received
+as descriptors, SCM_RIGHTS), runs the service's entry point and _exits.
 The client (harness.process.fork_client) gets the child's exit status, 128+N if signal N killed it; if the client
 goes away first (`timeout -s KILL`, adb closing the stream, a pytest worker dying) the child is SIGKILLed
 at once.
@@ -15,12 +15,19 @@ from one request to the next.
 
 QNN libraries: in a child, ExecuTorch dlopens libQnnHtp.so (the interposer of the overlay) by name, and the
 dynamic loader searches the LD_LIBRARY_PATH the *server* started with: it reads the variable once per
-process, so the client's value, now in os.environ, changes nothing (measured: a server started without the
+process, so a client's value could change nothing anyway (measured: a server started without the
 overlay on its LD_LIBRARY_PATH fails every run with "Cannot Open QNN library libQnnHtp.so"). Hence: start the
 server with the clients' environment (the toolchain's child_env puts the overlay on LD_LIBRARY_PATH). A
 request whose LD_LIBRARY_PATH would find another libQnnHtp.so than the server's is turned down, and the
-client runs it the slow way. Other variables read only at start-up (OMP_*, PYTHON*, MALLOC_*) also stay the
-server's.
+client runs it the slow way.
+
+Only the run's own processes are served: a request must carry the run's secret (SOCKET.key, 0600, written
+by spawn_server in the run's private work folder, read by the client beside the socket), and its peer (the
+kernel's SO_PEERCRED, not what the request says) must be this user's, in the server's own pid and mount
+namespaces (a jailed device command is not) and a descendant of the process that started the server. Any
+other request is refused and logged. A child's environment is the server's, fixed at its start (QNN_SDK_ROOT,
+LD_*, PYTHON* among it): a request's own environment is never used, so no request can point the child's
+imports or libraries elsewhere.
 
 A child declares its exit code to the server (a byte on a pipe) once its work is done and its stdio is
 released, and the client gets that status at once: tearing down a process that loaded torch and the QNN
@@ -41,12 +48,15 @@ from __future__ import annotations
 import argparse
 import ctypes
 import gc
+import hmac
 import importlib
 import json
 import os
+import secrets
 import select
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -57,7 +67,7 @@ from pathlib import Path
 
 from harness.files import write_atomically
 from harness.paths import REPO_ROOT
-from harness.process.fork_client import MAX_MESSAGE_BYTES, STD_FDS, unix_address
+from harness.process.fork_client import MAX_MESSAGE_BYTES, STD_FDS, key_file_of, unix_address
 from harness.process.services import SERVICES, Service
 
 START_TIMEOUT_S = 120.0
@@ -68,6 +78,8 @@ PR_SET_PDEATHSIG = 1
 QNN_LIBRARY = "libQnnHtp.so"  # what ExecuTorch dlopens by name
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 PARENT_ENV = "QNNSUITE_FORK_SERVER_PARENT"  # the pid whose death stops the server
+PEER_CREDENTIALS = struct.Struct("3i")  # struct ucred: pid, uid, gid
+CHECKED_NAMESPACES = ("pid", "mnt")  # a jailed process has its own; the run's own processes share the server's
 
 Entry = Callable[[list[str]], object]
 Prepare = Callable[[list[str]], None]
@@ -85,6 +97,33 @@ def pid_file_of(socket_path: Path) -> Path:
 
 def log_file_of(socket_path: Path) -> Path:
     return socket_path.with_name(socket_path.name + ".log")
+
+
+def write_key(socket_path: Path) -> None:
+    """A fresh secret in SOCKET.key, readable by this user only, never written through a planted link."""
+    key = Path(key_file_of(str(socket_path)))
+    key.unlink(missing_ok=True)
+    descriptor = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(descriptor, "w") as out:
+        out.write(secrets.token_hex(32))
+
+
+def namespace_of(pid: int | str, kind: str) -> int:
+    """The inode of a process's namespace of this kind (equal inodes: the same namespace)."""
+    return os.stat(f"/proc/{pid}/ns/{kind}").st_ino
+
+
+def descends_from(pid: int, ancestor: int) -> bool:
+    """Whether `ancestor` is `pid` or one of its parents (read from /proc; False once the chain ends)."""
+    while pid > 1:
+        if pid == ancestor:
+            return True
+        try:
+            with open(f"/proc/{pid}/stat") as stat_file:
+                pid = int(stat_file.read().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+    return pid == ancestor
 
 
 def shell_status(wait_status: int) -> int:
@@ -140,10 +179,18 @@ def exit_if_qnn_libraries_mapped(after: str) -> None:
 class ForkServer:
     """Accepts requests on a Unix socket: a thread per connection, a forked child per request."""
 
-    def __init__(self, socket_path: Path, entry: Entry, program: str, prepare: Prepare | None = None) -> None:
+    def __init__(
+        self, socket_path: Path, entry: Entry, program: str, prepare: Prepare | None = None, *, secret: str
+    ) -> None:
         """entry(argv) runs one request in the child; program becomes the child's sys.argv[0]; prepare(argv),
-        if given, runs in the server before each request's child is forked (see the module's docstring)."""
+        if given, runs in the server before each request's child is forked (see the module's docstring);
+        secret: what every request must carry."""
         self.socket_path = socket_path
+        self.secret = secret
+        # What every child runs with: the server's environment at its start, less the server's own settings.
+        self.environment = {name: value for name, value in os.environ.items() if name != PARENT_ENV}
+        parent = os.environ.get(PARENT_ENV, "")
+        self.run_pid = int(parent) if parent.isdigit() else None
         self.entry = entry
         self.program = program
         self.prepare = prepare
@@ -183,6 +230,7 @@ class ForkServer:
             self.stop_children()
             self.socket_path.unlink(missing_ok=True)
             pid_file_of(self.socket_path).unlink(missing_ok=True)
+            Path(key_file_of(str(self.socket_path))).unlink(missing_ok=True)
 
     def stop_with_parent(self) -> None:
         """SIGTERM this server when the process that started it dies (a SIGKILLed pytest leaves nothing)."""
@@ -212,6 +260,11 @@ class ForkServer:
                 if not message:
                     return
                 request = json.loads(message)
+                intrusion = self.intrusion(connection, request)
+                if intrusion:
+                    print(f"fork server: refused a request: {intrusion}", flush=True)
+                    send(connection, {"refused": "not a request of this run"})
+                    return
                 refusal = self.refusal(request)
                 started = None if refusal else self.start_child(request, fds)
             finally:
@@ -232,6 +285,26 @@ class ForkServer:
             else:  # the client goes on while the child is torn down
                 send(connection, {"status": end})
                 self.reap(pid, pidfd, kill=False)
+
+    def intrusion(self, connection: socket.socket, request: object) -> str | None:
+        """Why this request is not the run's own (see the module's docstring), or None when it is."""
+        pid, uid, _ = PEER_CREDENTIALS.unpack(
+            connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, PEER_CREDENTIALS.size)
+        )
+        if uid != os.getuid():
+            return f"its peer (pid {pid}) is uid {uid}"
+        try:
+            foreign = [kind for kind in CHECKED_NAMESPACES if namespace_of(pid, kind) != namespace_of("self", kind)]
+        except OSError:
+            return f"its peer (pid {pid}) cannot be checked"
+        if foreign:
+            return f"its peer (pid {pid}) is in another {' and '.join(foreign)} namespace (a jail)"
+        if self.run_pid is not None and not descends_from(pid, self.run_pid):
+            return f"its peer (pid {pid}) is not a process of the run (pid {self.run_pid})"
+        sent = request.get("secret") if isinstance(request, dict) else None
+        if not isinstance(sent, str) or not hmac.compare_digest(sent.encode(), self.secret.encode()):
+            return f"its peer (pid {pid}) sent no or a wrong secret"
+        return None
 
     def refusal(self, request: dict) -> str | None:
         """Why this request cannot run here (the client then runs it itself), or None."""
@@ -316,7 +389,7 @@ class ForkServer:
             os.chdir(request["cwd"])
             os.umask(request["umask"])
             os.environ.clear()
-            os.environ.update(request["env"])
+            os.environ.update(self.environment)
             sys.argv = [self.program, *request["argv"]]
             # New stream objects: the server's may hold buffered output or a lock taken by another thread.
             sys.stdin = open(0, closefd=False) if 0 in request["fds"] else None
@@ -400,7 +473,8 @@ def main(argv: list[str] | None = None) -> None:
     prepare = _named(service.prepare) if service.prepare else None
     code = 0
     try:
-        ForkServer(args.socket.absolute(), serve, entry.__file__, prepare).serve()
+        secret = Path(key_file_of(str(args.socket.absolute()))).read_text().strip()
+        ForkServer(args.socket.absolute(), serve, entry.__file__, prepare, secret=secret).serve()
     except SystemExit as stop:  # SIGTERM
         code = exit_code(stop.code)
     except BaseException:
@@ -423,10 +497,11 @@ def _named(reference: str) -> Callable:
 def spawn_server(service: Service, socket_path: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
     """Start the service's server on socket PATH without waiting for it (see wait_until_serving); its log is PATH.log.
 
-    env: the clients' environment (the toolchain's child_env): what a process reads only at start, like
-    LD_LIBRARY_PATH for the dynamic loader, comes from here for every request."""
+    env: the clients' environment (the toolchain's child_env): every request's child runs with it (a request's
+    own is never used). The run's secret goes to PATH.key (write_key), where the run's clients read it."""
     socket_path = Path(socket_path).absolute()
     pid_file_of(socket_path).unlink(missing_ok=True)
+    write_key(socket_path)
     python = env.get("QNNSUITE_PYTHON") or sys.executable
     with open(log_file_of(socket_path), "wb") as log:
         return subprocess.Popen(

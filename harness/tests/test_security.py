@@ -1076,36 +1076,6 @@ def _emulate(*arguments: str, timeout: float = 300) -> subprocess.CompletedProce
     )
 
 
-def test_emulate_refuses_a_server_started_with_adb_a(tmp_path: Path) -> None:
-    """Attack (by mistake): `emulate --adb-port` on a rack's `adb -a` server would serve root shells to the network."""
-    port, home = free_port(), tmp_path / "home"
-    home.mkdir()
-    server = subprocess.Popen(
-        [ADB, "-a", "-P", str(port), "server", "nodaemon"],
-        env={**os.environ, **ADB_SERVER_ENV, "HOME": str(home)},
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 10
-        while not listening_tcp_ports([server.pid]):
-            assert time.monotonic() < deadline, "the adb -a server did not start"
-            time.sleep(0.1)
-        refused = _emulate("--soc", "SM8650", "--adb-port", str(port))
-        assert host_request(port, "host:devices") == ""  # nothing was served on it
-    finally:
-        with contextlib.suppress(OSError):
-            host_request(port, "host:kill", timeout=5)
-        server.wait(10)
-    lines = [line for line in refused.stderr.splitlines() if line.strip()]
-    assert refused.returncode == 2 and len(lines) == 1, refused.stderr
-    assert (
-        lines[0].startswith(f"emulate: the adb server on port {port} listens on ")
-        and "--allow-network-server" in lines[0]
-    )
-
-
 def test_emulate_serves_on_a_private_socket_no_other_account_can_use(tmp_path: Path) -> None:
     """Attack: another account uses the server `python -m harness emulate` starts by default."""
     process = subprocess.Popen(

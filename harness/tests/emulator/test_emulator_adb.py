@@ -254,9 +254,11 @@ def test_unauthorized_and_offline_devices_are_listed_as_such(fleet: EmulatorFlee
 
 def test_stopped_device_vanishes_with_its_commands(fleet: EmulatorFleet, client: adbutils.AdbClient) -> None:
     doomed = fleet.add_device("SM8650")
-    client.device(doomed.serial).shell("nohup sleep 300 >/dev/null 2>&1 &")
+    # A command still running (a background one ends with its shell: each has a pid namespace of its own).
+    running = client.device(doomed.serial).shell("sleep 300", stream=True)
     assert eventually(lambda: bool(sandbox_pids(doomed.root)))
     fleet.stop_device(doomed.serial)
+    running.close()
     assert not is_alive(doomed.pid)
     assert eventually(lambda: not sandbox_pids(doomed.root))  # SIGKILLed, gone once the kernel is done
     # The adb server drops the transport when its own read sees the socket close, a moment later (as for a cable)

@@ -69,6 +69,7 @@ def served(tmp_path_factory):
         *[w for soc in SOCS for w in ("--soc", soc)],
         "--adb-port",
         str(port),
+        "--allow-tcp-server",
         "--write-sdk",
         str(folder / "sdk"),
         "--write-build",

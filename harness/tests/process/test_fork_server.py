@@ -24,7 +24,7 @@ from harness.process.fork_server import EXITED, ForkServer
 
 @pytest.fixture
 def server(tmp_path: Path) -> ForkServer:
-    return ForkServer(tmp_path / "x.sock", lambda argv: 0, "x")
+    return ForkServer(tmp_path / "x.sock", lambda argv: 0, "x", secret="s")
 
 
 @pytest.fixture
@@ -79,7 +79,7 @@ def test_a_preparation_that_fails_is_logged_and_the_request_still_runs(tmp_path,
     def prepare(argv: list[str]) -> None:
         raise ValueError(f"cannot prepare {argv}")
 
-    server = ForkServer(tmp_path / "x.sock", lambda argv: 0, "x", prepare)
+    server = ForkServer(tmp_path / "x.sock", lambda argv: 0, "x", prepare, secret="s")
     server.prepare_request(["request.json"])
     assert "ValueError: cannot prepare ['request.json']" in capsys.readouterr().err
     assert server.broken is None and server.refusal({"env": {}, "cwd": str(tmp_path)}) is None
@@ -93,7 +93,7 @@ PREPARING = textwrap.dedent("""
 
     torch.set_num_threads(2)
     elements = int(sys.argv[1])  # past the parallel grain, torch starts its OpenMP pool
-    server = ForkServer(Path("x.sock"), lambda argv: 0, "x", lambda argv: torch.ones(elements).mul_(2))
+    server = ForkServer(Path("x.sock"), lambda argv: 0, "x", lambda argv: torch.ones(elements).mul_(2), secret="s")
     server.prepare_request([])
     print(server.refusal({"env": {}, "cwd": "/"}))
 """)
