@@ -114,6 +114,23 @@ def split_label(label: str) -> tuple[str, str]:
     return (server, serial) if slash else ("", label)
 
 
+UNIX_CONNECT_TIMEOUT_S = 3  # as adbutils' own connect
+
+
+def _connect_unix(sock: socket.socket, path: str, deadline: float) -> None:
+    """connect(2) to a unix socket server, again while its listen backlog is full: a TCP connect waits in
+    the kernel's queue, but a unix one with a timeout set fails at once with EAGAIN (seen under load when a
+    device's streams open together); TimeoutError once the deadline passes."""
+    while True:
+        try:
+            sock.connect(path)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"the adb server on {path} accepted no connection in time") from None
+            time.sleep(0.01)
+
+
 class _ServerConnection(adbutils.AdbConnection):
     def __init__(self, host: str, port: int, path: str = "") -> None:
         self._unix_path = path
@@ -125,8 +142,8 @@ class _ServerConnection(adbutils.AdbConnection):
             return super()._create_socket()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            sock.settimeout(3)  # as adbutils' own connect
-            sock.connect(self._unix_path)
+            sock.settimeout(UNIX_CONNECT_TIMEOUT_S)
+            _connect_unix(sock, self._unix_path, time.monotonic() + UNIX_CONNECT_TIMEOUT_S)
         except TimeoutError as error:
             sock.close()
             raise adbutils.AdbTimeout("connect to adb server timeout") from error

@@ -464,7 +464,6 @@ def test_a_broken_stderr_cannot_turn_a_diagnostic_line_into_an_error(monkeypatch
 
 def test_a_read_only_report_dir_is_a_usage_error_before_anything_starts(tmp_path):
     with _tmpfs(tmp_path / "ro", PAGE, read_only=True) as mount:
-        started = time.monotonic()
         completed = subprocess.run(
             [
                 sys.executable,
@@ -492,7 +491,7 @@ def test_a_read_only_report_dir_is_a_usage_error_before_anything_starts(tmp_path
         line == f"ERROR: --report-dir {mount / 'reports'}: {mount} is on a read-only filesystem: pass a folder "
         f"this user can write to"
     )
-    assert time.monotonic() - started < 60, "before any device or lowering starts"
+    assert "health check" not in output, "refused before any device or lowering starts"
 
 
 def test_a_report_dir_full_before_the_run_is_one_line_and_exit_6_before_anything_starts(tmp_path):
@@ -504,7 +503,6 @@ def test_a_report_dir_full_before_the_run_is_one_line_and_exit_6_before_anything
 
     with _tmpfs(tmp_path / "full", PAGE) as mount:
         (mount / "filler").write_bytes(b"x" * PAGE)
-        started = time.monotonic()
         completed = subprocess.run(
             [sys.executable, "-m", "pytest", "suites", "-p", "no:cacheprovider", "-q", "--emulate", "SM8650"]
             + ["--report-dir", str(mount / "reports")],
@@ -519,7 +517,7 @@ def test_a_report_dir_full_before_the_run_is_one_line_and_exit_6_before_anything
     assert "INTERNALERROR" not in output and "Traceback" not in output
     (line,) = [line for line in output.splitlines() if line.strip()]
     assert f"--report-dir {mount / 'reports'}: the disk holding {mount} is full" in line and "(nothing was run)" in line
-    assert time.monotonic() - started < 60, "before any device or lowering starts"
+    assert "health check" not in output, "refused before any device or lowering starts"
     with _tmpfs(tmp_path / "roomy", REPORT_ROOM_BYTES + 16 * PAGE) as mount:
         assert no_room_reason(mount / "reports") is None
 
@@ -558,6 +556,11 @@ def _suite(report_dir: Path, cache_dir: Path, **popen: object) -> subprocess.Pop
     )
 
 
+# A bound, not an expectation: a small suite run takes 1-3 min on a quiet 2-core machine, and took over 15 at
+# load 25 (a default run and other tests beside it: bench/stress_tests.py), which a 900 s bound failed.
+SUITE_RUN_BOUND_S = 2400
+
+
 def _fill(folder: Path) -> None:
     """Write until the filesystem is full."""
     try:
@@ -575,7 +578,7 @@ def test_a_suite_run_whose_report_disk_fills_up_exits_6_with_its_verdicts_kept(t
 
     cache_dir = tmp_path / "cache"
     healthy = _suite(tmp_path / "roomy", cache_dir)
-    output = healthy.communicate(timeout=900)[0]
+    output = healthy.communicate(timeout=SUITE_RUN_BOUND_S)[0]
     assert healthy.returncode == 0, output[-3000:]
     assert (tmp_path / "roomy" / "latest" / "SM8650" / "report.html").is_file()
     with _tmpfs(tmp_path / "full", 256 * PAGE) as mount:
@@ -583,13 +586,13 @@ def test_a_suite_run_whose_report_disk_fills_up_exits_6_with_its_verdicts_kept(t
         (mount / "latest").symlink_to("run0")
         run = _suite(mount, cache_dir)
         try:
-            deadline = time.monotonic() + 300
+            deadline = time.monotonic() + SUITE_RUN_BOUND_S
             while not list(mount.glob("*/run-context.json")) and run.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.2)
             (published,) = mount.glob("*/run-context.json")
             context = RunContext.from_json(published.read_text())
             _fill(mount)
-            output = run.communicate(timeout=900)[0]
+            output = run.communicate(timeout=SUITE_RUN_BOUND_S)[0]
         finally:
             run.kill()  # only when the test failed before the run ended: it must not outlive the test
             run.wait()
@@ -665,8 +668,8 @@ def _run_killing_its_server(tmp_path: Path, cache_dir: Path, replace: Path | Non
     the same socket a second later, the way another tool would: the stock adb with `-L localfilesystem:PATH
     server nodaemon` and the adb home of the fleet whose work folder `replace` is (launcher.server_environment;
     the run's own, context.work_dir / "emulator", is the key the devices trust; any other a key of its own).
-    Returns (the run's output, its exit code, the run context, seconds from the kill to the run's end,
-    the replacement server's process or None)."""
+    Returns (the run's output, its exit code, the run context, (seconds from the kill to the run's end, seconds
+    from the launch to the kill), the replacement server's process or None)."""
     import adbutils
 
     from harness.context import RunContext
@@ -676,6 +679,7 @@ def _run_killing_its_server(tmp_path: Path, cache_dir: Path, replace: Path | Non
     command = [sys.executable, "-m", "pytest", "suites", "-p", "no:cacheprovider", "-q", "-s", "-W", "ignore"]
     command += ["--emulate", "SM8650", "--dtype", "fp16", "-k", "counter_add", "--runner-timeout", "60"]
     command += ["--cache-dir", str(cache_dir), "--report-dir", str(reports)]
+    launched = time.monotonic()
     run = subprocess.Popen(
         command,
         cwd=REPO_ROOT,
@@ -686,7 +690,7 @@ def _run_killing_its_server(tmp_path: Path, cache_dir: Path, replace: Path | Non
     )
     replacement = None
     try:
-        deadline, context = time.monotonic() + 300, None
+        deadline, context = time.monotonic() + SUITE_RUN_BOUND_S, None
         while time.monotonic() < deadline and run.poll() is None:
             published = list(reports.glob("*/run-context.json"))
             context = RunContext.from_json(published[0].read_text()) if published else None
@@ -711,8 +715,8 @@ def _run_killing_its_server(tmp_path: Path, cache_dir: Path, replace: Path | Non
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
-        output = run.communicate(timeout=900)[0]
-        return output, run.returncode, context, time.monotonic() - killed, replacement
+        output = run.communicate(timeout=SUITE_RUN_BOUND_S)[0]
+        return output, run.returncode, context, (time.monotonic() - killed, killed - launched), replacement
     finally:
         run.kill()  # only when the test failed before the run ended: it must not outlive the test
         run.wait()
@@ -762,7 +766,9 @@ def test_an_adb_server_that_never_comes_back_still_gives_one_line_infrastructure
 ):
     from harness.providers import RESTORE_EMULATED_S
 
-    output, code, context, after_kill_s, _ = _run_killing_its_server(tmp_path, reconnect_cache, replace=None)
+    output, code, context, (after_kill_s, startup_s), _ = _run_killing_its_server(
+        tmp_path, reconnect_cache, replace=None
+    )
     try:
         assert code == pytest.ExitCode.TESTS_FAILED, output[-3000:]
         assert "Traceback" not in output and "INTERNALERROR" not in output, output[-3000:]
@@ -771,8 +777,9 @@ def test_an_adb_server_that_never_comes_back_still_gives_one_line_infrastructure
         assert lost and all("\n" not in check["message"] and "lost" in check["message"] for check in lost), checks
         (line,) = [line for line in output.splitlines() if line.startswith("adb server ")]
         assert f"did not come back within {RESTORE_EMULATED_S:.0f} s" in line, line
-        # one bounded wait per run (then the device is lost at once), plus the lowering-free run's own seconds
-        assert after_kill_s < RESTORE_EMULATED_S + 90, after_kill_s
+        # One bounded wait per run (then the device is lost at once), plus the lowering-free run's own seconds,
+        # which a loaded machine stretches as it stretched the run's start (a fixed 90 s failed at load 25).
+        assert after_kill_s < RESTORE_EMULATED_S + max(90, 2 * startup_s), (after_kill_s, startup_s)
         _assert_nothing_left(context)
     finally:
         shutil.rmtree(context.work_dir, ignore_errors=True)
