@@ -511,12 +511,20 @@ def now_of(names, judged: dict[str, Judgement]) -> str:
     return "; ".join(f"{', '.join(found)} {word}" for word, found in said.items())
 
 
+def _now(judged: Judgement | None) -> str:
+    """A recorded failure's verdict now, in a DIFFERENT FAILURE line ("passed now", "not measured")."""
+    return "not measured" if judged is None or judged.verdict == "not_measured" else f"{judged.verdict} now"
+
+
 def verdict_of(recorded: dict, judged: dict[str, Judgement]) -> tuple[str, str]:
     """(REPRODUCED | NOT REPRODUCED | DIFFERENT FAILURE, the rest of the verdict line)."""
     failing = {name: j for name, j in judged.items() if j.fails}
     expected = {name: entry for name, entry in recorded.items() if entry.get("verdict") in RECORDED_FAILURES}
     if not failing:
-        return "NOT REPRODUCED", f"({now_of(expected, judged)})" if expected else "(every check passes)"
+        said = [now_of(expected, judged)] if expected else []
+        unfed = [name for name, now in judged.items() if now.verdict == "not_measured" and name not in expected]
+        said += [f"{', '.join(unfed)} not measured"] if unfed else []
+        return "NOT REPRODUCED", f"({'; '.join(said)})" if said else "(every check passes)"
     # A recorded failure that fails otherwise is named first: its recorded line is the one to compare with.
     for name, now in sorted(failing.items(), key=lambda item: item[0] not in expected):
         was = recorded.get(name, {})
@@ -532,7 +540,7 @@ def verdict_of(recorded: dict, judged: dict[str, Judgement]) -> tuple[str, str]:
         was = expected[passing[0]]
         return (
             "DIFFERENT FAILURE",
-            f"{now_of([passing[0]], judged)}; recorded {was.get('signature') or was.get('verdict')}: {was.get('message', '')}",
+            f"{passing[0]} {_now(judged.get(passing[0]))}; recorded {was.get('signature') or was.get('verdict')}: {was.get('message', '')}",
         )
     return "REPRODUCED", f"({', '.join(failing)} fail as recorded)"
 
