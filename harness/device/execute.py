@@ -28,10 +28,6 @@ from harness.runner import contract, run as plan_format
 RUNNER_TIMEOUT_S = 300
 SIGKILL_EXIT = 128 + 9  # how a shell reports a child ended by SIGKILL
 RUNNER_EXECUTION = re.compile(r"^runner: .* in ([0-9.]+) ms$", re.MULTILINE)
-# The emulated runner measures what its fresh heap allocations hold; Qualcomm's runner says nothing. Not
-# anchored: stderr is merged write by write, and QNN's logger writes its "[INFO] [Qnn ExecuTorch]: "
-# prefix apart from its message, so the line can follow one (measured).
-HEAP_PATTERN = re.compile(r"runner: heap pattern 0x([0-9a-f]{2})\b")
 # An emulated suite_runner that handed the plan to the pybindings runner (a fault switch that must act inside
 # the runner's process: harness/emulator/compiled_runner.py) says so: the run was measured by that one.
 ROUTED = re.compile(r"\brunner: measured by (qnn_executor_runner)\b")
@@ -113,9 +109,6 @@ def prepare_workspace(device: Device, folder: str, payload: list[PayloadFile]) -
         if device.push(item.local, f"{folder}/{item.remote_name}", mode=item.mode):
             transferred += item.local.stat().st_size
     return transferred
-
-
-write_inputs = contract.write_inputs  # the runner contract's; device callers import it from here
 
 
 def _exit_description(result) -> str:
@@ -262,7 +255,7 @@ def run_case(device: Device, workspace: Workspace, request: DeviceRunRequest) ->
     timings: dict[str, float] = {}
     started = time.perf_counter()
     remote = f"{workspace.cases}/{request.name}"
-    input_files = write_inputs(request.steps, request.local_dir / "inputs")
+    input_files = contract.write_inputs(request.steps, request.local_dir / "inputs")
     argv, listing = _runner_command(chosen, workspace, request, input_files)
     files = [(request.program, contract.MODEL_NAME), (listing, listing.name)]
     files += [(path, path.name) for row in input_files for path in row]
@@ -343,13 +336,12 @@ def _collect(device: Device, request: DeviceRunRequest, remote: str, result: Run
         raise _failed(device, remote, local_dir, line)
     files = [[outputs_dir / name for name in row] for row in names]
     measured = plan_format.parse(result.exit_code, result.output, result.stderr)
-    pattern = HEAP_PATTERN.search(result.output)
     return DeviceRun(
         [[np.fromfile(path, dtype=np.uint8) for path in row] for row in files],
         files,
         outputs_dir / contract.TRACE_NAME if contract.TRACE_NAME in present else None,
         result.output,
-        heap_pattern=int(pattern.group(1), 16) if pattern else None,
+        heap_pattern=measured.heap_pattern,
         step_times_us=[step.execute_us for step in measured.steps],
         peak_rss_kb=measured.peak_rss_kb,
         io_memory=measured.io_memory,

@@ -78,8 +78,6 @@ MANIFEST = "suite/manifest.json"
 MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 HOST_LIBRARY = "libQnnHtp.so"
 HOST_LIB_SUBDIR = ("lib", "x86_64-linux-clang")
-# The emulated runner's own line (harness/emulator/host_runner.py): the byte its fresh heap allocations held.
-HEAP_PATTERN = re.compile(r"runner: heap pattern 0x([0-9a-f]{2})\b")
 RECORDED_FAILURES = ("failed", "xfailed")  # an xpassed check passed (its manifest entry expected a failure)
 EXIT = {"NOT REPRODUCED": 0, "REPRODUCED": 1, "DIFFERENT FAILURE": 3}
 
@@ -715,12 +713,9 @@ def bundle_run(status: int, log: str, runner: str, outputs: Path, reference: lis
     raw, missing = read_outputs(outputs, reference)
     if missing:
         return None, missing
-    pattern = HEAP_PATTERN.search(log)
     measured = importlib.import_module("harness.runner.run").parse(status, log, "")
-    trace = contract().trace_of(outputs)
-    heap = int(pattern.group(1), 16) if pattern else None
-    steps = [step.execute_us for step in measured.steps]
-    return BundleRun(raw, trace, heap, runner, steps, measured.peak_rss_kb), None
+    trace, steps = contract().trace_of(outputs), [step.execute_us for step in measured.steps]
+    return BundleRun(raw, trace, measured.heap_pattern, runner, steps, measured.peak_rss_kb), None
 
 
 def main(argv: list[str]) -> int:

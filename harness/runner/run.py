@@ -46,6 +46,9 @@ PEAK_LINE = re.compile(r"\brunner: peak_rss_kb (\d+)$", re.MULTILINE)
 # Which memory the runner gave a program's inputs and unplanned outputs: rpcmem (QNN's shared allocator, with
 # --shared_buffer where executorch loads it) or ordinary (suite_runner.cpp's header says when).
 IO_MEMORY_LINE = re.compile(r"\brunner: io memory (rpcmem|ordinary)$", re.MULTILINE)
+# The emulated runners measure what their fresh heap allocations hold (harness/emulator/host_runner.py);
+# Qualcomm's runner says nothing. Not anchored, as STEP_LINE: QNN's logger prefix can come first.
+HEAP_LINE = re.compile(r"runner: heap pattern 0x([0-9a-f]{2})\b")
 
 
 class Toolchain(Protocol):
@@ -77,6 +80,7 @@ class RunnerRun:
     load_us: dict[str, int] = field(default_factory=dict)
     peak_rss_kb: int | None = None
     io_memory: str | None = None  # "rpcmem" or "ordinary"; None from a runner that does not say
+    heap_pattern: int | None = None  # the byte its fresh heap allocations held, from a runner that measured it
 
     @property
     def error_line(self) -> str | None:
@@ -114,6 +118,7 @@ def runner_env(toolchain: Toolchain, trace: Path | None = None, base: dict[str, 
 def parse(exit_code: int, stdout: str, stderr: str) -> RunnerRun:
     peak = PEAK_LINE.search(stdout)
     io_memory = IO_MEMORY_LINE.search(stdout)
+    heap = HEAP_LINE.search(stdout)
     return RunnerRun(
         exit_code,
         stdout,
@@ -122,6 +127,7 @@ def parse(exit_code: int, stdout: str, stderr: str) -> RunnerRun:
         {method: int(micros) for method, micros in LOAD_LINE.findall(stdout)},
         int(peak.group(1)) if peak else None,
         io_memory.group(1) if io_memory else None,
+        int(heap.group(1), 16) if heap else None,
     )
 
 
