@@ -109,7 +109,8 @@ def check(
     reference_runner: str | None = None,
 ) -> Callable[[Callable], Callable]:
     """Register the decorated function as the check `name` (the order of registration is the report's
-    column order)."""
+    column order). reference_runner: the device runner the check compares a case's run with; the case store
+    runs each of the check's cases through it too, before judging (outcome.reference_run)."""
 
     def register(function: Callable) -> Callable:
         known = _CHECKS.get(name)
