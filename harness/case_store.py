@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from filelock import FileLock
 
 from harness.device import kinds
+from harness.device.execute import DeviceRunRequest
 from harness.device.pool import DevicePool
-from harness.device.retry import run_with_reconnects
+from harness.device.retry import Attempt, run_with_reconnects
 from harness.outcome import CaseOutcome, OtherRun
 from harness.pipeline import references
 from harness.pipeline.lower import LoweredArtifact, lower_case
@@ -27,6 +29,18 @@ from harness.qnn.toolchain import Toolchain
 from harness.runner.profile import PROFILE_NAMES, ProfileError, profile_of, read_etdump
 from harness.user_state import claim_entry
 from harness.vocabulary import Case, Mode
+
+
+@dataclass(frozen=True)
+class CaseRuns:
+    """Every device run a case needs, decided once from its outcome and the run's options, all made before
+    any check judges the case: the run, its --perf-repeats, its --profile-level twin, and the run through
+    the reference runner a check compares runners with (runner_parity)."""
+
+    run: DeviceRunRequest
+    repeats: int = 0  # more runs of the plan, each in a fresh runner process (only their step times are kept)
+    profile_level: int = 0  # the QNN profile_level of the profiled twin (0: none)
+    reference_runner: str | None = None  # the runner the case is run through again (None: no such run)
 
 
 class CaseStore:
@@ -42,11 +56,14 @@ class CaseStore:
         lowering_server: Path | None,
         perf_repeats: int = 1,
         profile_level: int = 0,
+        reference_runner: Callable[[Case], str | None] = lambda case: None,
     ) -> None:
         """cache_dir: where lowered artifacts are kept by content key across runs (None: this run only);
         lowering_server: the run's lowering server socket (None: each case lowered in a fresh Python);
         perf_repeats: runs of each case's plan, each in a fresh runner process (--perf-repeats);
-        profile_level: executorch's QNN profile_level of the profiled run (--profile-level; 0: none)."""
+        profile_level: executorch's QNN profile_level of the profiled run (--profile-level; 0: none);
+        reference_runner: the runner a case's checks compare its run with (the collected checks' choice)."""
+        self._reference_runner = reference_runner
         self._perf_repeats = perf_repeats
         self._profile_level = profile_level
         self._toolchain = toolchain
@@ -141,36 +158,40 @@ class CaseStore:
                 (directory / "facts.json").unlink(missing_ok=True)  # the next run lowers it again
             return artifact
 
-    def _device_run(self, outcome: CaseOutcome, name: str, local: Path, pte: Path | None = None, **choice: Any):
-        """One device run of the case's program (pte: its profiled twin) and inputs (the case's own, a perf
-        repeat, the profile or another runner's), its device folder `name`: the one place the run's arguments
-        are derived from the outcome."""
+    def _device_runs(self, outcome: CaseOutcome) -> CaseRuns:
+        """The case's device runs, decided once from the outcome: the one place a run's request is derived."""
         case = outcome.case
-        return run_with_reconnects(
-            self._pool,
-            case.soc,
-            f"{self._worker}:{name}",
-            name,
-            pte or outcome.artifact.pte,
+        request = DeviceRunRequest(
+            case.id,
+            outcome.artifact.pte,
             outcome.steps,
-            local,
+            self._work_dir / "runs" / self._worker / case.id,
             output_count=len(outcome.reference[0]),
-            timeout_s=self._runner_timeout_s,
-            method_index=outcome.artifact.facts.method_index,
+            soc=case.soc,
             output_bytes=[[array.nbytes for array in row] for row in outcome.reference],
             methods=case.card.step_methods(len(outcome.steps)) if case.card.multi_method else None,
+            method_index=outcome.artifact.facts.method_index,
             shared_buffer=case.card.shared_buffer,
-            **choice,
+            timeout_s=self._runner_timeout_s,
         )
+        return CaseRuns(request, self._perf_repeats - 1, self._profile_level, self._reference_runner(case))
+
+    def _attempt(self, request: DeviceRunRequest, suffix: str = "", **changes) -> Attempt:
+        """One device run: the request, or its variant in a folder of its own (name + suffix) with changes."""
+        if suffix:
+            name = request.name + suffix
+            request = replace(request, name=name, local_dir=request.local_dir.with_name(name), **changes)
+        return run_with_reconnects(self._pool, request, f"{self._worker}:{request.name}")
 
     def _run(self, outcome: CaseOutcome) -> None:
-        """Run on a device (the device layer retries a dropped connection); what it came to goes on the outcome."""
+        """Run on a device (the device layer retries a dropped connection), then the case's other runs; what
+        they came to goes on the outcome."""
         if self._pool is None:
             outcome.run_error = "no devices in this run (--compile-only?)"
             return
-        case = outcome.case
-        local = outcome.run_dir = self._work_dir / "runs" / self._worker / case.id
-        attempt = self._device_run(outcome, case.id, local)
+        runs = self._device_runs(outcome)
+        outcome.run_dir = runs.run.local_dir
+        attempt = self._attempt(runs.run)
         outcome.run, outcome.run_error, outcome.run_error_is_infrastructure = (
             attempt.run,
             attempt.error,
@@ -182,62 +203,59 @@ class CaseStore:
         outcome.retries = attempt.retries
         outcome.device_log = attempt.device_log
         outcome.timings_s.update(attempt.timings_s)
-        outcome.rerun = lambda runner: self._run_through(outcome, runner)
-        if outcome.run is not None:
-            self._repeat(outcome)
-            if self._profile_level:
-                started = time.perf_counter()
-                self._profile(outcome)
-                outcome.timings_s["profile"] = time.perf_counter() - started  # its lowering, run and reading
+        if outcome.run is None:
+            return
+        self._repeat(outcome, runs)
+        if runs.profile_level:
+            started = time.perf_counter()
+            self._profile(outcome, runs)
+            outcome.timings_s["profile"] = time.perf_counter() - started  # its lowering, run and reading
+        if runs.reference_runner and outcome.run.runner != runs.reference_runner:
+            self._reference(outcome, runs)
 
-    def _repeat(self, outcome: CaseOutcome) -> None:
+    def _repeat(self, outcome: CaseOutcome, runs: CaseRuns) -> None:
         """The plan run again, --perf-repeats - 1 times, each in a fresh runner process (so from the program's
         initial state): only the step times are kept, for the performance gate's noise band. A repeat that
-        fails ends the repeats (the gate then has fewer of them) and is said on the outcome's device log."""
-        case = outcome.case
-        for repeat in range(1, self._perf_repeats):
-            name = f"{case.id}.repeat{repeat}"
-            attempt = self._device_run(outcome, name, self._work_dir / "runs" / self._worker / name)
+        fails ends the repeats (the gate then has fewer of them), said in outcome.repeat_note."""
+        for repeat in range(1, runs.repeats + 1):
+            attempt = self._attempt(runs.run, f".repeat{repeat}")
             if attempt.run is None:
-                outcome.device_log += f"\n--perf-repeats: repeat {repeat} failed: {attempt.error}"
+                outcome.repeat_note = f"--perf-repeats: repeat {repeat} failed: {attempt.error}"
                 return
             outcome.repeat_steps_us.append(list(attempt.run.step_times_us))
 
-    def _profile(self, outcome: CaseOutcome) -> None:
+    def _profile(self, outcome: CaseOutcome, runs: CaseRuns) -> None:
         """The QNN profile (--profile-level): the case lowered again with executorch's profiling (_lower_once),
-        and run once more with the runner's ETDump. A run of its own,
-        so the checks' outputs and step times are never the profiled program's. What stops it is said on the
-        outcome's device log; the case's checks do not depend on it."""
+        and run once more with the runner's ETDump. A run of its own, so the checks' outputs and step times are
+        never the profiled program's. What stops it is said in outcome.profile_note; the case's checks do not
+        depend on it."""
         case, steps = outcome.case, len(outcome.steps)
         if case.mode is Mode.META_LLAMA or case.card.multi_method:
             # upstream's export_llama takes no profile level; several methods' ETDump blocks cannot be told apart
             # without an ETRecord (harness/runner/profile.py): a lowering for nothing, so none
-            outcome.device_log += "\n--profile-level: not profiled (a Meta llama flow or multi-method case)"
+            outcome.profile_note = "--profile-level: not profiled (a Meta llama flow or multi-method case)"
             return
-        artifact = self._lower_once(case, steps, self._profile_level)
+        artifact = self._lower_once(case, steps, runs.profile_level)
         if not artifact.ok:
-            outcome.device_log += f"\n--profile-level: the profiled lowering failed: {artifact.failure}"
+            outcome.profile_note = f"--profile-level: the profiled lowering failed: {artifact.failure}"
             return
-        name = f"{case.id}.profile"
-        local = self._work_dir / "runs" / self._worker / name
-        attempt = self._device_run(outcome, name, local, pte=artifact.pte, etdump=True)
+        attempt = self._attempt(runs.run, ".profile", program=artifact.pte, etdump=True)
         if attempt.run is None or attempt.run.etdump is None:
             why = attempt.error if attempt.run is None else "the runner wrote no ETDump (a runner without ETDump?)"
-            outcome.device_log += f"\n--profile-level: the profiled run failed: {why}"
+            outcome.profile_note = f"--profile-level: the profiled run failed: {why}"
             return
         try:
             events = read_etdump(attempt.run.etdump, steps)
         except ProfileError as error:
-            outcome.device_log += f"\n--profile-level: {error}"
+            outcome.profile_note = f"--profile-level: {error}"
             return
-        outcome.profile = profile_of(events, PROFILE_NAMES[self._profile_level])
+        outcome.profile = profile_of(events, PROFILE_NAMES[runs.profile_level])
 
-    def _run_through(self, outcome: CaseOutcome, runner: str) -> OtherRun:
-        """The case's program and inputs through another runner of a device of its SoC (runner_parity)."""
-        case = outcome.case
-        name = f"{case.id}.{runner}"
-        attempt = self._device_run(outcome, name, self._work_dir / "runs" / self._worker / name, runner=runner)
-        return OtherRun(
+    def _reference(self, outcome: CaseOutcome, runs: CaseRuns) -> None:
+        """The case's program and inputs through the reference runner on a device of its SoC (runner_parity)."""
+        runner = runs.reference_runner
+        attempt = self._attempt(runs.run, f".{runner}", runner=runner)
+        outcome.reference_run = OtherRun(
             attempt.run,
             attempt.error,
             attempt.infrastructure,

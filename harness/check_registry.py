@@ -84,6 +84,9 @@ class CheckSpec:
     needs_device: bool
     signatures: tuple[str, ...]  # the failure kinds it may raise, besides COMMON_SIGNATURES
     matrix: Callable[..., list] | None = None  # (cards, dtypes, socs) -> cases; None: the standard matrix
+    # The runner the check compares the case's run with: its cases are run through it too, before any check
+    # judges them (outcome.reference_run); None: no second run.
+    reference_runner: str | None = None
 
     @property
     def test_name(self) -> str:
@@ -103,9 +106,11 @@ def check(
     needs_device: bool = False,
     signatures: tuple[str, ...] = (),
     matrix: Callable[..., list] | None = None,
+    reference_runner: str | None = None,
 ) -> Callable[[Callable], Callable]:
     """Register the decorated function as the check `name` (the order of registration is the report's
-    column order)."""
+    column order). reference_runner: the device runner the check compares a case's run with; the case store
+    runs each of the check's cases through it too, before judging (outcome.reference_run)."""
 
     def register(function: Callable) -> Callable:
         known = _CHECKS.get(name)
@@ -117,7 +122,7 @@ def check(
                 f"two checks are named {name!r} ({known.function.__module__}.{known.function.__qualname__} "
                 f"and {function.__module__}.{function.__qualname__}): rename one"
             )
-        _CHECKS[name] = CheckSpec(name, function, short, needs_device, tuple(signatures), matrix)
+        _CHECKS[name] = CheckSpec(name, function, short, needs_device, tuple(signatures), matrix, reference_runner)
         return function
 
     return register

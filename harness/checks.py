@@ -621,6 +621,7 @@ def runner_differences(
     needs_device=True,
     signatures=("runner_outputs_differ", "reference_runner_failed"),
     matrix=_parity_matrix,
+    reference_runner=REFERENCE_RUNNER,
 )
 def check_runner_parity(outcome: CaseOutcome) -> dict:
     """The same program and inputs through the suite's compiled runner (the case's device run) and through
@@ -635,9 +636,9 @@ def check_runner_parity(outcome: CaseOutcome) -> dict:
         hint = outcome.device.suite_runner_hint if outcome.device is not None else ""
         fix = hint or "this device's payload has no suite_runner"
         raise NotMeasured(f"this device ran the case through {ours.runner}, not the suite's compiled runner: {fix}")
-    if outcome.rerun is None:
-        raise NotMeasured("no second runner here (a reproduction bundle runs one): run the suite on a device")
-    other = outcome.rerun(REFERENCE_RUNNER)
+    other = outcome.reference_run
+    if other is None:
+        raise NotMeasured(f"no {REFERENCE_RUNNER} run of this case to compare with: run the suite on a device")
     if other.run is None and other.infrastructure:
         raise InfrastructureError(other.error)
     devices = {COMPILED_RUNNER: outcome.device_serial, REFERENCE_RUNNER: other.device_serial}

@@ -79,10 +79,23 @@ def device_pool(run_context, qnnsuite_options, toolchain, worker_id_name):
         say(line)  # a teardown line that cannot be shown must not become an error charged to a test
 
 
+def reference_runners(items: list[pytest.Item]) -> dict[str, str]:
+    """Case id -> the runner a collected check of that case compares its run with (CheckSpec.reference_runner):
+    the case store makes that run before the case's checks judge it."""
+    found = {}
+    for item in items:
+        spec = getattr(getattr(item, "function", None), "check_spec", None)
+        case = getattr(getattr(item, "callspec", None), "params", {}).get("case")
+        if spec is not None and spec.reference_runner and isinstance(case, Case):
+            found[case.id] = spec.reference_runner
+    return found
+
+
 @pytest.fixture(scope="session")
 def case_store(
-    pytestconfig, run_context, qnnsuite_options, toolchain, device_pool, worker_id_name
+    request, pytestconfig, run_context, qnnsuite_options, toolchain, device_pool, worker_id_name
 ) -> Iterator[CaseStore]:
+    references = reference_runners(request.session.items)
     store = CaseStore(
         toolchain,
         None if qnnsuite_options.compile_only else device_pool,
@@ -94,6 +107,7 @@ def case_store(
         run_context.lowering_server,
         perf_repeats=qnnsuite_options.perf_repeats,
         profile_level=qnnsuite_options.profile_level,
+        reference_runner=lambda case: references.get(case.id),
     )
     order = pytestconfig.stash.get(CASE_ORDER, None)  # known in a run without xdist workers
     if order:

@@ -12,7 +12,6 @@ the pure pipeline modules (eager, mutbuf, facts): a bundle carries exactly those
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -99,7 +98,8 @@ def _traced_buffers(trace: Path | None) -> dict[str, TracedBuffer]:
 
 @dataclass(frozen=True)
 class OtherRun:
-    """The case's program and inputs run again through another runner of a device of its SoC (runner_parity)."""
+    """The case's program and inputs run again through another runner of a device of its SoC (runner_parity's
+    reference, made by the CaseStore before any check judges the case, or by a bundle's repro.py)."""
 
     run: DeviceOutputs | None
     error: str | None = None  # why there is no run
@@ -125,6 +125,8 @@ class CaseOutcome:
     # The run needs what this device lacks (a plan of several methods, no suite_runner there): not measured.
     run_error_is_not_measured: bool = False
     device_log: str = ""  # a failed run's device log tail (ExecuTorch and QNN lines; whole in run_dir/device.log)
+    repeat_note: str = ""  # why --perf-repeats' runs stopped short ("": all ran, or none were asked for)
+    profile_note: str = ""  # why the case has no --profile-level profile ("": it has one, or none was asked for)
     retries: int = 0  # device runs repeated after a dropped connection
     run_dir: Path | None = None  # where the device run's inputs, outputs and log were put (in the run's work dir)
     timings_s: dict[str, float] = field(default_factory=dict)
@@ -134,9 +136,9 @@ class CaseOutcome:
     # The QNN profile of the case's profiled twin (--profile-level; harness/runner/profile.py profile_of).
     profile: dict | None = None
     dependence: list[list[np.ndarray]] | None = None  # see initial_value_dependence (given by the CaseStore)
-    # Runs the same program and inputs through the named device runner (the CaseStore's; None where nothing
-    # can run a second runner, e.g. a reproduction bundle): what runner_parity compares the case's run with.
-    rerun: Callable[[str], OtherRun] | None = None
+    # The same program and inputs through the reference runner (runner_parity compares the case's run with it):
+    # made for the cases whose checks compare runners, before they judge; None where none was made.
+    reference_run: OtherRun | None = None
 
     @property
     def timing(self) -> dict | None:

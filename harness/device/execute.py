@@ -23,17 +23,11 @@ import numpy as np
 from harness.device.device import Device, DeviceError, RunResult, shell_line
 from harness.device.payload import RUNNER_NAME, SUITE_RUNNER_NAME, PayloadFile
 from harness.device.sync import Oversized
-from harness.runner import run as plan_format
+from harness.runner import contract, run as plan_format
 
 RUNNER_TIMEOUT_S = 300
-TRACE_VARIABLE = "QNNSUITE_TRACE"  # read by the interposer (harness/qnn/interposer.c)
-TRACE_NAME = "trace.jsonl"
 SIGKILL_EXIT = 128 + 9  # how a shell reports a child ended by SIGKILL
 RUNNER_EXECUTION = re.compile(r"^runner: .* in ([0-9.]+) ms$", re.MULTILINE)
-# The emulated runner measures what its fresh heap allocations hold; Qualcomm's runner says nothing. Not
-# anchored: stderr is merged write by write, and QNN's logger writes its "[INFO] [Qnn ExecuTorch]: "
-# prefix apart from its message, so the line can follow one (measured).
-HEAP_PATTERN = re.compile(r"runner: heap pattern 0x([0-9a-f]{2})\b")
 # An emulated suite_runner that handed the plan to the pybindings runner (a fault switch that must act inside
 # the runner's process: harness/emulator/compiled_runner.py) says so: the run was measured by that one.
 ROUTED = re.compile(r"\brunner: measured by (qnn_executor_runner)\b")
@@ -51,6 +45,30 @@ class Workspace:
     payload: str  # shared by the run's workers
     traced: bool = False  # the payload has the trace interposer in front of a phone's libQnnHtp.so
     runners: tuple[str, ...] = (RUNNER_NAME,)  # the runner commands the payload has (payload.RUNNER_COMMANDS)
+
+
+@dataclass(frozen=True)
+class DeviceRunRequest:
+    """One device run of a program, decided once (by the case store) and passed whole through the device
+    layer's retry (harness/device/retry.py) to run_case: what runs, where its files go, through which runner,
+    with which plan, memory and profiling."""
+
+    name: str  # the run's folder on the device (a case id, or a repeat's, the profile's, the reference's)
+    program: Path  # the .pte
+    steps: list[tuple]  # each step's inputs
+    local_dir: Path  # where its inputs, outputs and logs are kept on the host
+    output_count: int  # outputs per step
+    soc: str = ""  # the SoC of the device it needs (the pool's choice)
+    # eager's byte size of each output [step][index]; a larger file fails the case unpulled (None: unknown)
+    output_bytes: list[list[int]] | None = None
+    methods: list[str] | None = None  # the method of each step (None: the program's method_index every step)
+    method_index: int = 0
+    runner: str = SUITE_RUNNER_NAME  # the payload command asked for (choose_runner says which one runs)
+    # The program was lowered for shared buffers (ModelCard.shared_buffer): the runner gives its inputs and
+    # outputs QNN's shared memory where it can (both runners take upstream's --shared_buffer).
+    shared_buffer: bool = False
+    etdump: bool = False  # the suite's runner also writes its ETDump (the QNN profile), pulled with the outputs
+    timeout_s: float = RUNNER_TIMEOUT_S
 
 
 class RunnerFailed(DeviceError):
@@ -91,19 +109,6 @@ def prepare_workspace(device: Device, folder: str, payload: list[PayloadFile]) -
         if device.push(item.local, f"{folder}/{item.remote_name}", mode=item.mode):
             transferred += item.local.stat().st_size
     return transferred
-
-
-def write_inputs(steps: list[tuple], directory: Path) -> list[list[Path]]:
-    directory.mkdir(parents=True, exist_ok=True)
-    files = []
-    for step, inputs in enumerate(steps):
-        row = []
-        for index, tensor in enumerate(inputs):
-            path = directory / f"input_{step}_{index}.raw"
-            np.ascontiguousarray(tensor.detach().numpy() if hasattr(tensor, "detach") else tensor).tofile(path)
-            row.append(path)
-        files.append(row)
-    return files
 
 
 def _exit_description(result) -> str:
@@ -186,17 +191,14 @@ def pull_limits(output_count: int, steps: int, output_bytes: list[list[int]] | N
     """The files a run's outputs folder may give back, each with its most bytes: eager's size of each output
     (output_bytes[step][index]) where known, and the trace."""
     limits = {
-        f"output_{step}_{index}.raw": output_bytes[step][index] if output_bytes else OUTPUT_FILE_MAX_BYTES
+        contract.output_name(step, index): output_bytes[step][index] if output_bytes else OUTPUT_FILE_MAX_BYTES
         for step in range(steps)
         for index in range(output_count)
     }
-    return {**limits, TRACE_NAME: TRACE_MAX_BYTES, ETDUMP_NAME: ETDUMP_MAX_BYTES}
+    return {**limits, contract.TRACE_NAME: TRACE_MAX_BYTES, contract.ETDUMP_NAME: ETDUMP_MAX_BYTES}
 
 
-ETDUMP_NAME = "profile.etdp"  # suite_runner's --etdump_path, in the outputs folder (the QNN profile)
 ETDUMP_MAX_BYTES = 64 << 20
-PLAN_NAME = "plan.txt"  # suite_runner's step plan, beside the inputs in the case folder
-INPUT_LIST_NAME = "input_list.txt"  # qnn_executor_runner's
 
 
 def choose_runner(workspace: Workspace, runner: str, methods: list[str] | None, serial: str) -> str:
@@ -221,73 +223,64 @@ def choose_runner(workspace: Workspace, runner: str, methods: list[str] | None, 
 
 
 def _runner_command(
-    runner: str,
-    workspace: Workspace,
-    local_dir: Path,
-    input_files: list[list[Path]],
-    methods: list[str] | None,
-    method_index: int,
+    runner: str, workspace: Workspace, request: DeviceRunRequest, input_files: list[list[Path]]
 ) -> tuple[list[str], Path]:
-    """The runner's argv (paths relative to the case folder) and the plan or input list it reads."""
+    """The runner's argv (paths relative to the case folder) and the plan or input list it reads, written
+    into the request's local folder (the runner contract's files and flags)."""
+    names = [[path.name for path in row] for row in input_files]
+    outputs, local_dir = contract.OUTPUTS_DIR, request.local_dir
     if runner == SUITE_RUNNER_NAME:
         # Without methods, the program's method by index (program order, as upstream's --method_index).
-        names = methods or [f"{plan_format.METHOD_INDEX_PREFIX}{int(method_index)}"] * len(input_files)
-        plan = plan_format.write_plan(
-            [(name, [path.name for path in row]) for name, row in zip(names, input_files)], local_dir / PLAN_NAME
+        methods = request.methods or [f"{plan_format.METHOD_INDEX_PREFIX}{int(request.method_index)}"] * len(names)
+        plan = plan_format.write_plan(list(zip(methods, names)), local_dir / contract.PLAN_NAME)
+        etdump = f"{outputs}/{contract.ETDUMP_NAME}" if request.etdump else None
+        argv = contract.suite_runner_argv(
+            contract.MODEL_NAME, contract.PLAN_NAME, outputs, methods, etdump, request.shared_buffer
         )
-        argv = ["--model_path", "model.pte", "--plan_path", PLAN_NAME, "--output_folder_path", "outputs"]
-        argv.extend(plan_format.plan_options(names))
         return [f"{workspace.payload}/{SUITE_RUNNER_NAME}", *argv], plan
-    input_list = local_dir / INPUT_LIST_NAME
-    input_list.write_text("".join(" ".join(path.name for path in row) + "\n" for row in input_files))
-    argv = ["--model_path", "model.pte", "--input_list_path", INPUT_LIST_NAME, "--output_folder_path", "outputs"]
-    return [f"{workspace.payload}/{RUNNER_NAME}", *argv, "--method_index", str(int(method_index))], input_list
+    input_list = contract.write_input_list(names, local_dir / contract.INPUT_LIST_NAME)
+    argv = contract.executor_runner_argv(
+        contract.MODEL_NAME, contract.INPUT_LIST_NAME, outputs, request.method_index, request.shared_buffer
+    )
+    return [f"{workspace.payload}/{RUNNER_NAME}", *argv], input_list
 
 
-def run_case(
-    device: Device,
-    workspace: Workspace,
-    case_dir_name: str,
-    pte: Path,
-    steps: list[tuple],
-    local_dir: Path,
-    output_count: int,
-    timeout_s: float = RUNNER_TIMEOUT_S,
-    method_index: int = 0,
-    output_bytes: list[list[int]] | None = None,
-    methods: list[str] | None = None,
-    runner: str = SUITE_RUNNER_NAME,
-    etdump: bool = False,
-    shared_buffer: bool = False,
-) -> DeviceRun:
-    """etdump: the suite's runner also writes its ETDump (the QNN profile of a profiled program), pulled with
-    the outputs; output_bytes: eager's byte size of each output [step][index]; a larger file fails the case unpulled.
-    methods: the method of each step (None: the program's method at method_index, every step); runner: the
-    payload command to run the plan with (see the module's docstring; choose_runner says which one runs);
-    shared_buffer: the program was lowered for shared buffers (ModelCard.shared_buffer), so the runner gives its
-    inputs and outputs QNN's shared memory where it can (both runners take upstream's --shared_buffer)."""
-    if methods is not None and len(methods) != len(steps):
-        raise ValueError(f"{len(methods)} method(s) for {len(steps)} step(s): give one method per step")
-    chosen = choose_runner(workspace, runner, methods, device.serial)
+def run_case(device: Device, workspace: Workspace, request: DeviceRunRequest) -> DeviceRun:
+    """Push the request's program and inputs, run its plan through the runner it asks for (or the one the
+    device has: choose_runner), pull what came out. A failed run raises RunnerFailed (its device log tail
+    with it), a plan the device cannot run RunnerUnavailable."""
+    if request.methods is not None and len(request.methods) != len(request.steps):
+        raise ValueError(f"{len(request.methods)} method(s) for {len(request.steps)} step(s): give one method per step")
+    chosen = choose_runner(workspace, request.runner, request.methods, device.serial)
     timings: dict[str, float] = {}
     started = time.perf_counter()
-    remote = f"{workspace.cases}/{case_dir_name}"
-    input_files = write_inputs(steps, local_dir / "inputs")
-    argv, plan = _runner_command(chosen, workspace, local_dir, input_files, methods, method_index)
-    if etdump and chosen == SUITE_RUNNER_NAME:
-        argv += ["--etdump_path", f"outputs/{ETDUMP_NAME}"]
-    if shared_buffer:
-        argv.append("--shared_buffer")
-    files = [pte, plan, *(path for row in input_files for path in row)]
+    remote = f"{workspace.cases}/{request.name}"
+    input_files = contract.write_inputs(request.steps, request.local_dir / "inputs")
+    argv, listing = _runner_command(chosen, workspace, request, input_files)
+    files = [(request.program, contract.MODEL_NAME), (listing, listing.name)]
+    files += [(path, path.name) for row in input_files for path in row]
     # A folder of this run's: nothing on the device to compare hashes with; all in one sync session (a retry
     # writes over the same names).
-    pushed = device.push_files([(path, f"{remote}/{'model.pte' if path == pte else path.name}") for path in files])
+    pushed = device.push_files([(path, f"{remote}/{name}") for path, name in files])
     timings["push"] = time.perf_counter() - started
+    result = _execute(device, workspace, request, argv, remote, timings)
+    started = time.perf_counter()
+    run = _collect(device, request, remote, result)
+    timings["pull"] = time.perf_counter() - started
+    routed = ROUTED.search(result.output)
+    run.runner, run.timings_s, run.pushed_bytes = routed.group(1) if routed else chosen, timings, pushed
+    return run
 
+
+def _execute(
+    device: Device, workspace: Workspace, request: DeviceRunRequest, argv: list[str], remote: str, timings: dict
+) -> RunResult:
+    """The runner on the device, in the case folder; a run that did not end well raises RunnerFailed."""
     started = time.perf_counter()
     env = {"ADSP_LIBRARY_PATH": workspace.payload}
     if workspace.traced:  # the interposer appends a line per graph execute; pulled with the outputs
-        env[TRACE_VARIABLE] = f"{remote}/outputs/{TRACE_NAME}"
+        env[contract.TRACE_VARIABLE] = f"{remote}/{contract.OUTPUTS_DIR}/{contract.TRACE_NAME}"
+    timeout_s, local_dir = request.timeout_s, request.local_dir
     result = device.run(
         argv,
         cwd=remote,
@@ -303,80 +296,54 @@ def run_case(
         timings["runner_exec"] = sum(step.execute_us for step in measured.steps) / 1e6
     elif executed:  # the emulated pybindings runner reports its own execution time, imports excluded
         timings["runner_exec"] = float(executed.group(1)) / 1000
-    routed = ROUTED.search(result.output)
-    if routed:
-        chosen = routed.group(1)
     (local_dir / "runner.log").write_text(result.output)
+    where, words, log = f"runner on {device.serial}", _last_words(result), _tail(result.output)
     if result.timed_out(timeout_s):
-        raise _failed(
-            device,
-            remote,
-            local_dir,
-            f"runner on {device.serial} hung and was killed after {timeout_s:.0f} s "
-            f"(last words: {_last_words(result)}); its log:\n{_tail(result.output)}",
-        )
+        line = f"{where} hung and was killed after {timeout_s:.0f} s (last words: {words}); its log:\n{log}"
+        raise _failed(device, remote, local_dir, line)
     if result.exit_code == SIGKILL_EXIT:
-        raise _failed(
-            device,
-            remote,
-            local_dir,
-            f"runner on {device.serial} was killed (SIGKILL, exit 137) after {result.duration_s:.1f} s, "
+        line = (
+            f"{where} was killed (SIGKILL, exit 137) after {result.duration_s:.1f} s, "
             f"well before its {timeout_s:.0f} s timeout: something else killed it, e.g. Android's "
             f"low-memory killer; check `adb -s {device.serial} logcat -d` and free memory (last words: "
-            f"{_last_words(result)}); its log:\n{_tail(result.output)}",
+            f"{words}); its log:\n{log}"
         )
+        raise _failed(device, remote, local_dir, line)
     if result.exit_code != 0:
-        raise _failed(
-            device,
-            remote,
-            local_dir,
-            f"runner on {device.serial} {_exit_description(result)} (last words: "
-            f"{_last_words(result)}); its log:\n{_tail(result.output)}",
-        )
+        line = f"{where} {_exit_description(result)} (last words: {words}); its log:\n{log}"
+        raise _failed(device, remote, local_dir, line)
+    return result
 
-    started = time.perf_counter()
+
+def _collect(device: Device, request: DeviceRunRequest, remote: str, result: RunResult) -> DeviceRun:
+    """The outputs folder pulled and read (every step's outputs, the trace and the ETDump where written);
+    a missing or oversized output raises RunnerFailed."""
+    local_dir, count, steps = request.local_dir, request.output_count, len(request.steps)
+    outputs_dir = local_dir / contract.OUTPUTS_DIR
     try:
-        present = set(
-            device.pull_files(
-                f"{remote}/outputs", local_dir / "outputs", pull_limits(output_count, len(steps), output_bytes)
-            )
-        )
+        limits = pull_limits(count, steps, request.output_bytes)
+        present = set(device.pull_files(f"{remote}/{contract.OUTPUTS_DIR}", outputs_dir, limits))
     except Oversized as oversized:
-        raise _failed(
-            device,
-            remote,
-            local_dir,
-            f"runner on {device.serial} wrote too much: {oversized} (not pulled); its log:\n{_tail(result.output)}",
-        ) from oversized
-    outputs, files = [], []
-    for step in range(len(steps)):
-        names = [f"output_{step}_{index}.raw" for index in range(output_count)]
-        missing = [name for name in names if name not in present]
-        if missing:
-            raise _failed(
-                device,
-                remote,
-                local_dir,
-                f"runner on {device.serial} wrote no {', '.join(missing[:3])} "
-                f"(expected {output_count} output(s) x {len(steps)} step(s)); its log:\n{_tail(result.output)}",
-            )
-        row = [local_dir / "outputs" / name for name in names]
-        files.append(row)
-        outputs.append([np.fromfile(path, dtype=np.uint8) for path in row])
-    trace = local_dir / "outputs" / TRACE_NAME if TRACE_NAME in present else None
-    timings["pull"] = time.perf_counter() - started
-    pattern = HEAP_PATTERN.search(result.output)
+        line = f"runner on {device.serial} wrote too much: {oversized} (not pulled); its log:\n{_tail(result.output)}"
+        raise _failed(device, remote, local_dir, line) from oversized
+    names = [[contract.output_name(step, index) for index in range(count)] for step in range(steps)]
+    missing = next(([name for name in row if name not in present] for row in names if not present.issuperset(row)), [])
+    if missing:
+        line = (
+            f"runner on {device.serial} wrote no {', '.join(missing[:3])} "
+            f"(expected {count} output(s) x {steps} step(s)); its log:\n{_tail(result.output)}"
+        )
+        raise _failed(device, remote, local_dir, line)
+    files = [[outputs_dir / name for name in row] for row in names]
+    measured = plan_format.parse(result.exit_code, result.output, result.stderr)
     return DeviceRun(
-        outputs,
+        [[np.fromfile(path, dtype=np.uint8) for path in row] for row in files],
         files,
-        trace,
+        outputs_dir / contract.TRACE_NAME if contract.TRACE_NAME in present else None,
         result.output,
-        timings,
-        pushed,
-        int(pattern.group(1), 16) if pattern else None,
-        runner=chosen,
+        heap_pattern=measured.heap_pattern,
         step_times_us=[step.execute_us for step in measured.steps],
         peak_rss_kb=measured.peak_rss_kb,
         io_memory=measured.io_memory,
-        etdump=local_dir / "outputs" / ETDUMP_NAME if ETDUMP_NAME in present else None,
+        etdump=outputs_dir / contract.ETDUMP_NAME if contract.ETDUMP_NAME in present else None,
     )

@@ -15,15 +15,16 @@ from pathlib import Path
 
 from harness.device.device import DeviceError
 from harness.qnn.interposer import REAL_LIBRARY_NAME
+from harness.runner import contract as runner_contract
 
 EMULATED_RUNNER = Path(__file__).resolve().parent.parent / "emulator" / "qnn_executor_runner"
 # The emulated device's suite_runner command, and the compiled runner it starts, pushed beside it
 # (harness/emulator/compiled_runner.py).
 EMULATED_SUITE_RUNNER = EMULATED_RUNNER.with_name("suite_runner")
 SUITE_RUNNER_BINARY_NAME = "suite_runner.bin"
-RUNNER_NAME = "qnn_executor_runner"
+RUNNER_NAME = runner_contract.EXECUTOR_RUNNER
 # The suite's compiled runner (harness/runner/suite_runner.cpp): a step plan in one process, per-step times.
-SUITE_RUNNER_NAME = "suite_runner"
+SUITE_RUNNER_NAME = runner_contract.SUITE_RUNNER
 # The payload's runner commands, the names run_case's `runner` takes.
 RUNNER_COMMANDS = (SUITE_RUNNER_NAME, RUNNER_NAME)
 BACKEND_LIBRARY = "libqnn_executorch_backend.so"

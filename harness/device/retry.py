@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from harness.device.device import DeviceError, DeviceFrozen, DeviceLost
-from harness.device.execute import DeviceRun, RunnerFailed, RunnerUnavailable, run_case
-from harness.device.payload import SUITE_RUNNER_NAME
+from harness.device.execute import DeviceRun, DeviceRunRequest, RunnerFailed, RunnerUnavailable, run_case
 from harness.device.pool import DevicePool
 
 MAX_RETRIES = 2
@@ -37,48 +35,18 @@ class Attempt:
     timings_s: dict[str, float] = field(default_factory=dict)
 
 
-def run_with_reconnects(
-    pool: DevicePool,
-    soc: str,
-    holder: str,
-    case_dir_name: str,
-    pte: Path,
-    steps: list[tuple],
-    local_dir: Path,
-    output_count: int,
-    timeout_s: float,
-    method_index: int,
-    output_bytes: list[list[int]] | None = None,
-    methods: list[str] | None = None,
-    runner: str = SUITE_RUNNER_NAME,
-    etdump: bool = False,
-    shared_buffer: bool = False,
-) -> Attempt:
-    """Run the case on a device of its SoC; every failure is one line in the result, never an exception."""
+def run_with_reconnects(pool: DevicePool, request: DeviceRunRequest, holder: str) -> Attempt:
+    """Run the request on a device of its SoC (holder: who holds the device meanwhile, for the pool's
+    messages); every failure is one line in the result, never an exception."""
     attempt = Attempt()
     started = time.perf_counter()
     for tried in range(1 + MAX_RETRIES):
         try:
-            with pool.acquire(soc, holder=holder) as (device, workspace):
+            with pool.acquire(request.soc, holder=holder) as (device, workspace):
                 # waiting for another worker's case to free the device, plus a first push of the payload
                 attempt.timings_s["device_wait"] = time.perf_counter() - started
                 attempt.device_serial, attempt.device_kind = device.label, pool.spec(device.label).kind
-                attempt.run = run_case(
-                    device,
-                    workspace,
-                    case_dir_name,
-                    pte,
-                    steps,
-                    local_dir,
-                    output_count=output_count,
-                    timeout_s=timeout_s,
-                    method_index=method_index,
-                    output_bytes=output_bytes,
-                    methods=methods,
-                    runner=runner,
-                    etdump=etdump,
-                    shared_buffer=shared_buffer,
-                )
+                attempt.run = run_case(device, workspace, request)
                 attempt.timings_s.update(attempt.run.timings_s)
             break
         except DeviceLost as lost:

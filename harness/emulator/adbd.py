@@ -32,6 +32,7 @@ from harness.emulator.adb_auth import TOKEN_SIZE, PublicKey, load_keys
 from harness.emulator.device_fs import AFTER_PROGRAMS, active_faults
 from harness.emulator.shell_paths import rewrite_device_paths
 from harness.files import write_atomically
+from harness.runner import contract as runner_contract
 
 A_CNXN, A_OPEN, A_OKAY, A_CLSE, A_WRTE, A_AUTH = (
     int.from_bytes(name, "little") for name in (b"CNXN", b"OPEN", b"OKAY", b"CLSE", b"WRTE", b"AUTH")
@@ -550,7 +551,7 @@ def run_command(stream: Stream, command: str, shell_v2: bool) -> None:
     process = stream.process = stream.connection.device.start_command(command, separate_stderr=shell_v2)
     if stream.closed:  # the host hung up while we were starting it
         stream.hang_up_command()
-    if "--model_path" in command and stream.connection.device.vanish_if("run", stream.connection):
+    if runner_contract.runs_a_program(command) and stream.connection.device.vanish_if("run", stream.connection):
         return
 
     def pump_output(pipe: io.BufferedReader, packet_id: int) -> None:

@@ -39,6 +39,7 @@ from pathlib import Path
 from harness.emulator import device_log
 from harness.emulator.device_fs import active_faults
 from harness.emulator.phone_runtime import PHONE_ENV, NoQnnLibrary, runner_environment
+from harness.runner import contract
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up counts: device_log.py)
 if TYPE_CHECKING:
@@ -46,10 +47,8 @@ if TYPE_CHECKING:
 
 BINARY_NAME = "suite_runner.bin"  # beside the payload's suite_runner (harness/device/payload.py)
 PYBINDINGS_RUNNER = "qnn_executor_runner"  # beside it too: the reference runner, and the fault route below
-TRACE_NAME = "trace.jsonl"
-TRACE_VARIABLE = "QNNSUITE_TRACE"
+TRACE_NAME, TRACE_VARIABLE, PLAN_HEADER = contract.TRACE_NAME, contract.TRACE_VARIABLE, contract.PLAN_HEADER
 ROUTED_LINE = "runner: measured by qnn_executor_runner"  # harness/device/execute.py reads which runner ran
-PLAN_HEADER = "qnnsuite-plan 1"
 
 
 RUNNER_FAULTS = (
@@ -79,15 +78,6 @@ def read_faults() -> dict:
         return active_faults(json.loads(text))
     except json.JSONDecodeError:
         return {}
-
-
-def option(argv: list[str], flag: str) -> str | None:
-    return argv[argv.index(flag) + 1] if flag in argv and argv.index(flag) + 1 < len(argv) else None
-
-
-def with_option(argv: list[str], flag: str, value: str) -> list[str]:
-    index = argv.index(flag)
-    return [*argv[: index + 1], value, *argv[index + 2 :]]
 
 
 def open_trace(output_dir: Path) -> tuple[int, str]:
@@ -158,7 +148,7 @@ def one_process_per_step(runner: Runner, argv: list[str], plan: Path, output_dir
         step_plan.write_text(f"{PLAN_HEADER}\n{line}\n")
         step_dir = output_dir / f".step{index}"
         step_dir.mkdir(exist_ok=True)
-        step_argv = with_option(with_option(argv, "--plan_path", str(step_plan)), "--output_folder_path", str(step_dir))
+        step_argv = contract.with_plan(argv, str(step_plan), str(step_dir))
         process = runner.start(step_argv, stdout=subprocess.PIPE)
         out, _ = process.communicate()
         sys.stdout.buffer.write(re.sub(rb"(?m)^step \d+ ", f"step {index} ".encode(), out))
@@ -222,23 +212,10 @@ def through_pybindings(argv: list[str], plan: Path, here: Path) -> None:
     if len(methods) != 1 or not index.startswith("@"):
         print("suite_runner: error: the fault runner_lose_delegate_state takes one method by index", file=sys.stderr)
         sys.exit(3)
-    input_list = plan.with_name(f".{plan.name}.input_list")
-    input_list.write_text("".join(" ".join(words[1:]) + "\n" for words in steps))
-    output_dir = option(argv, "--output_folder_path") or "."
-    os.execv(
-        str(here / PYBINDINGS_RUNNER),
-        [
-            PYBINDINGS_RUNNER,
-            "--model_path",
-            option(argv, "--model_path") or "",
-            "--input_list_path",
-            str(input_list),
-            "--output_folder_path",
-            output_dir,
-            "--method_index",
-            index[1:],
-        ],
-    )
+    input_list = contract.write_input_list([words[1:] for words in steps], plan.with_name(f".{plan.name}.input_list"))
+    output_dir = contract.outputs_of(argv) or "."
+    argv = contract.executor_runner_argv(contract.model_of(argv) or "", str(input_list), output_dir, int(index[1:]))
+    os.execv(str(here / PYBINDINGS_RUNNER), [PYBINDINGS_RUNNER, *argv])
 
 
 # Faults that act on the runner's process, before its exec: (the line it prints, the signal it raises).
@@ -253,7 +230,7 @@ def main(argv: list[str]) -> int:
     """argv: the payload folder (where the binary and the pybindings runner are), then the runner's own."""
     here, argv = Path(argv[0]), argv[1:]
     faults = {name: value for name, value in read_faults().items() if name in RUNNER_FAULTS and value is not None}
-    plan_path, output = option(argv, "--plan_path"), option(argv, "--output_folder_path")
+    plan_path, output = contract.plan_of(argv), contract.outputs_of(argv)
     if faults.get("runner_exit") is not None:
         print(f"runner: exiting {faults['runner_exit']} (fault switch)", flush=True)
         return int(faults["runner_exit"])

@@ -28,8 +28,10 @@ import time
 from contextlib import suppress
 from pathlib import Path
 
+from harness.runner import contract
+
 # Set on an emulated phone's commands (harness/emulator/phone_runtime.py PHONE_ENV). Spelled here, not
-# imported: repro bundles run this file alone, without the harness (harness/repro/standalone.py).
+# imported: a repro bundle carries this module and the runner contract, not phone_runtime.
 PHONE_ENV = "QNNSUITE_EMULATED_PHONE"
 
 # executorch ScalarType codes -> numpy dtype names (the raw files are plain little-endian arrays)
@@ -47,16 +49,8 @@ SCALAR_TYPES = {
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="qnn_executor_runner")
-    parser.add_argument("--model_path", required=True)
-    parser.add_argument("--input_list_path", required=True)
-    parser.add_argument("--output_folder_path", required=True)
-    parser.add_argument("--method_index", type=int, default=0)
-    parser.add_argument("--iteration", type=int, default=1)
-    parser.add_argument("--warm_up", type=int, default=0)
-    parser.add_argument("--shared_buffer", action="store_true")
-    parser.add_argument("--etdump_path", default="")
-    return parser.parse_args(argv)
+    """Upstream's command line, as the runner contract spells it (harness/runner/contract.py)."""
+    return contract.executor_arguments(argv)
 
 
 def read_faults() -> dict:
@@ -161,18 +155,24 @@ def main(argv: list[str]) -> int:
     output_dir = Path(args.output_folder_path)
     output_dir.mkdir(parents=True, exist_ok=True)
     if PHONE_ENV not in os.environ:  # a phone has a trace only where the harness pushed its interposer
-        (output_dir / "trace.jsonl").unlink(missing_ok=True)
+        (output_dir / contract.TRACE_NAME).unlink(missing_ok=True)
         # Made here, never through a link, and named by descriptor: a link planted in its place meanwhile (by a
         # device shell, the folder being the device's) cannot send the interposer's writes elsewhere.
         try:
-            trace = os.open(output_dir / "trace.jsonl", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            trace = os.open(
+                output_dir / contract.TRACE_NAME, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644
+            )
         except FileExistsError:
-            print(f"runner: {output_dir / 'trace.jsonl'} appeared while the runner made it; run again", file=sys.stderr)
+            print(
+                f"runner: {output_dir / contract.TRACE_NAME} appeared while the runner made it; run again",
+                file=sys.stderr,
+            )
             return 2
         # A jailed device command has no /proc (harness/emulator/jail.py): there the path, which inside the jail
         # reaches nothing outside the device's own folders.
         proc = os.path.isdir("/proc/self/fd")
-        os.environ["QNNSUITE_TRACE"] = f"/proc/self/fd/{trace}" if proc else str(output_dir / "trace.jsonl")
+        trace_name = f"/proc/self/fd/{trace}" if proc else str(output_dir / contract.TRACE_NAME)
+        os.environ[contract.TRACE_VARIABLE] = trace_name
 
     import numpy as np
     import torch
@@ -190,7 +190,7 @@ def main(argv: list[str]) -> int:
     except Exception as error:
         print(f"runner: cannot load {model_path}: {error}", file=sys.stderr)
         return 3
-    lines = [line.split() for line in Path(args.input_list_path).read_text().splitlines() if line.strip()]
+    lines = contract.read_input_list(Path(args.input_list_path))
     started = time.perf_counter()
     for iteration in range(args.iteration):
         for line_index, files in enumerate(lines):
@@ -203,12 +203,12 @@ def main(argv: list[str]) -> int:
                 module = _load_for_executorch(str(model_path))
             outputs = module.run_method(method, tuple(inputs))
             if faults.get("runner_lose_delegate_state"):
-                lose_delegate_state(output_dir / "trace.jsonl", pattern or 0)
+                lose_delegate_state(output_dir / contract.TRACE_NAME, pattern or 0)
             if iteration != args.iteration - 1:
                 continue
             count = len(outputs) - (1 if faults.get("runner_fewer_outputs") else 0)
             for index, output in enumerate(outputs[:count]):
-                write_new(output_dir / f"output_{line_index}_{index}.raw", output.detach().contiguous().numpy())
+                write_new(output_dir / contract.output_name(line_index, index), output.detach().contiguous().numpy())
     elapsed_ms = (time.perf_counter() - started) * 1000
     print(f"runner: {len(lines)} line(s) x {args.iteration} iteration(s) in {elapsed_ms:.1f} ms", flush=True)
     return 0

@@ -37,6 +37,7 @@ from harness.files import write_atomically
 from harness.matrix.environments import MATRIX_HOME, MatrixSetupError, PythonEnv, QnnTree
 from harness.matrix.layout import Combination, report_files
 from harness.paths import REPO_ROOT
+from harness.runner import contract
 
 CROSS_SCHEMA_VERSION = 1
 CROSS_FILE = "cross.json"
@@ -214,8 +215,9 @@ class RealCrossSteps:
         out: Path,
     ) -> RunnerResult:
         out.mkdir(parents=True, exist_ok=True)
-        listing = out / "input_list.txt"
-        listing.write_text("".join(" ".join(str(path) for path in row) + "\n" for row in inputs))
+        listing = contract.write_input_list(
+            [[str(path) for path in row] for row in inputs], out / contract.INPUT_LIST_NAME
+        )
         base = self._steps._env(env, tree)
         variables = {
             **base,
@@ -224,22 +226,11 @@ class RealCrossSteps:
                 p for p in (runtime["env"]["LD_LIBRARY_PATH"], base.get("LD_LIBRARY_PATH", "")) if p
             ),
         }
-        command = [
-            str(env.python),
-            "-m",
-            "harness.emulator.host_runner",
-            "--model_path",
-            str(program),
-            "--input_list_path",
-            str(listing),
-            "--output_folder_path",
-            str(out / "outputs"),
-            "--method_index",
-            str(method_index),
-        ]
+        outputs = out / contract.OUTPUTS_DIR
+        argv = contract.executor_runner_argv(str(program), str(listing), str(outputs), method_index)
         try:
             done = subprocess.run(
-                command,
+                [str(env.python), "-m", "harness.emulator.host_runner", *argv],
                 cwd=REPO_ROOT,
                 env=EmulatedKind.heap_environment(variables),
                 capture_output=True,
@@ -248,21 +239,7 @@ class RealCrossSteps:
             )
         except subprocess.TimeoutExpired:
             return RunnerResult(124, f"runner: timed out after {RUN_TIMEOUT_S} s")
-        outputs = [
-            [
-                np.fromfile(out / "outputs" / f"output_{step}_{index}.raw", dtype=np.uint8)
-                for index in range(_outputs_written(out / "outputs", step))
-            ]
-            for step in range(len(inputs))
-        ]
-        return RunnerResult(done.returncode, done.stdout + done.stderr, outputs)
-
-
-def _outputs_written(folder: Path, step: int) -> int:
-    count = 0
-    while (folder / f"output_{step}_{count}.raw").is_file():
-        count += 1
-    return count
+        return RunnerResult(done.returncode, done.stdout + done.stderr, contract.written_outputs(outputs, len(inputs)))
 
 
 def case_ids_ran(folder: Path) -> dict[str, dict]:
@@ -318,8 +295,6 @@ def run_cross(
     """Every ordered pair of releases of one QNN column that both ran (given as the combination and its
     report folder), over the cases both reported. feed(card reference, steps) gives a card's inputs and eager
     outputs (real_feed in the real command)."""
-    from harness.device.execute import write_inputs
-
     rows: list[CrossRow] = []
     by_wheel: dict[str, list[tuple[Combination, Path]]] = {}
     for combination, folder in ran:
@@ -336,7 +311,7 @@ def run_cross(
             if found is None:
                 continue  # no release has a program: the matrix's own columns say why
             inputs, eager = feed(found["card"], int(found["steps"]))
-            files = write_inputs(inputs, work / "inputs" / case_id)
+            files = contract.write_inputs(inputs, work / "inputs" / case_id)
             own = {r.version: _own_outputs(r, case_id, steps, files, eager, work / "runs") for r in releases}
             info = reported[0][case_id]
             for program in releases:

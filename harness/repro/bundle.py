@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from harness import check_registry
-from harness.device.execute import DEVICE_LOG, write_inputs
+from harness.device.execute import DEVICE_LOG
 from harness.files import say
 from harness.known_failures import KnownFailure
 from harness.numerics import TOLERANCES
@@ -41,7 +41,7 @@ from harness.pipeline.card import ModelCard
 from harness.qnn.toolchain import Toolchain
 from harness.record import CheckRecord
 from harness.repro import exports, issue, layout, standalone
-from harness.runner import build as runner_build
+from harness.runner import build as runner_build, contract as runner_contract
 from harness.versions import package_version
 
 PTE_LIMIT_BYTES = 2 * 1024 * 1024  # a larger .pte is left out: repro.py makes it again
@@ -171,8 +171,9 @@ class BundleWriter:
         for name in ("lower.log", "facts.json", "request.json"):
             if (artifact.directory / name).is_file():
                 shutil.copyfile(artifact.directory / name, folder / "lowering" / name)
-        rows = write_inputs(outcome.steps, folder / "inputs")
-        (folder / "inputs" / "input_list.txt").write_text("".join(" ".join(p.name for p in row) + "\n" for row in rows))
+        rows = runner_contract.write_inputs(outcome.steps, folder / "inputs")
+        names = [[path.name for path in row] for row in rows]
+        runner_contract.write_input_list(names, folder / "inputs" / runner_contract.INPUT_LIST_NAME)
         for step, row in enumerate(outcome.reference):
             for index, array in enumerate(row):
                 np.save(folder / "reference" / f"output_{step}_{index}.npy", array)
@@ -185,6 +186,7 @@ class BundleWriter:
             for name in ("runner.log", DEVICE_LOG):  # device.log: the failed run's logcat lines
                 if (outcome.run_dir / name).is_file():
                     shutil.copyfile(outcome.run_dir / name, folder / "device" / name)
+        _write_reference_run(folder, outcome)
         pte = _pte(artifact.pte, folder)
         (folder / layout.CASE_FILE).write_text(
             json.dumps(self._case(outcome, card_file, pte), indent=1, default=str) + "\n"
@@ -237,7 +239,35 @@ class BundleWriter:
             "heap_pattern": outcome.run.heap_pattern if outcome.run is not None else None,
             "method_index": artifact.facts.method_index,
             "runner": _runner(outcome),
+            "reference_run": _reference_run(outcome),
         }
+
+
+def _write_reference_run(folder: Path, outcome: CaseOutcome) -> None:
+    """device/reference/: the outputs and log of the case's run through the reference runner (runner_parity
+    compared them with the case's run), for a reader; repro.py runs that runner again to judge the check."""
+    other = outcome.reference_run
+    if other is None or other.run is None:
+        return
+    (folder / "device" / "reference").mkdir()
+    for path in [path for row in getattr(other.run, "output_files", []) for path in row]:
+        if path.is_file():
+            shutil.copyfile(path, folder / "device" / "reference" / path.name)
+    (folder / "device" / "reference" / "runner.log").write_text(getattr(other.run, "log", ""))
+
+
+def _reference_run(outcome: CaseOutcome) -> dict | None:
+    """The reference run a check compared the case's run with (None: the case had none)."""
+    other = outcome.reference_run
+    if other is None:
+        return None
+    runner = other.run.runner if other.run is not None else None
+    return {
+        "runner": runner,
+        "error": other.error or "",
+        "device_serial": other.device_serial,
+        "seconds": other.seconds,
+    }
 
 
 def _runner(outcome: CaseOutcome) -> dict:

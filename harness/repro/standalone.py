@@ -35,6 +35,7 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -64,12 +65,14 @@ SUITE_MODULES = (
     "harness.emulator.host_runner",
     "harness.paths",
     "harness.runner.build",
+    "harness.runner.contract",
     "harness.runner.run",
 )
 # The suite's compiled runner: its source beside harness.runner.build's copy (build.SOURCE), built by that
 # module's build() into the bundle's own .qnn/ folder (harness.paths.state_dir, here the bundle's).
 RUNNER_SOURCE = "suite/suite_runner.cpp"
 SUITE_RUNNER = "suite_runner"
+REFERENCE_RUNNER = "qnn_executor_runner"  # upstream's runner; on the simulator the bundle's host_runner
 # What runs a plan of several methods where the suite's runner cannot be built (plan_child).
 PYTHON_RUNTIME = "executorch.runtime"
 SHIM = "harness.pipeline.card"  # what card modules import ModelCard and register from
@@ -78,8 +81,6 @@ MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 HOST_LIBRARY = "libQnnHtp.so"
 HOST_LIB_SUBDIR = ("lib", "x86_64-linux-clang")
-# The emulated runner's own line (harness/emulator/host_runner.py): the byte its fresh heap allocations held.
-HEAP_PATTERN = re.compile(r"runner: heap pattern 0x([0-9a-f]{2})\b")
 RECORDED_FAILURES = ("failed", "xfailed")  # an xpassed check passed (its manifest entry expected a failure)
 EXIT = {"NOT REPRODUCED": 0, "REPRODUCED": 1, "DIFFERENT FAILURE": 3}
 
@@ -272,29 +273,22 @@ def lowering_child(request: str) -> int:
     return importlib.import_module("harness.pipeline.lower_job").main([request])
 
 
-# --- running the steps --------------------------------------------------------------------------------
+# --- running the steps ---------------------------------------------------------------------------------
+def contract():
+    """The runner contract the bundle carries (harness/runner/contract.py): file names, flags, heap environment."""
+    return importlib.import_module("harness.runner.contract")
+
+
 def write_inputs(steps: list[tuple], directory: Path) -> Path:
     """One raw file per input per step and the runner's input list (one line per step)."""
-    import numpy as np
-
-    directory.mkdir(parents=True, exist_ok=True)
-    lines = []
-    for step, inputs in enumerate(steps):
-        names = []
-        for index, tensor in enumerate(inputs):
-            names.append(f"input_{step}_{index}.raw")
-            np.ascontiguousarray(tensor.detach().numpy()).tofile(directory / names[-1])
-        lines.append(" ".join(names) + "\n")
-    (directory / "input_list.txt").write_text("".join(lines))
-    return directory / "input_list.txt"
+    rows = contract().write_inputs(steps, directory)
+    return contract().write_input_list([[path.name for path in row] for row in rows], directory / "input_list.txt")
 
 
 def heap_environment(env: dict[str, str], pattern: int | None) -> dict[str, str]:
     """env plus glibc's settings that make fresh heap allocations hold `pattern`, as on the suite's device
-    (MALLOC_PERTURB_ fills with its value ^ 0xff; the per-thread cache would hand out unfilled chunks)."""
-    if pattern is None:
-        return env
-    return {**env, "MALLOC_PERTURB_": str(pattern ^ 0xFF), "GLIBC_TUNABLES": "glibc.malloc.tcache_count=0"}
+    (the runner contract's one body)."""
+    return contract().heap_environment(env, pattern)
 
 
 def compiled_runner() -> Path | None:
@@ -311,14 +305,10 @@ def compiled_runner() -> Path | None:
         return None
 
 
-def write_plan(inputs: Path, methods: list[str]) -> tuple[Path, tuple[str, ...]]:
-    """The compiled runner's plan beside the inputs (a step per input_list.txt line, each running its method)
-    and the runner options it needs (harness.runner.run.plan_options: one Module's arenas for a plan of
-    several methods, as the suite's devices run it)."""
-    plan_format = importlib.import_module("harness.runner.run")
-    rows = [line.split() for line in (inputs / "input_list.txt").read_text().splitlines() if line.strip()]
-    plan = plan_format.write_plan(list(zip(methods, rows)), inputs / "plan.txt")
-    return plan, plan_format.plan_options(methods)
+def write_plan(inputs: Path, methods: list[str]) -> Path:
+    """The compiled runner's plan beside the inputs: a step per input_list.txt line, each running its method."""
+    rows = contract().read_input_list(inputs / "input_list.txt")
+    return importlib.import_module("harness.runner.run").write_plan(list(zip(methods, rows)), inputs / "plan.txt")
 
 
 def run_compiled(
@@ -333,47 +323,24 @@ def run_compiled(
     """The suite's compiled runner, as the emulated device runs it: the steps as a plan in one process (each
     step its method, state crossing methods), on the HTP simulator, with the interposer's trace in
     outputs/trace.jsonl."""
-    plan, options = write_plan(inputs, methods)
+    terms = contract()
     outputs.mkdir(parents=True, exist_ok=True)
-    (outputs / "trace.jsonl").unlink(missing_ok=True)
-    completed = subprocess.run(
-        [
-            str(binary),
-            "--model_path",
-            str(pte),
-            "--plan_path",
-            str(plan),
-            "--output_folder_path",
-            str(outputs),
-            *options,
-        ],
-        cwd=inputs,
-        env={**heap_environment(env, heap_pattern), "QNNSUITE_TRACE": str(outputs / "trace.jsonl")},
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-    )
-    return completed.returncode, completed.stdout + completed.stderr
+    (outputs / terms.TRACE_NAME).unlink(missing_ok=True)
+    env = {**heap_environment(env, heap_pattern), terms.TRACE_VARIABLE: str(outputs / terms.TRACE_NAME)}
+    run = importlib.import_module("harness.runner.run")
+    done = run.run_plan(binary, pte, write_plan(inputs, methods), outputs, env, timeout_s=None, methods=methods)
+    return done.exit_code, done.stdout + done.stderr
 
 
 def run_on_simulator(
     pte: Path, inputs: Path, outputs: Path, env: dict[str, str], heap_pattern: int | None = None, method_index: int = 0
 ) -> tuple[int, str]:
-    """The suite's emulated qnn_executor_runner (the pybindings runner): every step on one loaded method, on
-    the HTP simulator."""
+    """The suite's emulated qnn_executor_runner (the pybindings runner, the bundle's copy of
+    harness/emulator/host_runner.py in a child: runner_child): every step on one loaded method, on the HTP
+    simulator."""
+    argv = contract().executor_runner_argv(str(pte), "input_list.txt", str(outputs), method_index)
     completed = subprocess.run(
-        [
-            sys.executable,
-            str(BUNDLE / "suite" / "harness.emulator.host_runner.py"),
-            "--model_path",
-            str(pte),
-            "--input_list_path",
-            "input_list.txt",
-            "--output_folder_path",
-            str(outputs),
-            "--method_index",
-            str(method_index),
-        ],
+        [sys.executable, str(BUNDLE / "repro.py"), "--runner-child", *argv],
         cwd=inputs,
         env=heap_environment(env, heap_pattern),
         stdin=subprocess.DEVNULL,
@@ -383,17 +350,24 @@ def run_on_simulator(
     return completed.returncode, completed.stdout + completed.stderr
 
 
+def runner_child(argv: list[str]) -> int:
+    """The bundle's pybindings runner with the bundle's modules importable (it reads the runner contract)."""
+    sys.meta_path.insert(0, BundleFinder(manifest_modules(json.loads((BUNDLE / MANIFEST).read_text()))))
+    return importlib.import_module("harness.emulator.host_runner").main(argv)
+
+
 def run_plan_on_simulator(
     pte: Path, inputs: Path, outputs: Path, env: dict[str, str], heap_pattern: int | None = None
 ) -> tuple[int, str]:
     """A plan of several methods without the suite's runner: executorch's Python runtime in a child process
     (plan_child), every step on its method of ONE loaded program, on the HTP simulator."""
+    terms = contract()
     outputs.mkdir(parents=True, exist_ok=True)
-    (outputs / "trace.jsonl").unlink(missing_ok=True)
+    (outputs / terms.TRACE_NAME).unlink(missing_ok=True)
     completed = subprocess.run(
         [sys.executable, str(BUNDLE / "repro.py"), "--plan-child", str(pte), str(inputs), str(outputs)],
         cwd=inputs,
-        env={**heap_environment(env, heap_pattern), "QNNSUITE_TRACE": str(outputs / "trace.jsonl")},
+        env={**heap_environment(env, heap_pattern), terms.TRACE_VARIABLE: str(outputs / terms.TRACE_NAME)},
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
@@ -420,7 +394,7 @@ def plan_child(pte: str, inputs: str, outputs: str) -> int:
 
     card = sys.modules[SHIM].find(case["card"]["reference"])
     methods = card.step_methods(case["steps"])
-    rows = [line.split() for line in (Path(inputs) / "input_list.txt").read_text().splitlines() if line.strip()]
+    rows = contract().read_input_list(Path(inputs) / "input_list.txt")
     program = Runtime.get().load_program(Path(pte))
     for step, (name, files) in enumerate(zip(methods, rows)):
         meta = program.metadata(name)
@@ -430,7 +404,9 @@ def plan_child(pte: str, inputs: str, outputs: str) -> int:
             array = np.fromfile(Path(inputs) / file, dtype=host_runner.SCALAR_TYPES[int(info.dtype())])
             tensors.append(torch.from_numpy(array.reshape(tuple(info.sizes()))))
         for index, output in enumerate(program.load_method(name).execute(tensors)):
-            host_runner.write_new(Path(outputs) / f"output_{step}_{index}.raw", output.detach().contiguous().numpy())
+            host_runner.write_new(
+                Path(outputs) / contract().output_name(step, index), output.detach().contiguous().numpy()
+            )
     print(f"runner: {len(rows)} step(s) of {', '.join(dict.fromkeys(methods))} on one executorch.runtime Program")
     return 0
 
@@ -459,10 +435,12 @@ def run_on_phone(
                 f"{args.serial}: build the suite's runner for Android ({RUNNER_SOURCE}; the suite's "
                 f"--android-ndk does it) and push it with its libraries to --device-dir, or run without --serial"
             )
-        plan, options = write_plan(inputs, methods)
-        runner = f"{device_dir}/{SUITE_RUNNER} --model_path model.pte --plan_path {plan.name} " + " ".join(options)
+    terms, method_index = contract(), int(methods[0][1:]) if methods[0].startswith("@") else 0
+    if several:
+        argv = terms.suite_runner_argv(terms.MODEL_NAME, write_plan(inputs, methods).name, terms.OUTPUTS_DIR, methods)
     else:
-        runner = f"{device_dir}/qnn_executor_runner --model_path model.pte --input_list_path input_list.txt"
+        argv = terms.executor_runner_argv(terms.MODEL_NAME, terms.INPUT_LIST_NAME, terms.OUTPUTS_DIR, method_index)
+    runner = " ".join([f"{device_dir}/{SUITE_RUNNER if several else 'qnn_executor_runner'}", *map(shlex.quote, argv)])
     steps = [
         adb_run("shell", f"rm -rf {shlex.quote(remote)} && mkdir -p {shlex.quote(remote + '/outputs')}"),
         adb_run("push", str(pte), f"{remote}/model.pte"),
@@ -475,7 +453,7 @@ def run_on_phone(
         )
     command = (
         f"cd {shlex.quote(remote)} && LD_LIBRARY_PATH={device_dir}:$LD_LIBRARY_PATH ADSP_LIBRARY_PATH={device_dir} "
-        f'{runner.rstrip()} --output_folder_path outputs; echo "exit=$?"'
+        f'{runner}; echo "exit=$?"'
     )
     ran = adb_run("shell", command)
     log = ran.stdout + ran.stderr
@@ -490,18 +468,8 @@ def run_on_phone(
 def read_outputs(outputs: Path, reference: list[list]) -> tuple[list[list], str]:
     """The runner's raw files as flat byte arrays, as a device run holds them (the outcome shapes them);
     ([], why) when one is missing."""
-    import numpy as np
-
-    raw = []
-    for step, row in enumerate(reference):
-        raw_row = []
-        for index in range(len(row)):
-            path = outputs / f"output_{step}_{index}.raw"
-            if not path.is_file():
-                return [], f"the runner wrote no {path.name}; see {outputs.parent / 'runner.log'}"
-            raw_row.append(np.fromfile(path, dtype=np.uint8))
-        raw.append(raw_row)
-    return raw, ""
+    raw, missing = contract().read_outputs(outputs, [len(row) for row in reference])
+    return raw, f"the runner wrote no {missing[0]}; see {outputs.parent / 'runner.log'}" if missing else ""
 
 
 # --- the outcome the suite's checks read (harness/outcome.py's protocols) --------------------------------
@@ -570,12 +538,31 @@ def judge(spec, outcome) -> Judgement:
     return Judgement("error", type(error).__name__, f"{type(error).__name__}: {error}".partition("\n")[0])
 
 
+def now_of(names, judged: dict[str, Judgement]) -> str:
+    """What recorded failures came to now, grouped: "a, b pass now; c not measured" (a check this run could
+    not feed, e.g. runner_parity without a second runner, is never said to pass)."""
+    words = {"passed": "pass now", "not_measured": "not measured"}
+    said: dict[str, list[str]] = {}
+    for name in names:
+        verdict = judged[name].verdict if name in judged else "not_measured"
+        said.setdefault(words.get(verdict, f"{verdict} now"), []).append(name)
+    return "; ".join(f"{', '.join(found)} {word}" for word, found in said.items())
+
+
+def _now(judged: Judgement | None) -> str:
+    """A recorded failure's verdict now, in a DIFFERENT FAILURE line ("passed now", "not measured")."""
+    return "not measured" if judged is None or judged.verdict == "not_measured" else f"{judged.verdict} now"
+
+
 def verdict_of(recorded: dict, judged: dict[str, Judgement]) -> tuple[str, str]:
     """(REPRODUCED | NOT REPRODUCED | DIFFERENT FAILURE, the rest of the verdict line)."""
     failing = {name: j for name, j in judged.items() if j.fails}
     expected = {name: entry for name, entry in recorded.items() if entry.get("verdict") in RECORDED_FAILURES}
     if not failing:
-        return "NOT REPRODUCED", "(every check passes)" if not expected else f"({', '.join(expected)} pass now)"
+        said = [now_of(expected, judged)] if expected else []
+        unfed = [name for name, now in judged.items() if now.verdict == "not_measured" and name not in expected]
+        said += [f"{', '.join(unfed)} not measured"] if unfed else []
+        return "NOT REPRODUCED", f"({'; '.join(said)})" if said else "(every check passes)"
     # A recorded failure that fails otherwise is named first: its recorded line is the one to compare with.
     for name, now in sorted(failing.items(), key=lambda item: item[0] not in expected):
         was = recorded.get(name, {})
@@ -591,8 +578,7 @@ def verdict_of(recorded: dict, judged: dict[str, Judgement]) -> tuple[str, str]:
         was = expected[passing[0]]
         return (
             "DIFFERENT FAILURE",
-            f"{passing[0]} {judged[passing[0]].verdict if passing[0] in judged else 'not judged'}"
-            f" now; recorded {was.get('signature') or was.get('verdict')}: {was.get('message', '')}",
+            f"{passing[0]} {_now(judged.get(passing[0]))}; recorded {was.get('signature') or was.get('verdict')}: {was.get('message', '')}",
         )
     return "REPRODUCED", f"({', '.join(failing)} fail as recorded)"
 
@@ -691,7 +677,8 @@ def reproduce(args: argparse.Namespace) -> int:
     steps = card.steps(case["steps"])
     outcome = outcome_module.CaseOutcome(the_case, steps, BundleLowering(facts, pte), eager.run_steps(card, steps))
     if outcome.artifact.ok and any(spec.needs_device for spec in specs):
-        run_device(args, case, outcome, out, env)
+        references = {spec.reference_runner for spec in specs if getattr(spec, "reference_runner", None)}
+        run_device(args, case, outcome, out, env, next(iter(references), None))
     judged = {spec.name: judge(spec, outcome) for spec in specs}
     numbers = []
     if outcome.run is not None:
@@ -711,48 +698,64 @@ def plan_methods(case: dict, card) -> list[str]:
     return [f"@{int(case.get('method_index', 0))}"] * case["steps"]
 
 
-def run_device(args: argparse.Namespace, case: dict, outcome, out: Path, env: dict[str, str]) -> None:
-    """Run the steps on the simulator or the phone; the outcome gets the run, or why there is none."""
-    inputs, outputs = out / "inputs", out / "outputs"
+def run_device(
+    args: argparse.Namespace, case: dict, outcome, out: Path, env: dict[str, str], reference_runner: str | None = None
+) -> None:
+    """Run the steps on the simulator or the phone; the outcome gets the run, or why there is none. With
+    reference_runner (a check of the case compares runners: runner_parity), the steps run through it too,
+    on the simulator, as the suite's device ran them before judging: outcome.reference_run."""
+    inputs = out / "inputs"
     write_inputs(outcome.steps, inputs)
+    status, log, runner, device = run_steps(args, case, outcome, inputs, out / "outputs", env)
+    outcome.device_kind, outcome.device = device.name, device
+    outcome.run, outcome.run_error = bundle_run(status, log, runner, out / "outputs", outcome.reference)
+    feedable = not args.serial and not outcome.case.card.multi_method  # one method per process, on the host
+    if outcome.run is None or reference_runner != REFERENCE_RUNNER or runner == REFERENCE_RUNNER or not feedable:
+        return  # a check with nothing to compare says it was not measured
+    started = time.perf_counter()
+    pattern, index = case.get("heap_pattern"), case.get("method_index", 0)
+    status, log = run_on_simulator(outcome.artifact.pte, inputs, out / "reference", env, pattern, index)
+    run, error = bundle_run(status, log, REFERENCE_RUNNER, out / "reference", outcome.reference)
+    outcome.reference_run = sys.modules["harness.outcome"].OtherRun(
+        run, error, False, "the HTP simulator", time.perf_counter() - started
+    )
+
+
+def run_steps(args: argparse.Namespace, case: dict, outcome, inputs: Path, outputs: Path, env: dict[str, str]):
+    """The steps through the runner the case ran with (the phone's, or on the simulator the suite's compiled
+    runner where it builds): (exit status, log, the runner that ran, the device's traits)."""
     pte, methods = outcome.artifact.pte, plan_methods(case, outcome.case.card)
     if args.serial:
         status, log, runner = run_on_phone(args, case["case_id"], pte, inputs, outputs, methods)
-        device = BundleDevice("phone", False, None)
+        return status, log, runner, BundleDevice("phone", False, None)
+    binary = compiled_runner() if case.get("runner", {}).get("name") == SUITE_RUNNER else None
+    pattern = case.get("heap_pattern")
+    if binary is not None:
+        runner = SUITE_RUNNER
+        status, log = run_compiled(binary, pte, inputs, outputs, env, pattern, methods)
+    elif outcome.case.card.multi_method:  # upstream's runner runs one method per process: the Python runtime
+        runner = PYTHON_RUNTIME
+        status, log = run_plan_on_simulator(pte, inputs, outputs, env, pattern)
     else:
-        binary = compiled_runner() if case.get("runner", {}).get("name") == SUITE_RUNNER else None
-        pattern = case.get("heap_pattern")
-        if binary is not None:
-            runner = SUITE_RUNNER
-            status, log = run_compiled(binary, pte, inputs, outputs, env, pattern, methods)
-        elif outcome.case.card.multi_method:  # upstream's runner runs one method per process: the Python runtime
-            runner = PYTHON_RUNTIME
-            status, log = run_plan_on_simulator(pte, inputs, outputs, env, pattern)
-        else:
-            runner = "qnn_executor_runner"
-            status, log = run_on_simulator(pte, inputs, outputs, env, pattern, case.get("method_index", 0))
-        device = BundleDevice("emulated", True, case.get("heap_pattern"))
-    (out / "runner.log").write_text(log)
-    outcome.device_kind, outcome.device = device.name, device
+        runner = REFERENCE_RUNNER
+        status, log = run_on_simulator(pte, inputs, outputs, env, pattern, case.get("method_index", 0))
+    return status, log, runner, BundleDevice("emulated", True, pattern)
+
+
+def bundle_run(status: int, log: str, runner: str, outputs: Path, reference: list[list]):
+    """What one runner process came to, as the outcome holds it: (BundleRun, None), or (None, why not); its
+    log is kept beside its outputs folder (runner.log)."""
+    log_file = outputs.parent / ("runner.log" if outputs.name == "outputs" else f"{outputs.name}.log")
+    log_file.write_text(log)
     if status != 0:
         tail = [line for line in log.strip().splitlines() if line.strip()][-1:] or ["nothing"]
-        outcome.run_error = f"the runner exited {status} (last words: {tail[0][:200]}); see {out / 'runner.log'}"
-        return
-    raw, missing = read_outputs(outputs, outcome.reference)
+        return None, f"the runner exited {status} (last words: {tail[0][:200]}); see {log_file}"
+    raw, missing = read_outputs(outputs, reference)
     if missing:
-        outcome.run_error = missing
-        return
-    pattern = HEAP_PATTERN.search(log)
-    trace = outputs / "trace.jsonl"
+        return None, missing
     measured = importlib.import_module("harness.runner.run").parse(status, log, "")
-    outcome.run = BundleRun(
-        raw,
-        trace if trace.is_file() else None,
-        int(pattern.group(1), 16) if pattern else None,
-        runner,
-        [step.execute_us for step in measured.steps],
-        measured.peak_rss_kb,
-    )
+    trace, steps = contract().trace_of(outputs), [step.execute_us for step in measured.steps]
+    return BundleRun(raw, trace, measured.heap_pattern, runner, steps, measured.peak_rss_kb), None
 
 
 def main(argv: list[str]) -> int:
@@ -780,6 +783,8 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--lowering-child", metavar="REQUEST", help=argparse.SUPPRESS)
     parser.add_argument("--plan-child", nargs=3, metavar=("PTE", "INPUTS", "OUTPUTS"), help=argparse.SUPPRESS)
+    if argv[:1] == ["--runner-child"]:  # the pybindings runner's own flags follow, never this script's
+        return runner_child(argv[1:])
     args = parser.parse_args(argv)
     try:
         if args.lowering_child:

@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-PLAN_HEADER = "qnnsuite-plan 1"
+from harness.runner import contract
+from harness.runner.contract import PLAN_HEADER
+
 # suite_runner.cpp's exit codes (its header and its `constexpr int` line); test_compiled_runner checks that
 # the two agree.
 EXIT_CODES = {
@@ -44,13 +46,9 @@ PEAK_LINE = re.compile(r"\brunner: peak_rss_kb (\d+)$", re.MULTILINE)
 # Which memory the runner gave a program's inputs and unplanned outputs: rpcmem (QNN's shared allocator, with
 # --shared_buffer where executorch loads it) or ordinary (suite_runner.cpp's header says when).
 IO_MEMORY_LINE = re.compile(r"\brunner: io memory (rpcmem|ordinary)$", re.MULTILINE)
-
-
-def plan_options(methods: list[str]) -> tuple[str, ...]:
-    """The runner options a plan needs: one Module's planned arenas for every method when it runs several
-    (what an application sharing state across methods needs, and programs exported with share_mutable_buffers
-    rely on: suite_runner.cpp's --share_memory_arenas). The device and a repro bundle both ask here."""
-    return ("--share_memory_arenas",) if len(set(methods)) > 1 else ()
+# The emulated runners measure what their fresh heap allocations hold (harness/emulator/host_runner.py);
+# Qualcomm's runner says nothing. Not anchored, as STEP_LINE: QNN's logger prefix can come first.
+HEAP_LINE = re.compile(r"runner: heap pattern 0x([0-9a-f]{2})\b")
 
 
 class Toolchain(Protocol):
@@ -82,6 +80,7 @@ class RunnerRun:
     load_us: dict[str, int] = field(default_factory=dict)
     peak_rss_kb: int | None = None
     io_memory: str | None = None  # "rpcmem" or "ordinary"; None from a runner that does not say
+    heap_pattern: int | None = None  # the byte its fresh heap allocations held, from a runner that measured it
 
     @property
     def error_line(self) -> str | None:
@@ -119,6 +118,7 @@ def runner_env(toolchain: Toolchain, trace: Path | None = None, base: dict[str, 
 def parse(exit_code: int, stdout: str, stderr: str) -> RunnerRun:
     peak = PEAK_LINE.search(stdout)
     io_memory = IO_MEMORY_LINE.search(stdout)
+    heap = HEAP_LINE.search(stdout)
     return RunnerRun(
         exit_code,
         stdout,
@@ -127,6 +127,7 @@ def parse(exit_code: int, stdout: str, stderr: str) -> RunnerRun:
         {method: int(micros) for method, micros in LOAD_LINE.findall(stdout)},
         int(peak.group(1)) if peak else None,
         io_memory.group(1) if io_memory else None,
+        int(heap.group(1), 16) if heap else None,
     )
 
 
@@ -137,22 +138,16 @@ def run_plan(
     output_dir: Path,
     env: dict[str, str],
     options: tuple[str, ...] = (),
-    timeout_s: float = RUN_TIMEOUT_S,
+    timeout_s: float | None = RUN_TIMEOUT_S,
+    methods: list[str] = (),
 ) -> RunnerRun:
-    """Run the plan in one runner process; outputs land in output_dir as output_<step>_<index>.raw."""
+    """Run the plan in one runner process on this host (the plan's methods decide its options:
+    contract.plan_options; `options`, any more); outputs land in output_dir as output_<step>_<index>.raw."""
     output_dir.mkdir(parents=True, exist_ok=True)
     completed = subprocess.run(
-        [
-            str(binary),
-            "--model_path",
-            str(program),
-            "--plan_path",
-            str(plan),
-            "--output_folder_path",
-            str(output_dir),
-            *options,
-        ],
+        [str(binary), *contract.suite_runner_argv(str(program), str(plan), str(output_dir), list(methods)), *options],
         env=env,
+        stdin=subprocess.DEVNULL,
         check=False,
         capture_output=True,
         text=True,

@@ -28,7 +28,7 @@ from harness import run_records
 from harness.device import shell_v2
 from harness.device.adb import AdbClient
 from harness.device.device import Device, DeviceError
-from harness.device.execute import RunnerFailed, Workspace, run_case
+from harness.device.execute import DeviceRunRequest, RunnerFailed, Workspace, run_case
 from harness.device.payload import RUNNER_NAME
 from harness.emulator.launcher import EmulatorFleet
 from harness.files import say
@@ -75,7 +75,11 @@ def test_a_runner_flooding_stderr_keeps_the_last_bytes_and_counts_the_rest(devic
         f"yes runner: noise | head -c {flood} >&2\necho 'runner: flooded, giving up' >&2\nexit 3",
     )
     with pytest.raises(RunnerFailed) as failure:
-        run_case(device, workspace, "case", _pte(tmp_path), [()], tmp_path / "local", output_count=1, timeout_s=60)
+        run_case(
+            device,
+            workspace,
+            DeviceRunRequest("case", _pte(tmp_path), [()], tmp_path / "local", output_count=1, timeout_s=60),
+        )
     assert "exited 3 (last words: runner: flooded, giving up)" in str(failure.value)
     log = (tmp_path / "local" / "runner.log").read_bytes()
     assert len(log) < (1 << 20) + 200, "the runner's log keeps the last OUTPUT_KEEP_BYTES"
@@ -100,13 +104,9 @@ def test_an_output_file_larger_than_its_program_s_fails_the_case_unpulled(device
         run_case(
             device,
             workspace,
-            "case",
-            _pte(tmp_path),
-            [()],
-            tmp_path / "local",
-            output_count=1,
-            timeout_s=60,
-            output_bytes=[[64]],
+            DeviceRunRequest(
+                "case", _pte(tmp_path), [()], tmp_path / "local", output_count=1, timeout_s=60, output_bytes=[[64]]
+            ),
         )
     assert time.monotonic() - started < 30
     assert "wrote too much: output_0_0.raw is 2147483648 bytes, expected 64 (not pulled)" in str(failure.value)
@@ -124,13 +124,9 @@ def test_an_output_file_of_its_program_s_size_is_pulled(device, tmp_path):
     run = run_case(
         device,
         workspace,
-        "case",
-        _pte(tmp_path),
-        [()],
-        tmp_path / "local",
-        output_count=1,
-        timeout_s=60,
-        output_bytes=[[64]],
+        DeviceRunRequest(
+            "case", _pte(tmp_path), [()], tmp_path / "local", output_count=1, timeout_s=60, output_bytes=[[64]]
+        ),
     )
     assert [array.nbytes for array in run.outputs[0]] == [64]
     assert not (tmp_path / "local" / "outputs" / "stray.bin").exists(), "only the expected files are pulled"

@@ -13,7 +13,7 @@ from pathlib import Path
 from harness.device.kinds.base import PayloadInputs
 from harness.device.payload import PayloadFile, emulated_payload
 from harness.qnn.sdk import QnnSdk
-from harness.runner import build as runner_build
+from harness.runner import build as runner_build, contract as runner_contract
 
 HOST_ABI = "x86_64"  # an attached device that runs host binaries is emulated: real phones are arm64
 # The byte every fresh heap allocation of an emulated device's runner holds: a delegated buffer that is
@@ -21,15 +21,6 @@ HOST_ABI = "x86_64"  # an attached device that runs host binaries is emulated: r
 # float32, so the known defect has an exact signature. Non-zero, finite in every float width, and far
 # from the cards' registered values.
 EMULATED_HEAP_PATTERN = 0x40
-# glibc fills malloc'd memory with MALLOC_PERTURB_ ^ 0xff, except chunks handed out from the per-thread
-# cache (they keep a freed chunk's bytes): the cache is switched off. Read at process start only.
-_NO_THREAD_CACHE = "glibc.malloc.tcache_count=0"
-# Cost only, the fill is the same: the host libQnnHtp.so has a 5.5 MB thread-local block, which each of a
-# runner's 13 simulator threads mallocs and writes twice (the fill, then zeros) on every run. Blocks of 1 MB
-# and more are mmapped and marked for transparent huge pages where the kernel offers them (madvise mode):
-# half the runner's page faults and 10% of its CPU (114-130 vs 134-144 ms a run, measured).
-_HUGE_PAGES = ("glibc.malloc.mmap_threshold=1048576", "glibc.malloc.hugetlb=1")
-_OURS = (_NO_THREAD_CACHE, *_HUGE_PAGES)
 
 
 class EmulatedKind:
@@ -56,14 +47,8 @@ class EmulatedKind:
     @staticmethod
     def heap_environment(env: dict[str, str]) -> dict[str, str]:
         """env plus what makes every heap allocation start as heap_pattern, and huge pages for large blocks (the
-        device commands' environment: every runner starts with it)."""
-        ours = {tunable.partition("=")[0] for tunable in _OURS}
-        tunables = [t for t in env.get("GLIBC_TUNABLES", "").split(":") if t and t.partition("=")[0] not in ours]
-        return {
-            **env,
-            "MALLOC_PERTURB_": str(EMULATED_HEAP_PATTERN ^ 0xFF),
-            "GLIBC_TUNABLES": ":".join([*tunables, *_OURS]),
-        }
+        device commands' environment: every runner starts with it; the one body is the runner contract's)."""
+        return runner_contract.heap_environment(env, EMULATED_HEAP_PATTERN)
 
 
 @functools.cache

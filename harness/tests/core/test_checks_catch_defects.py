@@ -21,11 +21,12 @@ from fixtures import zoo  # noqa: F401  (registers the cards)
 from harness import checks
 from harness.check_registry import CheckFailure, NotMeasured
 from harness.device import kinds
-from harness.device.execute import DeviceRun, write_inputs
+from harness.device.execute import DeviceRun
 from harness.outcome import CaseOutcome
 from harness.pipeline import card as cards, eager, stages
 from harness.pipeline.facts import ExportFacts, LoweringFacts, QuantizeFacts
 from harness.pipeline.lower import LoweredArtifact, lower_case
+from harness.runner.contract import write_inputs
 from harness.tests import broken_cards
 from harness.vocabulary import Case, Mode
 

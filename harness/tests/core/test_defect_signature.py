@@ -24,7 +24,7 @@ from fixtures import zoo  # noqa: F401  (registers the cards)
 from harness import checks, known_failures
 from harness.check_registry import CheckFailure
 from harness.device import kinds
-from harness.device.execute import HEAP_PATTERN, DeviceRun
+from harness.device.execute import DeviceRun
 from harness.numerics import pattern_dequantized
 from harness.outcome import CaseOutcome
 from harness.paths import REPO_ROOT
@@ -32,6 +32,7 @@ from harness.pipeline import card as cards, eager
 from harness.pipeline.eager import pattern_initial
 from harness.pipeline.facts import LoweringFacts
 from harness.pipeline.lower import LoweredArtifact
+from harness.runner.run import parse
 from harness.vocabulary import Case, Mode
 
 PATTERN = kinds.EMULATED_HEAP_PATTERN
@@ -63,9 +64,9 @@ def test_runner_measures_the_heap_pattern_only_when_it_is_set():
 
 def test_the_reported_pattern_is_found_behind_a_log_prefix():
     """QNN's logger writes its prefix apart from its message; the merged log can join it to our line."""
-    found = HEAP_PATTERN.search("[INFO] [Qnn ExecuTorch]: runner: heap pattern 0x40\nDeserializing ...")
-    assert found and int(found.group(1), 16) == PATTERN
-    assert HEAP_PATTERN.search("runner: heap pattern none\n") is None
+    found = parse(0, "[INFO] [Qnn ExecuTorch]: runner: heap pattern 0x40\nDeserializing ...", "")
+    assert found.heap_pattern == PATTERN
+    assert parse(0, "runner: heap pattern none\n", "").heap_pattern is None
 
 
 # The signature as a function of device outputs (no lowering, no device) -----------------------------

@@ -23,7 +23,7 @@ from harness.context import RunContext
 from harness.device import discovery, kinds
 from harness.device.adb import AdbClient, AdbServer
 from harness.device.device import PROBE_TIMEOUT_S, WORKSPACE_ROOT, Device, DeviceError, DeviceLost
-from harness.device.execute import RunnerFailed, Workspace, run_case
+from harness.device.execute import DeviceRunRequest, RunnerFailed, Workspace, run_case
 from harness.device.payload import (
     EMULATED_RUNNER,
     EMULATED_SUITE_RUNNER,
@@ -141,13 +141,9 @@ def _failed_run(fleet, device, tmp_path, fault: str, timeout_s: float, runner: s
             run_case(
                 device,
                 Workspace(workspace, workspace, runners=runners),
-                "case",
-                pte,
-                [()],
-                tmp_path / "local",
-                output_count=1,
-                timeout_s=timeout_s,
-                runner=runner,
+                DeviceRunRequest(
+                    "case", pte, [()], tmp_path / "local", output_count=1, timeout_s=timeout_s, runner=runner
+                ),
             )
     finally:
         fleet.set_faults(device.serial, **{fault: None})

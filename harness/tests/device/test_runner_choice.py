@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from harness.device.device import RunResult
-from harness.device.execute import DeviceRun, RunnerUnavailable, Workspace, choose_runner, run_case
+from harness.device.execute import DeviceRun, DeviceRunRequest, RunnerUnavailable, Workspace, choose_runner, run_case
 from harness.device.payload import RUNNER_NAME, SUITE_RUNNER_NAME
 from harness.report.intake import SCHEMA_PATH
 
@@ -53,7 +53,9 @@ def _run(tmp_path: Path, workspace: Workspace, stdout: str, **kwargs: object) ->
     device = RecordingDevice(stdout, 1, len(steps))
     pte = tmp_path / "model.pte"
     pte.write_bytes(b"program")
-    run = run_case(device, workspace, "case", pte, steps, tmp_path / "local", output_count=1, **kwargs)
+    run = run_case(
+        device, workspace, DeviceRunRequest("case", pte, steps, tmp_path / "local", output_count=1, **kwargs)
+    )
     return run, device
 
 

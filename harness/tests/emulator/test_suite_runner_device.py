@@ -20,7 +20,7 @@ from fixtures import zoo  # noqa: F401  (registers the cards)
 from harness.device import kinds
 from harness.device.adb import AdbClient
 from harness.device.device import Device, shell_line
-from harness.device.execute import RunnerFailed, Workspace, prepare_workspace, run_case
+from harness.device.execute import DeviceRunRequest, RunnerFailed, Workspace, prepare_workspace, run_case
 from harness.device.payload import RUNNER_COMMANDS, RUNNER_NAME, SUITE_RUNNER_NAME
 from harness.emulator.launcher import EmulatorFleet
 from harness.pipeline import card as cards, mutbuf
@@ -82,7 +82,9 @@ def faults(fleet) -> Iterator:
 
 def _run(device, workspace, lowered, tmp_path, name: str, runner: str = SUITE_RUNNER_NAME):
     steps = cards.find(CARD).steps(STEPS)
-    return run_case(device, workspace, name, lowered.pte, steps, tmp_path / name, output_count=1, runner=runner)
+    return run_case(
+        device, workspace, DeviceRunRequest(name, lowered.pte, steps, tmp_path / name, output_count=1, runner=runner)
+    )
 
 
 @pytest.fixture(scope="module")

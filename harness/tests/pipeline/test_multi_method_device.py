@@ -22,7 +22,7 @@ from harness.check_registry import CheckFailure
 from harness.device import kinds
 from harness.device.adb import AdbClient
 from harness.device.device import Device
-from harness.device.execute import Workspace, prepare_workspace, run_case
+from harness.device.execute import DeviceRunRequest, Workspace, prepare_workspace, run_case
 from harness.device.payload import RUNNER_COMMANDS, SUITE_RUNNER_NAME
 from harness.emulator.launcher import EmulatorFleet
 from harness.outcome import CaseOutcome
@@ -67,9 +67,10 @@ def device_and_workspace(fleet) -> tuple[Device, Workspace]:
 def _judged(outcome: CaseOutcome, device_and_workspace, folder: Path) -> dict:
     device, workspace = device_and_workspace
     methods = outcome.case.card.step_methods(len(outcome.steps))
-    run = run_case(
-        device, workspace, folder.name, outcome.artifact.pte, outcome.steps, folder, output_count=1, methods=methods
+    request = DeviceRunRequest(
+        folder.name, outcome.artifact.pte, outcome.steps, folder, output_count=1, methods=methods
     )
+    run = run_case(device, workspace, request)
     assert run.runner == SUITE_RUNNER_NAME and len(run.step_times_us) == STEPS
     judged = CaseOutcome(
         outcome.case, outcome.steps, outcome.artifact, outcome.reference, device_kind="emulated", run=run

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fixtures import online_prepare  # noqa: F401  (registers the cards)
-from harness.device.execute import run_case
+from harness.device.execute import DeviceRunRequest, run_case
 from harness.pipeline import card as cards, mutbuf
 from harness.pipeline.lower import lower_case
 from harness.tests.emulator import test_suite_runner_device as emulated
@@ -33,7 +33,9 @@ def test_an_online_prepared_program_runs_and_shares_its_buffers_address(toolchai
         expected = [eager(*step).numpy() for step in steps]
     program = lower_case(case, toolchain, tmp_path / "lowered", emulated.STEPS)
     assert program.ok, program.failure
-    run = run_case(device, workspace, "online", program.pte, steps, tmp_path / "online", output_count=1)
+    run = run_case(
+        device, workspace, DeviceRunRequest("online", program.pte, steps, tmp_path / "online", output_count=1)
+    )
     for step, (row, want) in enumerate(zip(run.outputs, expected, strict=True)):
         got = row[0].view(np.float32).reshape(want.shape)
         assert np.allclose(got, want, atol=1e-2), f"step {step}: {got} != {want}"

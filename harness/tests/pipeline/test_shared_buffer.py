@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from fixtures import shared_buffer
-from harness.device.execute import run_case
+from harness.device.execute import DeviceRunRequest, run_case
 from harness.pipeline import cache, card as cards, stages
 from harness.pipeline.lower import lower_case
 from harness.tests.emulator import test_suite_runner_device as emulated
@@ -93,7 +93,9 @@ def test_the_runner_supplies_the_io_of_a_shared_buffer_program(mode, toolchain, 
     program = lower_case(case, toolchain, tmp_path / "lowered", emulated.STEPS)
     assert program.ok, program.failure
     assert set(_planned(program.pte, toolchain)) == {False}
-    run = run_case(device, workspace, "shared", program.pte, steps, tmp_path / "run", 2, shared_buffer=True)
+    run = run_case(
+        device, workspace, DeviceRunRequest("shared", program.pte, steps, tmp_path / "run", 2, shared_buffer=True)
+    )
     assert run.io_memory == "ordinary"
     for step, (row, want) in enumerate(zip(run.outputs, expected, strict=True)):
         for index, (raw, reference) in enumerate(zip(row, want, strict=True)):

@@ -611,6 +611,16 @@ def test_repro_verdicts_follow_the_contract():
     )
     crash = {**same, "state": Judgement("error", "ValueError", "ValueError: step 0 output 0: device wrote 4 bytes")}
     assert verdict_of(recorded, crash)[0] == "DIFFERENT FAILURE" and EXIT["DIFFERENT FAILURE"] == 3
+    # A check this run could not feed (runner_parity without a second runner) is "not measured", never "pass now"
+    parity = {"runner_parity": {"verdict": "failed", "signature": "runner_outputs_differ", "message": "m"}}
+    unfed = {"runner_parity": Judgement("not_measured", "", "no qnn_executor_runner run of this case")}
+    assert verdict_of(parity, unfed) == ("NOT REPRODUCED", "(runner_parity not measured)")
+    assert verdict_of(parity, {"runner_parity": Judgement("passed")}) == ("NOT REPRODUCED", "(runner_parity pass now)")
+    assert verdict_of({"runner_parity": {"verdict": "passed"}}, unfed) == (
+        "NOT REPRODUCED",
+        "(runner_parity not measured)",
+    )
+    assert verdict_of({**recorded, **parity}, {**same, **unfed})[1].startswith("runner_parity not measured; recorded")
 
 
 def test_repro_reads_a_checks_ending_as_the_suite_decides_it():
