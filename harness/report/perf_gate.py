@@ -46,7 +46,7 @@ WORDS = {STEADY: "fastest step", P50: "p50 step"}
 DEFAULT_BUDGET_PCT = 10.0
 MIN_REPEATS = 2  # repeats per run, on both sides, before a growth can be told from the noise
 # The simulator's drift between runs, which one run's repeats do not show: clean reruns of the same code
-# moved a case's steady state by -15% to +134% at load 20 here (docs/PERFORMANCE.md, issue 47), so on an
+# moved a case's steady state by -15% to +134% at load 20 here (docs/PERFORMANCE.md, the gate's sensitivity), so on an
 # emulated device the band is at least this. A phone's drift is the rack's to measure (none assumed).
 SIMULATOR_DRIFT_PCT = 150.0
 MAX_BAND_PCT = 50.0  # a noise band wider than this cannot judge a change of the budget's size: never a PASS
