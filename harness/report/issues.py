@@ -30,6 +30,7 @@ import jinja2
 from markupsafe import Markup
 
 from harness.device import kinds
+from harness.files import read_regular
 from harness.report.document import checks_of, rank
 from harness.report.gate import read_documents
 from harness.text import code_fence, code_span, markdown_text
@@ -111,14 +112,9 @@ class Member:
 def _read_data(path: Path, limit: int) -> bytes | None:
     """A regular file's bytes, opened without following a link and bounded; None when it is not one."""
     try:
-        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+        return read_regular(path, limit)
+    except (OSError, ValueError):
         return None
-    with os.fdopen(descriptor, "rb") as file:
-        info = os.fstat(descriptor)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
-            return None
-        return file.read(limit + 1)[:limit]
 
 
 def _bundle(member: Member) -> tuple[dict, str]:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import filelock
 
-from harness.files import say
+from harness.files import read_regular, say
 from harness.report.gate import BaselineError, read_documents
 from harness.repro.layout import REPRO_DIR as REPRO
 from harness.user_state import UnsafeStateDir, ancestry_problem, folder_problem, seal, sealed_by, user_key
@@ -107,14 +107,10 @@ def _store_key() -> bytes:
 
 def _read_small(folder: Path, name: str) -> bytes:
     """A small regular file of a night, never through a link (OSError or ValueError when it is not one)."""
-    descriptor = os.open(folder / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    with os.fdopen(descriptor, "rb") as file:
-        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
-            raise ValueError(f"{name} is not a regular file")
-        data = file.read(MAX_SMALL_FILE + 1)
-    if len(data) > MAX_SMALL_FILE:
-        raise ValueError(f"{name} is larger than {MAX_SMALL_FILE} bytes")
-    return data
+    try:
+        return read_regular(folder / name, MAX_SMALL_FILE)
+    except ValueError as error:
+        raise ValueError(f"{name}: {error}") from None
 
 
 def night_record(night: Night) -> dict | None:

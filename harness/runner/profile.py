@@ -15,13 +15,12 @@ ETRecord does not name: those are refused in one line rather than guessed.
 from __future__ import annotations
 
 import math
-import os
 import re
-import stat
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.files import read_regular
 from harness.runner.etdump_size import MalformedEtdump, expanded_bytes
 
 # --profile-level's words, as generate_qnn_executorch_compiler_spec's profile_level. "basic" (1) is not one:
@@ -101,15 +100,11 @@ def bounded_etdump(path: Path) -> bytes:
     """The ETDump's bytes (the ones then parsed: read once), if executorch's parser would make of them at most
     EXPANDED_MAX_BYTES of JSON; else ProfileError, one line saying why, before anything is expanded."""
     try:
-        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        data = read_regular(path, ETDUMP_MAX_BYTES)
     except OSError as error:
         raise ProfileError(f"{path.name}: cannot be opened ({error.strerror})") from None
-    with os.fdopen(descriptor, "rb") as file:
-        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
-            raise ProfileError(f"{path.name}: not a regular file")
-        data = file.read(ETDUMP_MAX_BYTES + 1)
-    if len(data) > ETDUMP_MAX_BYTES:
-        raise ProfileError(f"{path.name}: more than {ETDUMP_MAX_BYTES >> 20} MB, more than a profile reads")
+    except ValueError as error:
+        raise ProfileError(f"{path.name}: {error}") from None
     try:
         expanded = expanded_bytes(data, EXPANDED_MAX_BYTES)
     except MalformedEtdump as error:

@@ -109,6 +109,7 @@ def test_an_offset_outside_the_file_or_a_fifo_is_one_line(tmp_path):
 
 
 def test_the_refusal_is_the_profile_s_failure_not_the_worker_s():
-    """case_store records a ProfileError as the profiled run's failure line (its device log) and goes on."""
+    """case_store records a ProfileError as the profiled run's note (outcome.profile_note) and goes on."""
     source = (Path(__file__).resolve().parents[2] / "case_store.py").read_text()
-    assert "except ProfileError as error:" in source and 'f"\\n--profile-level: {error}"' in source
+    assert "except ProfileError as error:" in source
+    assert 'outcome.profile_note = f"--profile-level: {error}"' in source
