@@ -140,6 +140,21 @@ def _measure(candidate: Candidate, steps: Steps, qnn_wheel: str, out: Path) -> t
     return verdicts_of(out / combination.id), ""
 
 
+def _changed_rows(before: dict[Key, Outcome], after: dict[Key, Outcome]) -> list[dict]:
+    """The result's rows: every check whose verdict differs between the last good and the first changed."""
+    return [
+        {
+            "soc": c.key[0],
+            "case_id": c.key[1],
+            "check": c.key[2],
+            "before": c.before.verdict if c.before else "absent",
+            "after": c.after.verdict if c.after else "absent",
+            "message": c.after.message if c.after else "",
+        }
+        for c in changes(before, after)
+    ]
+
+
 def bisect(
     candidates: list[Candidate],
     steps: Steps,
@@ -201,17 +216,7 @@ def bisect(
         else:
             high = middle
     last_good, first_changed = pending[low], pending[high]
-    changed = [
-        {
-            "soc": c.key[0],
-            "case_id": c.key[1],
-            "check": c.key[2],
-            "before": c.before.verdict if c.before else "absent",
-            "after": c.after.verdict if c.after else "absent",
-            "message": c.after.message if c.after else "",
-        }
-        for c in changes(measured[last_good.version], measured[first_changed.version])
-    ]
+    changed = _changed_rows(measured[last_good.version], measured[first_changed.version])
     return {
         "last_good": last_good.label,
         "first_changed": first_changed.label,

@@ -177,6 +177,20 @@ def _presence(seen: dict[str, list[bool]], labels: list[str], kind: str) -> list
     return missing
 
 
+def _night_entry(night: NightReports) -> dict:
+    """history.json's line of one night: which it is, its gate verdict, what it measured."""
+    return {
+        "name": night.label,
+        "run_id": night.night.run_id,
+        "date": night.night.date,
+        "gate": night.gate,
+        "promoted": night.promoted,
+        "socs": sorted(night.documents),
+        "problem": night.problem,
+        "executorch": sorted({str(d["environment"].get("executorch")) for d in night.documents.values()}),
+    }
+
+
 def build(store_nights: list[NightReports]) -> dict:
     """history.json's document."""
     labels = [n.label for n in store_nights]
@@ -231,19 +245,7 @@ def build(store_nights: list[NightReports]) -> dict:
     return json_safe(
         {
             "history_version": 1,
-            "nights": [
-                {
-                    "name": n.label,
-                    "run_id": n.night.run_id,
-                    "date": n.night.date,
-                    "gate": n.gate,
-                    "promoted": n.promoted,
-                    "socs": sorted(n.documents),
-                    "problem": n.problem,
-                    "executorch": sorted({str(d["environment"].get("executorch")) for d in n.documents.values()}),
-                }
-                for n in store_nights
-            ],
+            "nights": [_night_entry(n) for n in store_nights],
             "checks": checks,
             "missing": _presence(socs, labels, "soc")
             + _presence(cards, labels, "card")

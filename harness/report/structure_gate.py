@@ -93,7 +93,7 @@ class Change:
         return f"{label} {growth}({self.before} -> {self.after} B)"
 
 
-def judge_fact(fact: Fact, before: int, after: int) -> str:
+def fact_verdict(fact: Fact, before: int, after: int) -> str:
     """One fact's verdict against its budget (a fact on one side only counts as 0 on the other)."""
     kind, budget = STRUCTURE_BUDGETS[fact[0]]
     if after == before:
@@ -150,7 +150,7 @@ def judge(before: dict[Fact, int], after: dict[Fact, int]) -> tuple[str, tuple[C
     order = list(STRUCTURE_BUDGETS)
     for fact in sorted(before.keys() | after.keys(), key=lambda f: (f[1], order.index(f[0]), f[2])):
         old, new = before.get(fact, 0), after.get(fact, 0)
-        verdict = judge_fact(fact, old, new)
+        verdict = fact_verdict(fact, old, new)
         if verdict != PASS or old != new:
             changes.append(Change(fact, old, new, verdict))
     worst = max((change.verdict for change in changes), key=_RANK.__getitem__, default=PASS)
