@@ -374,7 +374,13 @@ def test_the_terminal_summary_warns_once_where_device_and_host_qnn_builds_differ
     from harness import reporter as reporter_module
 
     toolchain = SimpleNamespace(
-        probe=SimpleNamespace(build_id=HOST_BUILD, bridge_device_config=False),
+        probe=SimpleNamespace(
+            build_id=HOST_BUILD,
+            bridge_device_config=False,
+            bridge_compose_graphs=False,
+            library_api="2.40.0",
+            built_for_api="2.27.0",
+        ),
         sdk=SimpleNamespace(root=tmp_path, origin="QNN_SDK_ROOT"),
     )
     monkeypatch.setattr(reporter_module, "prepare", lambda sdk: toolchain)
