@@ -284,6 +284,21 @@ def defect_kind(signature: str) -> str:
     return DEFECT_KINDS.get(signature, "numbers")
 
 
+# A lowering failure as a check records it: "lowering failed: RuntimeError: Tried to erase Node getitem ...".
+LOWERING_ERROR = re.compile(r"lowering failed: ([A-Za-z_][A-Za-z0-9_.]*): (.+)")
+RECORDED_ERROR_WORDS = 4  # enough to tell the defect's error from an SDK or library that does not come up
+
+
+def recorded_error(message: str) -> tuple[str, list[str]] | None:
+    """The type and first words (digits as #) of the lowering error a failing check recorded, which a finding's
+    script must see again before it says the defect shows; None when the check recorded no lowering error (a
+    device run's error has other words on the host, so the script then takes any error of the failing mode)."""
+    found = LOWERING_ERROR.match(message.strip())
+    if found is None:
+        return None
+    return found.group(1), re.sub(r"[0-9]+", "#", found.group(2)).split()[:RECORDED_ERROR_WORDS]
+
+
 def minimal_script(
     title: str, finding: str, case: dict, module_source: str, failing: Member | None = None
 ) -> str | None:
@@ -318,6 +333,7 @@ def minimal_script(
         "defect": kind,
         "tolerance": tolerance,
         "expected_delegates": max(1, expected // max(1, len(methods))),
+        "recorded_error": recorded_error(str((failing.check.get("message") if failing else "") or "")),
     }
     environment = jinja2.Environment(
         loader=jinja2.FileSystemLoader(TEMPLATES),

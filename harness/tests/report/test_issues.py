@@ -407,3 +407,27 @@ def test_a_script_exits_1_when_its_defect_shows_and_0_when_not(tmp_path, monkeyp
         )
         assert script.main() == code
         assert words in capsys.readouterr().out
+
+
+def test_an_error_finding_shows_only_with_the_error_the_suite_recorded(tmp_path, monkeypatch):
+    """A lowering failure's script says DEFECT SHOWS only for the error the check recorded (type and first words,
+    digits aside): an SDK that does not come up, which breaks both modes alike, is not the finding."""
+    import importlib.util
+
+    run = _run(tmp_path)
+    issues.write(run)
+    spec = importlib.util.spec_from_file_location("finding_script", run / "issues" / "F1.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    recorded = issues.recorded_error(
+        "lowering failed: RuntimeError: Tried to erase Node getitem_1 but it still had 1 users in the graph"
+    )
+    assert recorded == ("RuntimeError", ["Tried", "to", "erase", "Node"])
+    assert issues.recorded_error("state_mismatch at step 2") is None
+    monkeypatch.setattr(script, "DEFECT", "error")
+    monkeypatch.setattr(script, "RECORDED_ERROR", recorded)
+    assert script.defect_shows({"error": "RuntimeError: Tried to erase Node getitem but it still had 2 users"})
+    assert not script.defect_shows({"error": "RuntimeError: Failed to set up QNN SDK. To resolve, try one of"})
+    assert not script.defect_shows({"error": "ValueError: Tried to erase Node getitem"})
+    monkeypatch.setattr(script, "RECORDED_ERROR", None)
+    assert script.defect_shows({"error": "QnnError: 6004"})
