@@ -177,7 +177,7 @@ def slowed(runner: Runner, argv: list[str], delay_ms: int) -> int:
     import subprocess
     import time
 
-    step_line = re.compile(rb"^(step \d+ method \S+ execute_us )(\d+)(\s*)$")
+    step_line = re.compile(rb"^(step \d+ method \S+ execute_us )(\d+)((?: peak_rss_kb \d+)?\s*)$")
     process = runner.start(argv, stdout=subprocess.PIPE)
     assert process.stdout is not None
     for line in process.stdout:
