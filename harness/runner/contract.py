@@ -28,6 +28,9 @@ OUTPUTS_DIR = "outputs"
 TRACE_NAME = "trace.jsonl"
 ETDUMP_NAME = "profile.etdp"
 TRACE_VARIABLE = "QNNSUITE_TRACE"  # read by the interposer (harness/qnn/interposer.c)
+# The interposer's test-only fault: one QNN memory registration leaked per graph execute (interposer.c's header;
+# an emulated device's fault switch runner_leak_registration sets it: harness/emulator/compiled_runner.py).
+LEAK_REGISTRATION_VARIABLE = "QNNSUITE_LEAK_REGISTRATION"
 PLAN_HEADER = "qnnsuite-plan 1"  # suite_runner.cpp's plan format, first line
 
 _MODEL = "--model_path"
