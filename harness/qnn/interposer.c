@@ -10,9 +10,9 @@
  *   2. Evidence. Every graph execute is appended to QNNSUITE_TRACE as one JSON line: graph name and
  *      each input/output tensor's name, memory type, bound address (or memory handle) and size. The
  *      address-sharing check reads this to prove a mutable buffer's input and output share memory.
- *      Each line also carries the process's memory registrations so far ("mem": QnnMem_register calls,
- *      handles registered and handles deregistered, counted here since the library was loaded), so that
- *      registrations per execute, and a registration leaked at every execute, can be read from the trace.
+ *      Each line also carries the process's memory registrations so far ("registrations": QnnMem_register
+ *      calls, handles registered and handles deregistered, counted here since the library was loaded), so
+ *      that registrations per execute, and a registration leaked at every execute, can be read from it.
  *   3. A fault, for the harness's own tests only: with QNNSUITE_LEAK_REGISTRATION=1 every graph execute is
  *      preceded by one more registration that is never deregistered, as a runtime that registers a buffer
  *      per execute and forgets it would (executorch #13421). It goes to the real QnnMem_register (a 4 KB
@@ -202,8 +202,8 @@ static void write_trace(qnn_handle graph, const tensor *inputs, uint32_t n_in,
         trace_tensors(out, inputs, n_in);
         fputs(",\"outputs\":", out);
         trace_tensors(out, outputs, n_out);
-        fprintf(out, ",\"mem\":{\"register_calls\":%lu,\"registered\":%lu,\"deregistered\":%lu", register_calls,
-                handles_registered, handles_deregistered);
+        fprintf(out, ",\"registrations\":{\"register_calls\":%lu,\"registered\":%lu,\"deregistered\":%lu",
+                register_calls, handles_registered, handles_deregistered);
         if (leak_registration) fprintf(out, ",\"leaked\":%lu,\"leaked_emulated\":%lu", leaks_made, leaks_emulated);
         fprintf(out, "},\"status\":%" PRIu64 "}\n", status);
         fclose(out);

@@ -62,6 +62,7 @@ SUITE_MODULES = (
     "harness.record",
     "harness.outcome",
     "harness.checks",
+    "harness.horizon",  # the horizon check's judgement of a long run (pure: numpy)
     "harness.emulator.host_runner",
     "harness.paths",
     "harness.runner.build",

@@ -234,13 +234,13 @@ def read_trace(path: Path) -> list[dict]:
 
 
 # Each execute record of the trace carries the process's QNN memory registrations so far, counted by the
-# interposer since the library was loaded (harness/qnn/interposer.c): {"mem": {"register_calls": N,
+# interposer since the library was loaded (harness/qnn/interposer.c): {"registrations": {"register_calls": N,
 # "registered": N, "deregistered": N}}; a trace of an older interposer has none.
 
 
 def _executes_with_counts(records: list[dict]) -> list[dict] | None:
     """The execute records' registration counts, in order; None when one has none (an older interposer)."""
-    counts = [record.get("mem") for record in records if record.get("event") == "execute"]
+    counts = [record.get("registrations") for record in records if record.get("event") == "execute"]
     if not counts or not all(isinstance(found, dict) for found in counts):
         return None
     return counts

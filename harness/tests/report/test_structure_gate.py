@@ -133,7 +133,7 @@ def test_a_case_carries_the_most_qnnmem_register_calls_one_execute_made_where_th
 
     def execute(pid: int, calls: int, registered: int) -> str:
         mem = {"register_calls": calls, "registered": registered, "deregistered": 0}
-        return json.dumps({"event": "execute", "pid": pid, "inputs": [], "outputs": [], "mem": mem}) + "\n"
+        return json.dumps({"event": "execute", "pid": pid, "inputs": [], "outputs": [], "registrations": mem}) + "\n"
 
     trace, old_trace = tmp_path / "trace.jsonl", tmp_path / "old.jsonl"
     # 3 calls at load and the first execute, then 1 more before the third; a second process starts from 0

@@ -154,7 +154,7 @@ def test_no_function_of_the_touched_modules_is_over_80_lines(module):
 
 def _execute(pid: int, calls: int, registered: int, deregistered: int = 0) -> dict:
     mem = {"register_calls": calls, "registered": registered, "deregistered": deregistered}
-    return {"event": "execute", "pid": pid, "inputs": [], "outputs": [], "mem": mem}
+    return {"event": "execute", "pid": pid, "inputs": [], "outputs": [], "registrations": mem}
 
 
 def test_registrations_per_execute_and_held_per_step_are_read_from_the_traces_counts(tmp_path):
@@ -173,7 +173,7 @@ def test_registrations_per_execute_and_held_per_step_are_read_from_the_traces_co
 
 
 def test_a_trace_without_counts_gives_no_registrations():
-    """An older interposer's trace (no `mem`), or one with a record lacking it: nothing, never zeros."""
+    """An older interposer's trace (no `registrations`), or one with a record lacking it: nothing, never zeros."""
     bare = {"event": "execute", "pid": 5, "inputs": [], "outputs": []}
     assert contract.held_registrations([bare]) == contract.register_calls_per_execute([bare]) == []
     assert contract.held_registrations([_execute(5, 1, 1), bare]) == []
