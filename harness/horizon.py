@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# How many times the series' own spread a predicted rise must exceed to be growth (and not noise).
+# How many times the uncertainty the series' own spread gives a predicted rise it must exceed to be growth.
 NOISE_FACTOR = 3.0
 # Fewer steps than this in a series: too short to tell growth from warm-up (not judged, and said so).
 MIN_STEPS = 16
@@ -59,7 +59,9 @@ class Series:
 EXECUTE_TIME = Series("execute time", "us", "execute_time_grows", 0.25, 50.0)
 PEAK_RSS = Series("peak RSS", "KB", "peak_rss_grows", 0.002, 256.0)
 REGISTRATIONS = Series("QNN memory registrations held", "", "registrations_grow", 0.0, 0.0)
-ERROR = Series("error", "", "error_grows", 0.0, 0.0)  # the floor: the caller's tolerance (judge's error_floor)
+ERROR = Series(
+    "error", "", "error_grows", 0.0, 0.0
+)  # the floor: the caller's tolerance (long_run_verdict's error_floor)
 
 
 @dataclass(frozen=True)
@@ -127,7 +129,7 @@ def _amount(value: float, unit: str) -> str:
     return (f"{value:.0f} {unit}" if abs(value) >= 100 else f"{value:.3g} {unit}").rstrip()
 
 
-def judge_registrations(counts: list[int]) -> SeriesVerdict:
+def registrations_verdict(counts: list[int]) -> SeriesVerdict:
     """Held registrations must be the same at every execute from the 2nd (index 1) on."""
     series = REGISTRATIONS
     if len(counts) < 2:
@@ -144,9 +146,10 @@ def judge_registrations(counts: list[int]) -> SeriesVerdict:
     return SeriesVerdict(series, True, True, 1, last, slope, message)
 
 
-def judge_growth(series: Series, values: list[float], floor: float | None = None) -> SeriesVerdict:
+def growth_verdict(series: Series, values: list[float], floor: float | None = None) -> SeriesVerdict:
     """A noisy series grows when its Theil-Sen line over the second half rises across that half by more than
-    NOISE_FACTOR x its spread around the line and more than its floor (floor: instead of the series' own)."""
+    NOISE_FACTOR x the uncertainty its spread around the line gives that rise (sigma x sqrt(12 / n)) and more
+    than its floor (floor: instead of the series' own; see the module's docstring)."""
     if len(values) < MIN_STEPS:
         why = f"{len(values)} steps, fewer than {MIN_STEPS}" if values else "not measured"
         return _not_judged(series, len(values), why)
@@ -173,7 +176,7 @@ def judge_growth(series: Series, values: list[float], floor: float | None = None
     return SeriesVerdict(series, True, False, start, last, slope, message)
 
 
-def judge(
+def long_run_verdict(
     step_times_us: list[int],
     step_rss_kb: list[int],
     step_registrations: list[int],
@@ -184,10 +187,10 @@ def judge(
     step_errors: e.g. each step's worst absolute error against eager; error_floor: the rise it may take
     across the second half (the dtype's tolerance, as the caller decides)."""
     verdicts = [
-        judge_registrations(list(step_registrations)),
-        judge_growth(PEAK_RSS, [float(kb) for kb in step_rss_kb]),
-        judge_growth(EXECUTE_TIME, [float(us) for us in step_times_us]),
+        registrations_verdict(list(step_registrations)),
+        growth_verdict(PEAK_RSS, [float(kb) for kb in step_rss_kb]),
+        growth_verdict(EXECUTE_TIME, [float(us) for us in step_times_us]),
     ]
     if step_errors is not None:
-        verdicts.append(judge_growth(ERROR, [float(error) for error in step_errors], floor=error_floor))
+        verdicts.append(growth_verdict(ERROR, [float(error) for error in step_errors], floor=error_floor))
     return HorizonVerdict(tuple(verdicts))

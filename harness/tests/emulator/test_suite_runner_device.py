@@ -162,7 +162,7 @@ def test_a_registration_leaked_per_execute_grows_and_the_horizon_judgement_names
     clean = _long_run(device, workspace, lowered, tmp_path, "clean")
     assert clean.step_registrations == [0] * LONG_STEPS, "the simulator registers nothing: constant"
     assert len(clean.step_rss_kb) == LONG_STEPS and all(kb > 10_000 for kb in clean.step_rss_kb)
-    judged = horizon.judge(clean.step_times_us, clean.step_rss_kb, clean.step_registrations)
+    judged = horizon.long_run_verdict(clean.step_times_us, clean.step_rss_kb, clean.step_registrations)
     assert not judged.verdicts[0].grows and judged.verdicts[0].judged, judged.verdicts[0].message
     assert not judged.verdicts[1].grows, judged.verdicts[1].message  # the peak RSS: settled at load
 
@@ -170,7 +170,7 @@ def test_a_registration_leaked_per_execute_grows_and_the_horizon_judgement_names
     leaking = _long_run(device, workspace, lowered, tmp_path, "leak")
     assert leaking.step_registrations == list(range(1, LONG_STEPS + 1))
     assert np.array_equal(leaking.outputs[-1][0], clean.outputs[-1][0]), "the leak changes no output"
-    broken = horizon.judge(leaking.step_times_us, leaking.step_rss_kb, leaking.step_registrations)
+    broken = horizon.long_run_verdict(leaking.step_times_us, leaking.step_rss_kb, leaking.step_registrations)
     assert broken.signature == "registrations_grow"
     assert broken.message().startswith(
         "QNN memory registrations held grow by 1 per execute from step 1, the 2nd execute "
