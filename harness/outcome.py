@@ -22,10 +22,14 @@ import numpy as np
 from harness import numerics
 from harness.pipeline import eager, mutbuf
 from harness.record import step_stats
+from harness.runner import contract
 from harness.vocabulary import FLOAT_DTYPE, Case
 
 if TYPE_CHECKING:
     from harness.pipeline.facts import LoweringFacts
+
+# The structural fact of QNN memory registrations (report.json `structure`, harness/report/structure_gate.py).
+MEM_REGISTER_CALLS = "mem_register_calls_per_execute"
 
 
 class Lowered(Protocol):
@@ -49,6 +53,8 @@ class DeviceOutputs(Protocol):
     runner: str  # which runner measured it: "suite_runner" or "qnn_executor_runner"
     step_times_us: list[int]  # execute wall time per step, in plan order ([] when the runner gives none)
     peak_rss_kb: int | None  # the runner process's peak resident memory (None when it gives none)
+    step_rss_kb: list[int]  # that peak after each step, plan order ([] when the runner gives none)
+    step_registrations: list[int]  # QNN memory registrations held at each step's execute ([] without a trace)
     io_memory: str | None  # rpcmem or ordinary: the memory the runner gave inputs and unplanned outputs
 
 
@@ -154,6 +160,8 @@ class CaseOutcome:
             "steps_us": steps,
             "first_step_us": steps[0] if steps else None,
             "peak_rss_kb": self.run.peak_rss_kb,
+            "steps_rss_kb": [int(kb) for kb in self.run.step_rss_kb],
+            "steps_registrations": [int(count) for count in self.run.step_registrations],
             **({"io_memory": self.run.io_memory} if self.run.io_memory else {}),
             "device_kind": self.device_kind,  # emulated: simulator times, never compared with a phone's
             **stats,
@@ -167,7 +175,8 @@ class CaseOutcome:
     def structure(self) -> dict | None:
         """The case's structural performance facts as its record carries them (report.json `structure`): the
         lowering's (harness/pipeline/structure.py), the .pte's size and, where the device has an execute
-        trace, the most tensors one execute bound through registered memory (QNN mem handles); None when the
+        trace with the interposer's registration counts, the most QnnMem_register calls made for one graph
+        execute (the first's include those made at load: contract.register_calls_per_execute); None when the
         lowering recorded none (not lowered, or a cache entry of a suite that did not record them). Read once,
         after the run, for every check of the case."""
         facts = self.artifact.facts
@@ -175,12 +184,9 @@ class CaseOutcome:
             return None
         found: dict = {**facts.structure, "pte_bytes": facts.program.bytes if facts.program else None}
         if self.run is not None and self.run.trace is not None and self.device and self.device.has_execute_trace:
-            executes = [r for r in mutbuf.read_trace(self.run.trace) if r.get("event") == "execute"]
-            if executes:
-                found["registered_tensors_per_execute"] = max(
-                    sum(t.get("mem") == "handle" for t in [*r.get("inputs", []), *r.get("outputs", [])])
-                    for r in executes
-                )
+            calls = contract.register_calls_per_execute(contract.read_trace(self.run.trace))
+            if calls:
+                found[MEM_REGISTER_CALLS] = max(calls)
         return found
 
     def device_outputs(self) -> list[list[np.ndarray]]:

@@ -98,6 +98,9 @@ class DeviceRun:
     runner: str = RUNNER_NAME  # the payload command that ran the plan (and measured what follows)
     step_times_us: list[int] = field(default_factory=list)  # execute wall time per step, plan order; [] if none
     peak_rss_kb: int | None = None  # the runner process's peak resident memory, when it reports it
+    step_rss_kb: list[int] = field(default_factory=list)  # that peak after each step, plan order; [] if none
+    # QNN memory registrations held at each step's execute, from the trace's counts ([] without a trace)
+    step_registrations: list[int] = field(default_factory=list)
     io_memory: str | None = None  # the memory of the program's inputs and unplanned outputs, when it says
     etdump: Path | None = None  # the runner's ETDump, when asked for (etdump=True) and written
 
@@ -336,14 +339,17 @@ def _collect(device: Device, request: DeviceRunRequest, remote: str, result: Run
         raise _failed(device, remote, local_dir, line)
     files = [[outputs_dir / name for name in row] for row in names]
     measured = plan_format.parse(result.exit_code, result.output, result.stderr)
+    trace = outputs_dir / contract.TRACE_NAME if contract.TRACE_NAME in present else None
     return DeviceRun(
         [[np.fromfile(path, dtype=np.uint8) for path in row] for row in files],
         files,
-        outputs_dir / contract.TRACE_NAME if contract.TRACE_NAME in present else None,
+        trace,
         result.output,
         heap_pattern=measured.heap_pattern,
         step_times_us=[step.execute_us for step in measured.steps],
         peak_rss_kb=measured.peak_rss_kb,
+        step_rss_kb=measured.step_rss_kb,
+        step_registrations=contract.step_registrations(trace, steps),
         io_memory=measured.io_memory,
         etdump=outputs_dir / contract.ETDUMP_NAME if contract.ETDUMP_NAME in present else None,
     )

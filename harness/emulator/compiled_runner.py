@@ -23,6 +23,9 @@ harness need and the binary does not know of:
   runner_slow_execute {"ms": N, "match": TEXT}: test-only, a slower execute: for a case whose device folder
   name holds TEXT (a case id holds its mode, e.g. delegate_mutbuf), the wrapper sleeps N ms at each step line
   and adds them to that line's execute_us, as if each execute took N ms longer: the performance gate's test).
+  runner_leak_registration: the interposer in front of libQnnHtp.so leaks one QNN memory registration per
+  graph execute (its QNNSUITE_LEAK_REGISTRATION, harness/qnn/interposer.c), as a runtime that registers a
+  buffer per execute and never deregisters it: the horizon judgement's test (harness/horizon.py).
   runner_lose_delegate_state refills the delegate's buffers inside the runner process between two steps,
   which cannot be done from outside it: that fault runs the plan through the pybindings runner
   (qnn_executor_runner beside this one, harness/emulator/host_runner.py) and says so on its first line.
@@ -60,6 +63,7 @@ RUNNER_FAULTS = (
     "runner_reload_each_line",
     "runner_lose_delegate_state",
     "runner_slow_execute",
+    "runner_leak_registration",
 )
 
 
@@ -177,7 +181,7 @@ def slowed(runner: Runner, argv: list[str], delay_ms: int) -> int:
     import subprocess
     import time
 
-    step_line = re.compile(rb"^(step \d+ method \S+ execute_us )(\d+)(\s*)$")
+    step_line = re.compile(rb"^(step \d+ method \S+ execute_us )(\d+)((?: peak_rss_kb \d+)?\s*)$")
     process = runner.start(argv, stdout=subprocess.PIPE)
     assert process.stdout is not None
     for line in process.stdout:
@@ -253,6 +257,8 @@ def main(argv: list[str]) -> int:
             return 2
         os.set_inheritable(trace, True)
         pass_fds = (trace,)
+    if faults.pop("runner_leak_registration", None):  # a switch of the interposer's, in the runner's environment
+        env[contract.LEAK_REGISTRATION_VARIABLE] = "1"
     binary = str(here / BINARY_NAME)
     if not faults:  # become the runner: its exit status and signals are the command's
         os.execve(binary, [binary, *argv], env)

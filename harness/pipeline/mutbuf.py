@@ -2,15 +2,16 @@
 
 ExecuTorch names a delegated buffer's graph tensors `input_{id}_mutbuf_{pos}_{name}` and
 `output_mutbuf_{pos}_{name}`; the runtime must bind the input and output with the same pos to one
-address, which is what keeps the state inside the delegate from step to step.
+address, which is what keeps the state inside the delegate from step to step. (The trace's memory
+registration counts are read where the device layer can read them too: harness/runner/contract.py.)
 """
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
-from pathlib import Path
+
+from harness.runner import contract
 
 INPUT = re.compile(r"^input_\d+_mutbuf_(\d+)_(.+?)(@\d+)?$")
 OUTPUT = re.compile(r"^output_mutbuf_(\d+)_(.+?)(@\d+)?$")
@@ -32,10 +33,7 @@ class MutbufBinding:
         return self.output_address is not None and self.input_address == self.output_address
 
 
-def read_trace(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+read_trace = contract.read_trace
 
 
 def _where(tensor: dict) -> str:

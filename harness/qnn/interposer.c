@@ -10,6 +10,16 @@
  *   2. Evidence. Every graph execute is appended to QNNSUITE_TRACE as one JSON line: graph name and
  *      each input/output tensor's name, memory type, bound address (or memory handle) and size. The
  *      address-sharing check reads this to prove a mutable buffer's input and output share memory.
+ *      Each line also carries the process's memory registrations so far ("registrations": QnnMem_register
+ *      calls, handles registered and handles deregistered, counted here since the library was loaded), so
+ *      that registrations per execute, and a registration leaked at every execute, can be read from it.
+ *   3. A fault, for the harness's own tests only: with QNNSUITE_LEAK_REGISTRATION=1 every graph execute is
+ *      preceded by one more registration that is never deregistered, as a runtime that registers a buffer
+ *      per execute and forgets it would (executorch #13421). It goes to the real QnnMem_register (a 4 KB
+ *      buffer of its own, ION type with the buffer's memfd); where the real library refuses it (the host
+ *      simulator has no ION), the interposer keeps the handle it would have had as a registration of its
+ *      own and says so in the trace ("leaked": the fault's registrations, "leaked_emulated": those kept so), so
+ *      the counts are those of the broken runtime.
  *
  * Nothing in the real library is patched in place: we copy its interface table into our own and
  * replace a few entries. The structures below are our own minimal mirrors of the QNN C ABI, with
@@ -19,6 +29,7 @@
  *   QNNSUITE_REAL_QNNHTP          path of the real library (default: libQnnHtp.real.so beside this one)
  *   QNNSUITE_BRIDGE_DEVICE_CONFIG 1 to rewrite device custom configs into the newer layout
  *   QNNSUITE_TRACE                file to append execute records to (unset: no trace)
+ *   QNNSUITE_LEAK_REGISTRATION    1 to leak one memory registration per graph execute (the fault above)
  * Built with -DENV_PREFIX='"OTHER_"' it reads OTHER_REAL_QNNHTP etc. instead, so that two of them can be
  * stacked without reading each other's settings (the emulated phone's own bridge in front of a pushed one).
  */
@@ -33,6 +44,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 typedef uint64_t qnn_status;
@@ -51,7 +63,7 @@ _Static_assert(__builtin_offsetof(interface_table, functions) == 40, "QnnInterfa
 
 /* Positions of the functions we wrap, in QNN_INTERFACE_VER_TYPE order (stable across 2.x). */
 enum { SLOT_GRAPH_CREATE = 15, SLOT_GRAPH_RETRIEVE = 20, SLOT_GRAPH_EXECUTE = 21,
-       SLOT_DEVICE_CREATE = 40 };
+       SLOT_MEM_REGISTER = 35, SLOT_MEM_DEREGISTER = 36, SLOT_DEVICE_CREATE = 40 };
 
 typedef qnn_status (*get_providers_fn)(const interface_table ***, uint32_t *);
 typedef qnn_status (*graph_create_fn)(qnn_handle, const char *, const void **, qnn_handle *);
@@ -59,6 +71,17 @@ typedef qnn_status (*graph_retrieve_fn)(qnn_handle, const char *, qnn_handle *);
 typedef qnn_status (*graph_execute_fn)(qnn_handle, const void *, uint32_t, void *, uint32_t,
                                        qnn_handle, qnn_handle);
 typedef qnn_status (*device_create_fn)(qnn_handle, const void **, qnn_handle *);
+typedef qnn_status (*mem_register_fn)(qnn_handle, const void *, uint32_t, qnn_handle *);
+typedef qnn_status (*mem_deregister_fn)(const qnn_handle *, uint32_t);
+
+/* Qnn_MemDescriptor_t (QnnMem.h): a shape, a data type, a memory type and the ION fd (or custom info). */
+typedef struct {
+    struct { uint32_t rank; uint32_t *dimensions; const char *config; } shape;
+    uint32_t data_type, mem_type;
+    union { int32_t ion_fd; void *custom; } info;
+} mem_descriptor;
+_Static_assert(sizeof(mem_descriptor) == 40, "Qnn_MemDescriptor_t layout");
+enum { MEM_TYPE_ION = 1, DATATYPE_UINT_8 = 0x0108, LEAK_BYTES = 4096 };
 
 /* --- tensors (Qnn_Tensor_t with its v1/v2 union; both share the leading fields we read) -------- */
 typedef struct {
@@ -98,18 +121,25 @@ static int bridge_device_config;
 
 /* graph handle -> name, for the trace */
 enum { MAX_GRAPHS = 256 };
-static struct { qnn_handle handle; char name[128]; } graphs[MAX_GRAPHS];
+static struct { qnn_handle handle, context; char name[128]; } graphs[MAX_GRAPHS];
 static int graph_count;
 static pthread_mutex_t state_lock = PTHREAD_MUTEX_INITIALIZER;
 static unsigned long execute_seq;
+/* Memory registrations since the library was loaded: QnnMem_register calls, and the handles registered and
+ * deregistered by the calls that succeeded (the leak fault's own included). Under state_lock. */
+static unsigned long register_calls, handles_registered, handles_deregistered;
+/* The leak fault's registrations, and those of them the real library refused (kept as the interposer's own). */
+static unsigned long leaks_made, leaks_emulated;
+static int leak_registration;
 
-static void remember_graph(qnn_handle handle, const char *name) {
+static void remember_graph(qnn_handle handle, qnn_handle context, const char *name) {
     pthread_mutex_lock(&state_lock);
     int slot = -1;
     for (int i = 0; i < graph_count; i++) if (graphs[i].handle == handle) slot = i;
     if (slot < 0 && graph_count < MAX_GRAPHS) slot = graph_count++;
     if (slot >= 0) {
         graphs[slot].handle = handle;
+        graphs[slot].context = context;
         snprintf(graphs[slot].name, sizeof graphs[slot].name, "%s", name ? name : "");
     }
     pthread_mutex_unlock(&state_lock);
@@ -118,6 +148,14 @@ static void remember_graph(qnn_handle handle, const char *name) {
 static const char *graph_name(qnn_handle handle) {
     for (int i = 0; i < graph_count; i++) if (graphs[i].handle == handle) return graphs[i].name;
     return "";
+}
+
+static qnn_handle graph_context(qnn_handle handle) {
+    qnn_handle context = NULL;
+    pthread_mutex_lock(&state_lock);
+    for (int i = 0; i < graph_count; i++) if (graphs[i].handle == handle) context = graphs[i].context;
+    pthread_mutex_unlock(&state_lock);
+    return context;
 }
 
 static void json_string(FILE *out, const char *text) {
@@ -164,7 +202,10 @@ static void write_trace(qnn_handle graph, const tensor *inputs, uint32_t n_in,
         trace_tensors(out, inputs, n_in);
         fputs(",\"outputs\":", out);
         trace_tensors(out, outputs, n_out);
-        fprintf(out, ",\"status\":%" PRIu64 "}\n", status);
+        fprintf(out, ",\"registrations\":{\"register_calls\":%lu,\"registered\":%lu,\"deregistered\":%lu",
+                register_calls, handles_registered, handles_deregistered);
+        if (leak_registration) fprintf(out, ",\"leaked\":%lu,\"leaked_emulated\":%lu", leaks_made, leaks_emulated);
+        fprintf(out, "},\"status\":%" PRIu64 "}\n", status);
         fclose(out);
     }
     pthread_mutex_unlock(&state_lock);
@@ -177,19 +218,69 @@ static void write_trace(qnn_handle graph, const tensor *inputs, uint32_t n_in,
 static qnn_status wrapped_graph_create(qnn_handle context, const char *name, const void **config,
                                        qnn_handle *graph) {
     qnn_status status = REAL(SLOT_GRAPH_CREATE, graph_create_fn)(context, name, config, graph);
-    if (status == 0 && graph) remember_graph(*graph, name);
+    if (status == 0 && graph) remember_graph(*graph, context, name);
     return status;
 }
 
 static qnn_status wrapped_graph_retrieve(qnn_handle context, const char *name, qnn_handle *graph) {
     qnn_status status = REAL(SLOT_GRAPH_RETRIEVE, graph_retrieve_fn)(context, name, graph);
-    if (status == 0 && graph) remember_graph(*graph, name);
+    if (status == 0 && graph) remember_graph(*graph, context, name);
     return status;
+}
+
+static qnn_status wrapped_mem_register(qnn_handle context, const void *descriptors, uint32_t count,
+                                       qnn_handle *handles) {
+    qnn_status status = REAL(SLOT_MEM_REGISTER, mem_register_fn)(context, descriptors, count, handles);
+    pthread_mutex_lock(&state_lock);
+    register_calls++;
+    if (status == 0) handles_registered += count;
+    pthread_mutex_unlock(&state_lock);
+    return status;
+}
+
+static qnn_status wrapped_mem_deregister(const qnn_handle *handles, uint32_t count) {
+    qnn_status status = REAL(SLOT_MEM_DEREGISTER, mem_deregister_fn)(handles, count);
+    pthread_mutex_lock(&state_lock);
+    if (status == 0) handles_deregistered += count;
+    pthread_mutex_unlock(&state_lock);
+    return status;
+}
+
+/* The fault: one registration of a fresh 4 KB buffer in the graph's context, never deregistered (see the
+ * header). The buffer is a memfd mapped for as long as the process lives, as a leaked one would be. Once the
+ * real library refused one (the simulator logs "QnnMem API is not supported" each time), the later ones are
+ * kept as the interposer's own without asking it again. */
+static void leak_one_registration(qnn_handle graph) {
+    static int refused;
+    qnn_status status = 1;
+    int forwarded = 0;
+    if (!refused) {
+        int fd = memfd_create("qnnsuite-leak", MFD_CLOEXEC);
+        void *data = fd >= 0 && ftruncate(fd, LEAK_BYTES) == 0
+                         ? mmap(NULL, LEAK_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+        uint32_t dimensions[1] = {LEAK_BYTES};
+        mem_descriptor descriptor = {{1, dimensions, NULL}, DATATYPE_UINT_8, MEM_TYPE_ION, {.ion_fd = fd}};
+        qnn_handle handle = NULL;
+        if (data != MAP_FAILED) {
+            status = wrapped_mem_register(graph_context(graph), &descriptor, 1, &handle);
+            forwarded = 1;
+        }
+        refused = status != 0;
+    }
+    pthread_mutex_lock(&state_lock);
+    leaks_made++;
+    if (status != 0) { /* refused (no ION here): kept as the interposer's own registration, a call of its own */
+        register_calls += !forwarded;
+        handles_registered++;
+        leaks_emulated++;
+    }
+    pthread_mutex_unlock(&state_lock);
 }
 
 static qnn_status wrapped_graph_execute(qnn_handle graph, const void *inputs, uint32_t n_in,
                                         void *outputs, uint32_t n_out, qnn_handle profile,
                                         qnn_handle signal) {
+    if (leak_registration) leak_one_registration(graph);
     qnn_status status = REAL(SLOT_GRAPH_EXECUTE, graph_execute_fn)(graph, inputs, n_in, outputs,
                                                                     n_out, profile, signal);
     write_trace(graph, inputs, n_in, outputs, n_out, status);
@@ -261,10 +352,15 @@ static void load_real_library(void) {
         copy->functions[SLOT_GRAPH_RETRIEVE] = (void *)wrapped_graph_retrieve;
         copy->functions[SLOT_GRAPH_EXECUTE] = (void *)wrapped_graph_execute;
         copy->functions[SLOT_DEVICE_CREATE] = (void *)wrapped_device_create;
+        if (copy->functions[SLOT_MEM_REGISTER]) copy->functions[SLOT_MEM_REGISTER] = (void *)wrapped_mem_register;
+        if (copy->functions[SLOT_MEM_DEREGISTER])
+            copy->functions[SLOT_MEM_DEREGISTER] = (void *)wrapped_mem_deregister;
         our_providers[i] = copy;
     }
     const char *bridge = getenv(ENV_PREFIX "BRIDGE_DEVICE_CONFIG");
     bridge_device_config = bridge && strcmp(bridge, "1") == 0;
+    const char *leak = getenv(ENV_PREFIX "LEAK_REGISTRATION");
+    leak_registration = leak && strcmp(leak, "1") == 0;
     provider_count = count;
 }
 

@@ -2,9 +2,10 @@
 its speed on a phone (harness/pipeline/structure.py), compared exactly with the baseline's.
 
 Each fact has a budget (STRUCTURE_BUDGETS) and a verdict:
-- counts (QNN ops by type per graph, QNN graphs per method, ops outside the delegate by op, registered tensors
-  per execute): more than the baseline is a FAIL, fewer a WARN (a change the baseline does not know: promote
-  a new one once it is understood), equal a PASS;
+- counts (QNN ops by type per graph, QNN graphs per method, ops outside the delegate by op, QnnMem_register
+  calls per graph execute from the device's execute trace): more than the baseline is a FAIL, fewer a WARN (a
+  change the baseline does not know: promote a new one once it is understood), equal a PASS; a fact that only
+  a traced device measures (the registrations) is judged only where both runs measured it;
 - bytes (context binary per graph, .pte, planned arenas per method, bytes across the delegate boundary per
   execute): growth beyond the fact's budget is a FAIL, any other change a WARN, equal a PASS.
 A case's verdict is its worst fact's; its line names every changed fact, e.g.
@@ -29,13 +30,15 @@ STRUCTURE_BUDGETS: dict[str, tuple[str, float]] = {
     "qnn_ops": (COUNT, 0.0),
     "qnn_graphs": (COUNT, 0.0),
     "ops_outside": (COUNT, 0.0),
-    "registered_tensors_per_execute": (COUNT, 0.0),
+    "mem_register_calls_per_execute": (COUNT, 0.0),
     "context_binary": (BYTES, 10.0),
     "pte": (BYTES, 10.0),
     "planned_memory": (BYTES, 0.0),
     "boundary_bytes": (BYTES, 0.0),
 }
 _RANK = {PASS: 0, WARN: 1, FAIL: 2}
+# Facts a run has only where its device traced the executes: absent is "not measured", never 0.
+MEASURED_BY_TRACE = frozenset({"mem_register_calls_per_execute"})
 
 Key = tuple[str, str]  # soc, case_id
 Fact = tuple[str, str, str]  # kind, scope (a graph or method, "" for the program), name ("" for a size)
@@ -48,8 +51,8 @@ def facts_of(structure: dict[str, Any] | None) -> dict[Fact, int]:
     facts: dict[Fact, int] = {}
     if isinstance(structure.get("pte_bytes"), int):
         facts[("pte", "", "")] = structure["pte_bytes"]
-    if isinstance(structure.get("registered_tensors_per_execute"), int):
-        facts[("registered_tensors_per_execute", "", "")] = structure["registered_tensors_per_execute"]
+    if isinstance(structure.get("mem_register_calls_per_execute"), int):
+        facts[("mem_register_calls_per_execute", "", "")] = structure["mem_register_calls_per_execute"]
     for method, found in structure["methods"].items():
         graphs = found.get("graphs") or {}
         facts[("qnn_graphs", method, "")] = len(graphs)
@@ -81,8 +84,8 @@ class Change:
             return f"{delta:+d} {name} outside the delegate"
         if kind == "qnn_graphs":
             return f"{delta:+d} QNN graph(s) ({self.before} -> {self.after})"
-        if kind == "registered_tensors_per_execute":
-            return f"registered tensors per execute {self.before} -> {self.after}"
+        if kind == "mem_register_calls_per_execute":
+            return f"QnnMem_register calls per execute {self.before} -> {self.after}"
         label = {
             "context_binary": "context binary",
             "pte": ".pte",
@@ -149,6 +152,8 @@ def judge(before: dict[Fact, int], after: dict[Fact, int]) -> tuple[str, tuple[C
     changes = []
     order = list(STRUCTURE_BUDGETS)
     for fact in sorted(before.keys() | after.keys(), key=lambda f: (f[1], order.index(f[0]), f[2])):
+        if fact[0] in MEASURED_BY_TRACE and not (fact in before and fact in after):
+            continue
         old, new = before.get(fact, 0), after.get(fact, 0)
         verdict = fact_verdict(fact, old, new)
         if verdict != PASS or old != new:

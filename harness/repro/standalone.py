@@ -62,6 +62,7 @@ SUITE_MODULES = (
     "harness.record",
     "harness.outcome",
     "harness.checks",
+    "harness.horizon",  # the horizon check's judgement of a long run (pure: numpy)
     "harness.emulator.host_runner",
     "harness.paths",
     "harness.runner.build",
@@ -499,6 +500,8 @@ class BundleRun:
     step_times_us: list[int] = field(default_factory=list)
     peak_rss_kb: int | None = None
     io_memory: str | None = None
+    step_rss_kb: list[int] = field(default_factory=list)
+    step_registrations: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -755,7 +758,10 @@ def bundle_run(status: int, log: str, runner: str, outputs: Path, reference: lis
         return None, missing
     measured = importlib.import_module("harness.runner.run").parse(status, log, "")
     trace, steps = contract().trace_of(outputs), [step.execute_us for step in measured.steps]
-    return BundleRun(raw, trace, measured.heap_pattern, runner, steps, measured.peak_rss_kb), None
+    registrations = contract().step_registrations(trace, len(reference))
+    run = BundleRun(raw, trace, measured.heap_pattern, runner, steps, measured.peak_rss_kb)
+    run.step_rss_kb, run.step_registrations = measured.step_rss_kb, registrations
+    return run, None
 
 
 def main(argv: list[str]) -> int:

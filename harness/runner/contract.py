@@ -28,6 +28,9 @@ OUTPUTS_DIR = "outputs"
 TRACE_NAME = "trace.jsonl"
 ETDUMP_NAME = "profile.etdp"
 TRACE_VARIABLE = "QNNSUITE_TRACE"  # read by the interposer (harness/qnn/interposer.c)
+# The interposer's test-only fault: one QNN memory registration leaked per graph execute (interposer.c's header;
+# an emulated device's fault switch runner_leak_registration sets it: harness/emulator/compiled_runner.py).
+LEAK_REGISTRATION_VARIABLE = "QNNSUITE_LEAK_REGISTRATION"
 PLAN_HEADER = "qnnsuite-plan 1"  # suite_runner.cpp's plan format, first line
 
 _MODEL = "--model_path"
@@ -219,3 +222,65 @@ def trace_of(folder: Path) -> Path | None:
     """The interposer's execute trace in a run's outputs folder, when one was written."""
     path = folder / TRACE_NAME
     return path if path.is_file() else None
+
+
+def read_trace(path: Path) -> list[dict]:
+    """The interposer's execute trace as records, one per line ([] when there is none)."""
+    import json
+
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+# Each execute record of the trace carries the process's QNN memory registrations so far, counted by the
+# interposer since the library was loaded (harness/qnn/interposer.c): {"registrations": {"register_calls": N,
+# "registered": N, "deregistered": N}}; a trace of an older interposer has none.
+
+
+def _executes_with_counts(records: list[dict]) -> list[dict] | None:
+    """The execute records' registration counts, in order; None when one has none (an older interposer)."""
+    counts = [record.get("registrations") for record in records if record.get("event") == "execute"]
+    if not counts or not all(isinstance(found, dict) for found in counts):
+        return None
+    return counts
+
+
+def register_calls_per_execute(records: list[dict]) -> list[int]:
+    """QnnMem_register calls made for each graph execute: since the process's previous one (the first's include
+    those made at load); [] when the trace has no counts. A new process (another pid) starts from zero."""
+    counts = _executes_with_counts(records)
+    if counts is None:
+        return []
+    pids = [record.get("pid") for record in records if record.get("event") == "execute"]
+    calls, before = [], 0
+    for index, found in enumerate(counts):
+        if index and pids[index] != pids[index - 1]:
+            before = 0
+        calls.append(int(found.get("register_calls", 0)) - before)
+        before = int(found.get("register_calls", 0))
+    return calls
+
+
+def held_registrations(records: list[dict]) -> list[int]:
+    """The memory handles the process held registered at each graph execute (registered minus deregistered so
+    far); [] when the trace has no counts."""
+    counts = _executes_with_counts(records)
+    if counts is None:
+        return []
+    return [int(found.get("registered", 0)) - int(found.get("deregistered", 0)) for found in counts]
+
+
+def per_step(per_execute: list[int], steps: int) -> list[int]:
+    """A per-graph-execute series as one value per runner step: the value at each step's last graph execute
+    when every step made the same number of them (a method of k graphs executes k times a step); [] when the
+    executes cannot be told apart by step (none, or a count that is not a multiple of the steps)."""
+    if steps <= 0 or not per_execute or len(per_execute) % steps:
+        return []
+    width = len(per_execute) // steps
+    return [per_execute[(step + 1) * width - 1] for step in range(steps)]
+
+
+def step_registrations(trace: Path | None, steps: int) -> list[int]:
+    """The registrations held at each runner step's execute, from a run's trace ([] without one or its counts)."""
+    return per_step(held_registrations(read_trace(trace)), steps) if trace is not None else []

@@ -40,7 +40,9 @@ METHOD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|@[0-9]{1,4}")
 # Not anchored at the line's start: where stdout and stderr reach one stream (a device shell's combined
 # output), QNN's logger writes its "[INFO] [Qnn ExecuTorch]: " prefix apart from its message, so a line of
 # the runner's can follow one (as host_runner's heap pattern line, harness/device/execute.py).
-STEP_LINE = re.compile(r"\bstep (\d+) method (\S+) execute_us (\d+)$", re.MULTILINE)
+# The process's peak RSS once the step returned ends the line (suite_runner.cpp's header); a runner built
+# before it gave none.
+STEP_LINE = re.compile(r"\bstep (\d+) method (\S+) execute_us (\d+)(?: peak_rss_kb (\d+))?$", re.MULTILINE)
 LOAD_LINE = re.compile(r"\brunner: load method (\S+) load_us (\d+)$", re.MULTILINE)
 PEAK_LINE = re.compile(r"\brunner: peak_rss_kb (\d+)$", re.MULTILINE)
 # Which memory the runner gave a program's inputs and unplanned outputs: rpcmem (QNN's shared allocator, with
@@ -67,6 +69,7 @@ class StepTime:
     step: int
     method: str
     execute_us: int
+    peak_rss_kb: int | None = None  # the process's peak RSS after the step (None: the runner did not say)
 
 
 @dataclass
@@ -81,6 +84,12 @@ class RunnerRun:
     peak_rss_kb: int | None = None
     io_memory: str | None = None  # "rpcmem" or "ordinary"; None from a runner that does not say
     heap_pattern: int | None = None  # the byte its fresh heap allocations held, from a runner that measured it
+
+    @property
+    def step_rss_kb(self) -> list[int]:
+        """The process's peak RSS after each step, in plan order ([] when a step's line did not carry it)."""
+        found = [step.peak_rss_kb for step in self.steps]
+        return [int(kb) for kb in found if kb is not None] if None not in found else []
 
     @property
     def error_line(self) -> str | None:
@@ -123,7 +132,10 @@ def parse(exit_code: int, stdout: str, stderr: str) -> RunnerRun:
         exit_code,
         stdout,
         stderr,
-        [StepTime(int(step), method, int(micros)) for step, method, micros in STEP_LINE.findall(stdout)],
+        [
+            StepTime(int(step), method, int(micros), int(rss) if rss else None)
+            for step, method, micros, rss in STEP_LINE.findall(stdout)
+        ],
         {method: int(micros) for method, micros in LOAD_LINE.findall(stdout)},
         int(peak.group(1)) if peak else None,
         io_memory.group(1) if io_memory else None,

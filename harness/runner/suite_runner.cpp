@@ -28,7 +28,8 @@
  * Stdout, one line each:
  *   runner: heap pattern 0xNN|none              first: the byte this process's fresh heap allocations hold (below)
  *   runner: load method METHOD load_us N        once per distinct method of the plan, before the first step
- *   step S method METHOD execute_us N            per execute (wall time of Module::execute, inputs included)
+ *   step S method METHOD execute_us N peak_rss_kb K   per execute (wall time of Module::execute, inputs
+ *                                                included; the process's peak RSS once it returned, below)
  *   runner: peak_rss_kb N                        at the end (getrusage(RUSAGE_SELF).ru_maxrss)
  *   runner: etdump_bytes N                       with --etdump_path, once the ETDump is written
  *
@@ -40,6 +41,11 @@
  *   8 load_method failed                         9 execute failed
  *  10 an output could not be written            11 a backend option was rejected or is unavailable
  *
+ * Per-step RSS: getrusage(RUSAGE_SELF).ru_maxrss, read after the step's clock stopped (so never in its
+ * execute_us): one system call with no file, so it works where /proc/self/statm cannot be read (the emulated
+ * device's jail has no /proc) and on Android alike, and it is the same measure as the final peak_rss_kb line.
+ * A peak, not the current RSS: it never falls, so a leak shows as a rise that does not stop, which the
+ * harness's horizon judgement (harness/horizon.py) reads as a slope over the second half of a long plan.
  * Heap pattern: what a delegated buffer that is never initialised reads (docs/FINDINGS.md#F1). glibc fills
  * fresh allocations with MALLOC_PERTURB_ ^ 0xff (the emulated device starts its commands so); the runner reports
  * that byte only when every probe allocation (64 B, 4 KB, 1 MB) holds nothing else, else "none" (a zero heap
@@ -456,7 +462,10 @@ int main(int argc, char** argv) {
       fail(kExecuteFailed, "step " + std::to_string(index) + " (method " + step.method + ") failed to execute (error " +
                                std::to_string(static_cast<int>(outputs.error())) + "; its backend's log is above)");
     }
-    std::cout << "step " << index << " method " << step.method << " execute_us " << elapsed << std::endl;
+    struct rusage after_step {};
+    getrusage(RUSAGE_SELF, &after_step);
+    std::cout << "step " << index << " method " << step.method << " execute_us " << elapsed << " peak_rss_kb "
+              << after_step.ru_maxrss << std::endl;
     // Written before the next step: with shared arenas the next execute may reuse this step's output memory.
     for (size_t output = 0; output < outputs->size(); ++output) {
       write_output(options.output + "/output_" + std::to_string(index) + "_" + std::to_string(output) + ".raw",

@@ -61,7 +61,8 @@ def _run(tmp_path: Path, workspace: Workspace, stdout: str, **kwargs: object) ->
 
 SUITE_STDOUT = (
     "runner: heap pattern 0x40\nrunner: load method forward load_us 900\n"
-    "step 0 method forward execute_us 1500\n[INFO] [Qnn ExecuTorch]: step 1 method forward execute_us 700\n"
+    "step 0 method forward execute_us 1500 peak_rss_kb 64000\n"
+    "[INFO] [Qnn ExecuTorch]: step 1 method forward execute_us 700 peak_rss_kb 65000\n"
     "runner: peak_rss_kb 65000\n"
 )
 
@@ -79,6 +80,14 @@ def test_suite_runner_runs_a_plan_and_its_step_times_are_kept(tmp_path):
         65000,
         0x40,
     )
+    assert run.step_rss_kb == [64000, 65000] and run.step_registrations == [], "no trace: no registrations"
+
+
+def test_a_runner_whose_step_lines_carry_no_rss_gives_none_per_step(tmp_path):
+    """A runner built before the per-step RSS (or one line without it): no series, never a partial one."""
+    older = SUITE_STDOUT.replace(" peak_rss_kb 64000", "")
+    run, _ = _run(tmp_path, BOTH, older)
+    assert (run.step_times_us, run.step_rss_kb, run.peak_rss_kb) == ([1500, 700], [], 65000)
 
 
 def test_named_methods_go_into_the_plan(tmp_path):
@@ -148,6 +157,8 @@ def test_the_outcomes_timing_validates_against_the_report_schema_and_a_bad_one_d
         "steps_us": [1500, 700],
         "first_step_us": 1500,
         "peak_rss_kb": 65000,
+        "steps_rss_kb": [64000, 65000],
+        "steps_registrations": [],
         "device_kind": None,
         "p50_us": 700,
         "p90_us": 700,

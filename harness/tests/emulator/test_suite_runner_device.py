@@ -10,6 +10,7 @@ cannot be built must be one line and a fallback, never a failed run.
 from __future__ import annotations
 
 import sys
+import types
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import numpy as np
 import pytest
 
 from fixtures import zoo  # noqa: F401  (registers the cards)
+from harness import horizon
 from harness.device import kinds
 from harness.device.adb import AdbClient
 from harness.device.device import Device, shell_line
@@ -24,6 +26,7 @@ from harness.device.execute import DeviceRunRequest, RunnerFailed, Workspace, pr
 from harness.device.payload import RUNNER_COMMANDS, RUNNER_NAME, SUITE_RUNNER_NAME
 from harness.emulator.launcher import EmulatorFleet
 from harness.pipeline import card as cards, mutbuf
+from harness.pipeline.facts import LoweringFacts
 from harness.pipeline.lower import LoweredArtifact, lower_case
 from harness.qnn.sdk import WHEEL_ORIGIN, QnnSdk
 from harness.runner import build as runner_build
@@ -137,6 +140,47 @@ def test_fault_switches_break_the_compiled_runner(device, workspace, lowered, tm
     with pytest.raises(RunnerFailed) as failure:
         _run(device, workspace, lowered, tmp_path, "fault")
     assert words in str(failure.value)
+
+
+LONG_STEPS = 48  # a long plan: enough for the horizon judgement's second half (harness/horizon.py MIN_STEPS)
+
+
+def _long_run(device, workspace, lowered, tmp_path, name: str):
+    steps = cards.find(CARD).steps(LONG_STEPS)
+    request = DeviceRunRequest(name, lowered.pte, steps, tmp_path / name, output_count=1)
+    return run_case(device, workspace, request)
+
+
+def test_a_registration_leaked_per_execute_grows_and_the_horizon_judgement_names_it(
+    device, workspace, lowered, tmp_path, faults
+):
+    """The fault runner_leak_registration (the interposer registers one buffer more at every graph execute and
+    never releases it): the registrations the runner holds grow by one a step, the horizon judgement fails on
+    them with their own message, and the structural fact counts one QnnMem_register call per execute."""
+    from harness.outcome import CaseOutcome
+
+    clean = _long_run(device, workspace, lowered, tmp_path, "clean")
+    assert clean.step_registrations == [0] * LONG_STEPS, "the simulator registers nothing: constant"
+    assert len(clean.step_rss_kb) == LONG_STEPS and all(kb > 10_000 for kb in clean.step_rss_kb)
+    judged = horizon.long_run_verdict(clean.step_times_us, clean.step_rss_kb, clean.step_registrations)
+    assert not judged.verdicts[0].grows and judged.verdicts[0].judged, judged.verdicts[0].message
+    assert not judged.verdicts[1].grows, judged.verdicts[1].message  # the peak RSS: settled at load
+
+    faults(runner_leak_registration=True)
+    leaking = _long_run(device, workspace, lowered, tmp_path, "leak")
+    assert leaking.step_registrations == list(range(1, LONG_STEPS + 1))
+    assert np.array_equal(leaking.outputs[-1][0], clean.outputs[-1][0]), "the leak changes no output"
+    broken = horizon.long_run_verdict(leaking.step_times_us, leaking.step_rss_kb, leaking.step_registrations)
+    assert broken.signature == "registrations_grow"
+    assert broken.message().startswith(
+        "QNN memory registrations held grow by 1 per execute from step 1, the 2nd execute "
+        f"(1 at step 0, 2 at step 1, 3 at step 2, {LONG_STEPS} at step {LONG_STEPS - 1})"
+    ), broken.message()
+    facts = types.SimpleNamespace(facts=LoweringFacts(structure={"methods": {}}))
+    traced = types.SimpleNamespace(has_execute_trace=True)
+    for run, calls in ((clean, 0), (leaking, 1)):
+        outcome = CaseOutcome(None, [], facts, [], run=run, device=traced)  # type: ignore[arg-type]
+        assert outcome.structure["mem_register_calls_per_execute"] == calls
 
 
 def test_lose_delegate_state_is_routed_to_the_pybindings_runner(device, workspace, lowered, tmp_path, faults):

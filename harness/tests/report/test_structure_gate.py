@@ -42,7 +42,7 @@ BASE = {
         }
     },
     "pte_bytes": 51000,
-    "registered_tensors_per_execute": 0,
+    "mem_register_calls_per_execute": 0,
 }
 
 
@@ -73,7 +73,8 @@ def _transposes_and_a_cast(s: dict) -> None:
         (lambda s: graph(s).update(boundary_bytes=96), FAIL, "bytes across the delegate boundary per execute +50.0%"),
         (lambda s: s["methods"]["forward"].update(planned_arena_bytes=[64, 32]), FAIL, "planned memory +50.0%"),
         (lambda s: s.update(pte_bytes=60000), FAIL, ".pte +17.6%"),
-        (lambda s: s.update(registered_tensors_per_execute=2), FAIL, "registered tensors per execute 0 -> 2"),
+        (lambda s: s.update(mem_register_calls_per_execute=2), FAIL, "QnnMem_register calls per execute 0 -> 2"),
+        (lambda s: s.pop("mem_register_calls_per_execute"), PASS, ""),  # not traced now: not measured, never 0
         (
             lambda s: s["methods"]["forward"]["graphs"].update({"forward[1]": copy.deepcopy(graph(s))}),
             FAIL,
@@ -124,30 +125,28 @@ def test_the_schema_refuses_a_structure_it_does_not_know(tmp_path):
         jsonschema.validate(document, SCHEMA)
 
 
-def test_a_case_carries_the_most_registered_tensors_one_execute_bound_where_the_device_traces(tmp_path):
+def test_a_case_carries_the_most_qnnmem_register_calls_one_execute_made_where_the_device_traces(tmp_path):
     from types import SimpleNamespace
 
     from harness.outcome import CaseOutcome
     from harness.pipeline.facts import LoweringFacts, ProgramFacts
 
-    trace = tmp_path / "trace.jsonl"
-    handle, raw = (
-        {"name": "a", "mem": "handle", "handle": "0x1"},
-        {"name": "b", "mem": "raw", "addr": "0x2", "bytes": 4},
-    )
-    trace.write_text(
-        json.dumps({"event": "execute", "inputs": [handle, raw], "outputs": [handle]})
-        + "\n"
-        + json.dumps({"event": "execute", "inputs": [raw], "outputs": [raw]})
-        + "\n"
-    )
+    def execute(pid: int, calls: int, registered: int) -> str:
+        mem = {"register_calls": calls, "registered": registered, "deregistered": 0}
+        return json.dumps({"event": "execute", "pid": pid, "inputs": [], "outputs": [], "registrations": mem}) + "\n"
+
+    trace, old_trace = tmp_path / "trace.jsonl", tmp_path / "old.jsonl"
+    # 3 calls at load and the first execute, then 1 more before the third; a second process starts from 0
+    trace.write_text(execute(7, 3, 3) + execute(7, 3, 3) + execute(7, 4, 4) + execute(8, 2, 2))
+    old_trace.write_text(json.dumps({"event": "execute", "inputs": [], "outputs": []}) + "\n")
     facts = LoweringFacts(structure={"methods": BASE["methods"]}, program=ProgramFacts("0" * 64, 51000))
 
-    def outcome(traces: bool) -> CaseOutcome:
-        run = SimpleNamespace(trace=trace)
+    def outcome(traces: bool, path=trace) -> CaseOutcome:
+        run = SimpleNamespace(trace=path)
         device = SimpleNamespace(has_execute_trace=traces)
         return CaseOutcome(None, [], SimpleNamespace(facts=facts), [], run=run, device=device)  # type: ignore[arg-type]
 
-    assert outcome(True).structure == {**BASE, "registered_tensors_per_execute": 2}
-    assert "registered_tensors_per_execute" not in outcome(False).structure, "a device without a trace says nothing"
+    assert outcome(True).structure == {**BASE, "mem_register_calls_per_execute": 3}
+    assert "mem_register_calls_per_execute" not in outcome(False).structure, "a device without a trace says nothing"
+    assert "mem_register_calls_per_execute" not in outcome(True, old_trace).structure, "an older interposer: no counts"
     assert CaseOutcome(None, [], SimpleNamespace(facts=LoweringFacts()), []).structure is None  # type: ignore[arg-type]

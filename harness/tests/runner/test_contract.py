@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import json
 import re
 from pathlib import Path
 
@@ -149,3 +150,31 @@ def test_no_function_of_the_touched_modules_is_over_80_lines(module):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno + 1 > 80
     ]
     assert long == []
+
+
+def _execute(pid: int, calls: int, registered: int, deregistered: int = 0) -> dict:
+    mem = {"register_calls": calls, "registered": registered, "deregistered": deregistered}
+    return {"event": "execute", "pid": pid, "inputs": [], "outputs": [], "registrations": mem}
+
+
+def test_registrations_per_execute_and_held_per_step_are_read_from_the_traces_counts(tmp_path):
+    # one process: 2 registered at load, then one more leaked at each execute and one released at the fourth
+    records = [_execute(5, 2 + n, 2 + n, 1 if n == 3 else 0) for n in range(4)]
+    assert contract.register_calls_per_execute(records) == [2, 1, 1, 1]
+    assert contract.held_registrations(records) == [2, 3, 4, 4]
+    # a second process (runner_reload_each_line) counts from zero again
+    assert contract.register_calls_per_execute([_execute(5, 3, 3), _execute(6, 3, 3)]) == [3, 3]
+    trace = tmp_path / contract.TRACE_NAME
+    trace.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert contract.step_registrations(trace, 4) == [2, 3, 4, 4]
+    assert contract.step_registrations(trace, 2) == [3, 4], "two graph executes a step: the step's last one"
+    assert contract.step_registrations(trace, 3) == [], "executes that cannot be told apart by step"
+    assert contract.step_registrations(None, 4) == []
+
+
+def test_a_trace_without_counts_gives_no_registrations():
+    """An older interposer's trace (no `registrations`), or one with a record lacking it: nothing, never zeros."""
+    bare = {"event": "execute", "pid": 5, "inputs": [], "outputs": []}
+    assert contract.held_registrations([bare]) == contract.register_calls_per_execute([bare]) == []
+    assert contract.held_registrations([_execute(5, 1, 1), bare]) == []
+    assert contract.per_step([], 4) == [] and contract.per_step([1, 2], 0) == []
