@@ -174,7 +174,7 @@ def processes_from(runner: Runner, argv: list[str], plan: Path, output_dir: Path
         step_dir.mkdir(exist_ok=True)
         process = runner.start(contract.with_plan(argv, str(step_plan), str(step_dir)), stdout=subprocess.PIPE)
         out, _ = process.communicate()
-        renumbered = re.sub(rb"(?m)^step (\d+) ", lambda m: b"step %d " % (first + int(m.group(1))), out)
+        renumbered = re.sub(rb"(?m)^step (\d+) ", lambda m, at=first: b"step %d " % (at + int(m.group(1))), out)
         sys.stdout.buffer.write(renumbered)
         sys.stdout.flush()
         if process.returncode != 0:
