@@ -20,11 +20,26 @@ from harness import numerics
 from harness.check_registry import CheckFailure, InfrastructureError, NotApplicable, NotMeasured, check
 from harness.outcome import CaseOutcome
 from harness.pipeline import cases, drivers
-from harness.vocabulary import DriveChunk
+from harness.vocabulary import FLOAT_DTYPE, DriveChunk
 
 LOST_CHUNK, LOST_TURN, LOST_STATE = "driver_lost_chunk", "driver_lost_turn", "driver_lost_state"
 NO_RESET, MISMATCH, DISAGREEMENT = "driver_no_reset", "driver_mismatch", "driver_disagreement"
-DRIVER_SIGNATURES = (LOST_CHUNK, LOST_TURN, LOST_STATE, NO_RESET, MISMATCH, DISAGREEMENT)
+# Known ways a delegated buffer loses the state whatever the driving (the standard checks' signatures, the same
+# findings): it starts from the heap (docs/FINDINGS.md#F1), each method holds its own copy (#F15).
+UNINITIALISED, PER_METHOD = "uninitialised_delegated_buffer", "state_per_method"
+# A lost state the lowering's own facts explain: convert_pt2e folded a buffer's read into a constant (#F7).
+FOLDED = "buffer_reads_folded"
+DRIVER_SIGNATURES = (
+    LOST_CHUNK,
+    LOST_TURN,
+    LOST_STATE,
+    NO_RESET,
+    MISMATCH,
+    DISAGREEMENT,
+    UNINITIALISED,
+    PER_METHOD,
+    FOLDED,
+)
 ERROR_DRIFT = "error_drift"
 # The error drifts when the last quarter's typical error (in tolerances) is both a real share of the tolerance
 # and several times the first quarter's: rounding noise stays flat, a leak of error into the state grows.
@@ -70,19 +85,69 @@ def _matches_at(outcome: CaseOutcome, step: int, other: numerics.Outputs) -> boo
     return not numerics.compare([device[step]], [other[step]], outcome.case.dtype).mismatched
 
 
+def _known_defect(outcome: CaseOutcome, plan: drivers.DrivenPlan) -> tuple[str, str] | None:
+    """(signature, words) when the whole run equals eager driven alike on a runtime with a known defect of
+    delegated buffers (fp16 only for the heap pattern: a quantized delegate decodes it through an encoding
+    eager does not know); None otherwise."""
+    buffers = outcome.delegated_buffers
+    if not buffers:
+        return None
+    pattern = outcome.run.heap_pattern if outcome.case.dtype == FLOAT_DTYPE else None
+    started = drivers.Runtime(pattern=pattern, buffers=buffers) if pattern is not None else None
+    heap = f"the heap pattern 0x{pattern:02x}" if pattern is not None else ""
+    candidates = [
+        (UNINITIALISED, f"the delegated {', '.join(buffers)} started from {heap}, not the registered values", started)
+    ]
+    if len(set(plan.methods)) > 1:
+        per_method = "each method ran on its own copy of the state, so no method read what another wrote"
+        candidates.append((PER_METHOD, per_method, drivers.Runtime(per_method=True)))
+        candidates.append(
+            (
+                PER_METHOD,
+                f"{per_method} (each copy starting from {heap})",
+                drivers.Runtime(per_method=True, pattern=pattern, buffers=buffers) if pattern is not None else None,
+            )
+        )
+    device = outcome.device_outputs()
+    for signature, words, runtime in candidates:
+        if runtime is not None:
+            computed = drivers.run_eager(outcome.case.card, plan, runtime)
+            if not numerics.compare(device, computed, outcome.case.dtype).mismatched:
+                return signature, f"the whole run equals eager where {words}"
+    return None
+
+
 def _how_lost(outcome: CaseOutcome, plan: drivers.DrivenPlan, first: FirstDifference) -> tuple[str, str]:
-    """(signature, words) for how the device's first differing step was computed, as far as eager tells."""
+    """(signature, words) for how the device's first differing step was computed, as far as eager tells; a
+    state lost where the lowering folded the buffer's reads into constants is that folding's (#F7)."""
+    known = _known_defect(outcome, plan)
+    if known is not None:
+        return known
+    signature, words = _step_lost(outcome, plan, first)
+    quantize = outcome.artifact.facts.quantize
+    folded = quantize.folded_buffer_reads if quantize is not None else {}
+    if signature in (LOST_CHUNK, LOST_TURN, LOST_STATE) and folded:
+        name, counts = next(iter(folded.items()))
+        return FOLDED, (
+            f"{words}, as the quantized program computes it: convert_pt2e folded reads of {name} into constants "
+            f"({counts.get('before')} reads before, {counts.get('after')} after)"
+        )
+    return signature, words
+
+
+def _step_lost(outcome: CaseOutcome, plan: drivers.DrivenPlan, first: FirstDifference) -> tuple[str, str]:
+    """(signature, words) for a state lost or kept at the first differing step (eager driven so equals it)."""
     card, step, chunk = outcome.case.card, first.step, first.chunk
     if (
         plan.reloads
         and step >= plan.reloads[0]
-        and _matches_at(outcome, step, drivers.run_eager(card, plan, ignore=plan.reloads))
+        and _matches_at(outcome, step, drivers.run_eager(card, plan, drivers.Runtime(ignore=plan.reloads)))
     ):
         return (
             NO_RESET,
             f"the reload before step {plan.reloads[0]} did not reset: later steps read what earlier ones left",
         )
-    if step and _matches_at(outcome, step, drivers.run_eager(card, plan, fresh_at=(step,))):
+    if step and _matches_at(outcome, step, drivers.run_eager(card, plan, drivers.Runtime(fresh_at=(step,)))):
         before = plan.chunks[step - 1]
         if before.method == chunk.method and len(chunk.positions) > 1:
             chunk_index = sum(1 for c in plan.chunks[:step] if c.method == chunk.method and c.turn == chunk.turn)

@@ -41,8 +41,9 @@ def multi_method_matrix(cards: list[ModelCard], dtypes: tuple[str, ...], socs: l
 
 
 def driver_matrix(cards: list[ModelCard], dtypes: tuple[str, ...], socs: list[str]) -> list[Case]:
-    """Every driven card under each driver it allows (harness/pipeline/drivers.py), its buffers in the delegate
-    (the suite's question): in each of its dtypes, the long driver in its declared subset of them. A driver
+    """Every driven card under each driver it allows (harness/pipeline/drivers.py), in both buffer modes (with
+    the buffers delegated, each method holds its own copy: docs/FINDINGS.md#F15; kept outside, the driving
+    itself is judged) and each of its dtypes, the long driver in its declared subset of them. A driver
     changes the run only, so a card/dtype/SoC's drivers share one lowering (Case.lowering)."""
     from harness.pipeline import drivers  # torch: only where a driver matrix is made
 
@@ -50,8 +51,9 @@ def driver_matrix(cards: list[ModelCard], dtypes: tuple[str, ...], socs: list[st
         replace(case, driver=driver)
         for card in cards
         if card.drive is not None and HEALTH_CHECK_TAG not in card.tags
+        for mode in MATRIX_MODES
         for driver in drivers.available(card.drive)
-        for case in _card_cases(card, Mode.DELEGATE, dtypes, socs)
+        for case in _card_cases(card, mode, dtypes, socs)
         if driver != "long" or case.dtype in card.drive.long_dtypes
     ]
 

@@ -151,28 +151,53 @@ def of_case(case: Case, horizon: int = LONG_STEPS) -> DrivenPlan:
 _EAGER: dict[tuple, eager.Outputs] = {}
 
 
-def run_eager(
-    card: ModelCard, driven: DrivenPlan, fresh_at: tuple[int, ...] = (), ignore: tuple[int, ...] = ()
-) -> eager.Outputs:
-    """The plan on ONE eager module (a reload: a fresh one), read-only and kept per process. fresh_at: steps
-    a fresh module starts at besides the plan's reloads (how a runtime that lost the state there computes
-    them); ignore: reloads it does not make (a runtime that does not reset). Not a reference of correctness
-    unless both are empty: the driver check names how the state was lost with the others."""
-    key = (card, driven, fresh_at, ignore)
+@dataclass(frozen=True)
+class Runtime:
+    """How a runtime carries the state along a plan, for eager to compute: the user's intent when every field
+    is left alone (one module, a fresh one at each reload); else a way to lose it, which the driver check
+    names when the device equals it. fresh_at: steps the state is lost before; ignore: reloads not made (no
+    reset); per_method: each method on its own copy of the state (docs/FINDINGS.md#F15); pattern: the byte the
+    named buffers start from instead of their registered values (uninitialised: docs/FINDINGS.md#F1)."""
+
+    fresh_at: tuple[int, ...] = ()
+    ignore: tuple[int, ...] = ()
+    per_method: bool = False
+    pattern: int | None = None
+    buffers: tuple[str, ...] = ()
+
+
+def run_eager(card: ModelCard, driven: DrivenPlan, runtime: Runtime = Runtime()) -> eager.Outputs:
+    """The plan's outputs as `runtime` computes them on eager modules (the intent: ONE module, a reload a fresh
+    one), read-only and kept per process."""
+    key = (card, driven, runtime)
     if key not in _EAGER:
         drive = card.drive
         assert drive is not None
-        starts = (set(driven.reloads) - set(ignore)) | set(fresh_at)
-        model, outputs = eager.build_model(card), []
+        starts = (set(driven.reloads) - set(runtime.ignore)) | set(runtime.fresh_at)
+        initial = eager.pattern_initial(card, runtime.pattern, runtime.buffers) if runtime.pattern is not None else {}
+        modules: dict[str, torch.nn.Module] = {}
+        outputs = []
         with torch.no_grad():
             for index, (chunk, inputs) in enumerate(zip(driven.chunks, driven.inputs(drive))):
                 if index in starts:
-                    model = eager.build_model(card)
-                result = getattr(model, chunk.method)(*inputs)
+                    modules.clear()
+                owner = chunk.method if runtime.per_method else ""
+                if owner not in modules:
+                    modules[owner] = _fresh(card, initial)
+                result = getattr(modules[owner], chunk.method)(*inputs)
                 flat = [result] if isinstance(result, torch.Tensor) else list(result)
                 outputs.append([tensor.detach().clone().numpy() for tensor in flat])
         _EAGER[key] = eager.read_only(outputs)
     return _EAGER[key]
+
+
+def _fresh(card: ModelCard, initial: dict[str, torch.Tensor]) -> torch.nn.Module:
+    model = eager.build_model(card)
+    buffers = dict(model.named_buffers())
+    with torch.no_grad():
+        for name, value in initial.items():
+            buffers[name].copy_(value)
+    return model
 
 
 def rows_by_position(driven: DrivenPlan, outputs: eager.Outputs, steps: range) -> dict[tuple[int, int], list]:

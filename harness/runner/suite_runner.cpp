@@ -459,9 +459,11 @@ int main(int argc, char** argv) {
 
   for (size_t index = 0; index < steps.size(); ++index) {
     const Step& step = steps[index];
-    if (step.reload) {
+    if (step.reload) {  // every method loaded again before the next step, as at the start
       open_program();
-      if (module.load() != Error::Ok || module.load_method(step.method) != Error::Ok) {
+      bool loaded_all = module.load() == Error::Ok;
+      for (const std::string& method : loaded) loaded_all = loaded_all && module.load_method(method) == Error::Ok;
+      if (!loaded_all) {
         fail(kLoadFailed, "reloading the program before step " + std::to_string(index) + " failed (its log is above)");
       }
       std::cout << "runner: reload before step " << index << std::endl;
