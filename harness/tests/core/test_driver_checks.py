@@ -49,8 +49,8 @@ def _outcome(
     )
 
 
-def _as(case: Case, runtime: drivers.Runtime = drivers.Runtime()) -> list[list[np.ndarray]]:
-    return drivers.run_eager(case.card, drivers.of_case(case), runtime)
+def _as(case: Case, runtime: drivers.Runtime | None = None) -> list[list[np.ndarray]]:
+    return drivers.run_eager(case.card, drivers.of_case(case), runtime or drivers.Runtime())
 
 
 def _failure(outcome: CaseOutcome) -> CheckFailure:
