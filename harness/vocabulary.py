@@ -166,6 +166,7 @@ class Drive:
     decode: int = 4  # width-1 steps after a prefill
     drivers: tuple[str, ...] = DRIVERS  # the drivers the card runs under (those its declaration allows)
     long_dtypes: tuple[str, ...] = (FLOAT_DTYPE,)  # the long driver's default subset of the card's dtypes
+    dtypes: tuple[str, ...] | None = None  # the card's dtypes the drivers run in (None: all of them)
 
     def width(self, method: str) -> int:
         return dict(self.widths)[method]

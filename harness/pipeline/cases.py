@@ -47,14 +47,15 @@ def driver_matrix(cards: list[ModelCard], dtypes: tuple[str, ...], socs: list[st
     changes the run only, so a card/dtype/SoC's drivers share one lowering (Case.lowering)."""
     from harness.pipeline import drivers  # torch: only where a driver matrix is made
 
+    driven = [card for card in map(drivers.driven, cards) if card is not None and HEALTH_CHECK_TAG not in card.tags]
     return [
         replace(case, driver=driver)
-        for card in cards
-        if card.drive is not None and HEALTH_CHECK_TAG not in card.tags
+        for card in driven
+        if card.drive is not None
         for mode in MATRIX_MODES
         for driver in drivers.available(card.drive)
-        for case in _card_cases(card, mode, dtypes, socs)
-        if driver != "long" or case.dtype in card.drive.long_dtypes
+        for case in _card_cases(card, mode, card.drive.dtypes or dtypes, socs)
+        if case.dtype in dtypes and (driver != "long" or case.dtype in card.drive.long_dtypes)
     ]
 
 

@@ -12,7 +12,7 @@ What each driver means is in docs/DRIVERS.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -45,6 +45,24 @@ class DrivenPlan:
     def own(self) -> range:
         """The driver's own steps (the twin's come after them)."""
         return range(len(self.chunks) if self.twin_from is None else self.twin_from)
+
+
+# Drives declared for cards registered elsewhere (by reference), so an existing card is driven without a change
+# to its module: its lowering, keyed by its module's source, stays the one its standard cases share.
+_DECLARED: dict[str, Drive] = {}
+
+
+def declare(reference: str, drive: Drive) -> None:
+    """Drive the card `module:name` (registered by its own module) as `drive` says, in the driver matrix."""
+    _DECLARED[reference] = drive
+
+
+def driven(card: ModelCard) -> ModelCard | None:
+    """The card with its drive (its own, or one declared for it), None when it is not driven."""
+    if card.drive is not None:
+        return card
+    declared = _DECLARED.get(card.reference)
+    return replace(card, drive=declared) if declared is not None else None
 
 
 def decode_method(drive: Drive) -> str:
