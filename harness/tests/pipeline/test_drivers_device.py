@@ -11,7 +11,6 @@ device through adbutils.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,15 +20,11 @@ from fixtures import drivers as driven_cards  # noqa: F401  (registers the cards
 from harness import driver_checks
 from harness.check_registry import CheckFailure
 from harness.device import kinds
-from harness.device.adb import AdbClient
-from harness.device.device import Device
-from harness.device.execute import DeviceRunRequest, Workspace, prepare_workspace, run_case
-from harness.device.payload import RUNNER_COMMANDS, SUITE_RUNNER_NAME
-from harness.emulator.launcher import EmulatorFleet
+from harness.device.execute import DeviceRunRequest, run_case
+from harness.device.payload import SUITE_RUNNER_NAME
 from harness.outcome import CaseOutcome
 from harness.pipeline import card as cards, drivers
 from harness.pipeline.lower import LoweredArtifact, lower_case
-from harness.qnn.sdk import WHEEL_ORIGIN, QnnSdk
 from harness.vocabulary import Case, Mode
 
 pytestmark = pytest.mark.qnn
@@ -45,24 +40,6 @@ def lowerings(toolchain, tmp_path_factory) -> dict[str, LoweredArtifact]:
         made[reference] = lower_case(case, toolchain, tmp_path_factory.mktemp(case.id), STEPS)
         assert made[reference].ok, made[reference].failure
     return made
-
-
-@pytest.fixture(scope="module")
-def fleet(toolchain, tmp_path_factory) -> Iterator[EmulatorFleet]:
-    device_env = {**kinds.EmulatedKind.heap_environment(toolchain.child_env()), "QNNSUITE_PYTHON": sys.executable}
-    with EmulatorFleet(["SM8650"], tmp_path_factory.mktemp("fleet"), device_env=device_env) as started:
-        yield started
-
-
-@pytest.fixture(scope="module")
-def device_and_workspace(fleet) -> tuple[Device, Workspace]:
-    device = Device(fleet.devices[0].serial, AdbClient(server=fleet.server))
-    payload = device.workspace("payload")
-    files = kinds.of("emulated").payload("x86_64", 75, kinds.PayloadInputs(QnnSdk(Path("/nonexistent"), WHEEL_ORIGIN)))
-    prepare_workspace(device, payload, files)
-    runners = tuple(item.remote_name for item in files if item.remote_name in RUNNER_COMMANDS)
-    assert SUITE_RUNNER_NAME in runners, kinds.emulated_suite_runner()[1]
-    return device, Workspace(device.workspace("cases"), payload, runners=runners)
 
 
 def _judged(lowerings, device_and_workspace, folder: Path, reference: str, driver: str, **faults) -> dict:
@@ -113,25 +90,25 @@ def test_a_runtime_that_carries_the_state_passes_every_driver(
     assert _judged(lowerings, device_and_workspace, tmp_path / driver, reference, driver)["driver"] == driver
 
 
-def test_a_prefill_that_keeps_only_its_first_chunk(lowerings, device_and_workspace, faults, tmp_path):
-    faults(runner_drop_prefill_chunks={"method": "step_4"})
+@pytest.mark.parametrize(
+    ("switches", "reference", "driver", "signature", "words"),
+    [
+        (
+            {"runner_drop_prefill_chunks": {"method": "step_4"}},
+            PD,
+            "chunked",
+            "LOST_CHUNK",
+            "chunk 2 lost chunk 1's rows",
+        ),
+        ({"runner_forget_at_turn": {"method": "step_4"}}, PD, "second_prefill", "LOST_TURN", "forgot the conversation"),
+        ({"runner_ignore_reload": True}, RELOADED, "reset", "NO_RESET", "did not reset"),
+    ],
+)
+def test_each_broken_runtime_is_caught_with_its_own_signature(
+    lowerings, device_and_workspace, faults, tmp_path, switches, reference, driver, signature, words
+):
+    faults(**switches)
     with pytest.raises(CheckFailure) as failure:
-        _judged(lowerings, device_and_workspace, tmp_path / "chunks", PD, "chunked")
-    assert failure.value.signature == driver_checks.LOST_CHUNK, str(failure.value)
-    assert "chunk 2 lost chunk 1's rows" in str(failure.value)
-
-
-def test_a_second_prefill_that_forgets_the_conversation(lowerings, device_and_workspace, faults, tmp_path):
-    faults(runner_forget_at_turn={"method": "step_4"})
-    with pytest.raises(CheckFailure) as failure:
-        _judged(lowerings, device_and_workspace, tmp_path / "turn", PD, "second_prefill")
-    assert failure.value.signature == driver_checks.LOST_TURN, str(failure.value)
-    assert "forgot the conversation" in str(failure.value)
-
-
-def test_a_reset_that_does_not_reset(lowerings, device_and_workspace, faults, tmp_path):
-    faults(runner_ignore_reload=True)
-    with pytest.raises(CheckFailure) as failure:
-        _judged(lowerings, device_and_workspace, tmp_path / "reset", RELOADED, "reset")
-    assert failure.value.signature == driver_checks.NO_RESET, str(failure.value)
-    assert "did not reset" in str(failure.value)
+        _judged(lowerings, device_and_workspace, tmp_path / driver, reference, driver)
+    assert failure.value.signature == getattr(driver_checks, signature), str(failure.value)
+    assert words in str(failure.value)
