@@ -22,7 +22,7 @@ from harness.device.execute import DeviceRunRequest
 from harness.device.pool import DevicePool
 from harness.device.retry import Attempt, run_with_reconnects
 from harness.outcome import CaseOutcome, OtherRun
-from harness.pipeline import references
+from harness.pipeline import drivers, eager, references
 from harness.pipeline.lower import LoweredArtifact, lower_case
 from harness.pipeline.lowering_cache import lowering_directory, served
 from harness.qnn.toolchain import Toolchain
@@ -57,12 +57,15 @@ class CaseStore:
         perf_repeats: int = 1,
         profile_level: int = 0,
         reference_runner: Callable[[Case], str | None] = lambda case: None,
+        horizon: int = drivers.LONG_STEPS,
     ) -> None:
         """cache_dir: where lowered artifacts are kept by content key across runs (None: this run only);
         lowering_server: the run's lowering server socket (None: each case lowered in a fresh Python);
         perf_repeats: runs of each case's plan, each in a fresh runner process (--perf-repeats);
         profile_level: executorch's QNN profile_level of the profiled run (--profile-level; 0: none);
-        reference_runner: the runner a case's checks compare its run with (the collected checks' choice)."""
+        reference_runner: the runner a case's checks compare its run with (the collected checks' choice);
+        horizon: the long driver's steps (--horizon)."""
+        self._horizon = horizon
         self._reference_runner = reference_runner
         self._perf_repeats = perf_repeats
         self._profile_level = profile_level
@@ -108,7 +111,15 @@ class CaseStore:
         self._closed.set()
 
     def _steps(self, case: Case) -> list[tuple]:
+        """The card's own steps: its lowering's, and a case's inputs unless a driver drives it."""
         return case.card.steps(self._steps_for(case.card.tags))
+
+    def _driven(self, case: Case) -> tuple[list[tuple], eager.Outputs] | None:
+        """A driven case's inputs and eager reference, its driver's plan on one module (None: not driven)."""
+        if not case.driver or case.card.drive is None:
+            return None
+        plan = drivers.of_case(case, self._horizon)
+        return plan.inputs(case.card.drive), drivers.run_eager(case.card, plan)
 
     def lowered(self, case: Case) -> CaseOutcome:
         """Export, quantize and lower (no device)."""
@@ -119,12 +130,17 @@ class CaseStore:
                 ahead.result() if ahead is not None and not ahead.cancelled() else self._lower_once(case, len(steps))
             )
             started = time.perf_counter()
-            results = references.eager_results(case, steps, self._cache_dir)
+            driven = self._driven(case)
+            if driven is None:
+                results = references.eager_results(case, steps, self._cache_dir)
+                reference, dependence = results.reference, results.dependence
+            else:  # the checks of a driven case compare with eager driven alike; none reads the dependence
+                (steps, reference), dependence = driven, None
             # Stage times of a lowering read from the cache belong to the run that lowered it, not this one.
             timings = {} if artifact.cached else dict(artifact.facts.timings_s)
             timings["eager_reference"] = time.perf_counter() - started
             self._outcomes[case.id] = CaseOutcome(
-                case, steps, artifact, results.reference, timings_s=timings, dependence=results.dependence
+                case, steps, artifact, reference, timings_s=timings, dependence=dependence
             )
         return self._outcomes[case.id]
 
@@ -139,7 +155,9 @@ class CaseStore:
         """Workers asking for the same key wait for the one that lowers it, then read its result. A cached
         entry is served only when its facts parse and its program is the one they describe; a failure of the
         machine (no space, no memory, a killed lowering) is reported but not kept for later runs.
-        profile_level: the case's profiled twin (--profile-level), kept beside it: its key's folder + the level."""
+        profile_level: the case's profiled twin (--profile-level), kept beside it: its key's folder + the level.
+        A driven case is lowered as its undriven case (Case.lowering): its drivers share the one lowering."""
+        case = case.lowering
         directory = lowering_directory(case, steps, self._toolchain, self._cache_dir, self._work_dir)
         if profile_level:
             directory = directory.with_name(f"{directory.name}-profile{profile_level}")
@@ -161,6 +179,8 @@ class CaseStore:
     def _device_runs(self, outcome: CaseOutcome) -> CaseRuns:
         """The case's device runs, decided once from the outcome: the one place a run's request is derived."""
         case = outcome.case
+        plan = drivers.of_case(case, self._horizon) if case.driver else None
+        methods = case.card.step_methods(len(outcome.steps)) if case.card.multi_method else None
         request = DeviceRunRequest(
             case.id,
             outcome.artifact.pte,
@@ -169,10 +189,11 @@ class CaseStore:
             output_count=len(outcome.reference[0]),
             soc=case.soc,
             output_bytes=[[array.nbytes for array in row] for row in outcome.reference],
-            methods=case.card.step_methods(len(outcome.steps)) if case.card.multi_method else None,
+            methods=plan.methods if plan is not None else methods,
             method_index=outcome.artifact.facts.method_index,
             shared_buffer=case.card.shared_buffer,
             timeout_s=self._runner_timeout_s,
+            reloads=plan.reloads if plan is not None else (),
         )
         return CaseRuns(request, self._perf_repeats - 1, self._profile_level, self._reference_runner(case))
 

@@ -108,6 +108,7 @@ def case_store(
         perf_repeats=qnnsuite_options.perf_repeats,
         profile_level=qnnsuite_options.profile_level,
         reference_runner=lambda case: references.get(case.id),
+        horizon=qnnsuite_options.horizon,
     )
     order = pytestconfig.stash.get(CASE_ORDER, None)  # known in a run without xdist workers
     if order:

@@ -77,6 +77,13 @@ def add_options(parser: pytest.Parser) -> None:
         metavar="N",
         help=f"steps per case (default {DEFAULT_STEPS}; llama cards {DEFAULT_LLAMA_STEPS})",
     )
+    group.addoption(
+        "--horizon",
+        type=int,
+        default=None,
+        metavar="N",
+        help="steps of the long driver (default and least 256: past every driven card's ring; docs/DRIVERS.md)",
+    )
     group.addoption("--runner", default=None, metavar="PATH", help="Android qnn_executor_runner to push to phones")
     group.addoption(
         "--backend-lib",
@@ -214,6 +221,7 @@ class RunOptions:
     executorch_android_build: Path | None = None  # --executorch-android-build (with an NDK)
     shard: sharding.Shard | None = None  # --shard: this run's part of the cases
     adb_servers: tuple[adb.AdbServer, ...] = ()  # --adb-server (empty: the local default)
+    horizon: int = 256  # --horizon: the long driver's steps (harness/pipeline/drivers.py LONG_STEPS at least)
 
     def steps_for(self, tags: frozenset[str]) -> int:
         if self.steps is not None:
@@ -285,6 +293,9 @@ def parse(config: pytest.Config) -> RunOptions:
     steps = config.getoption("--steps")
     if steps is not None and steps < 1:
         raise pytest.UsageError(f"--steps {steps}: give a step count of 1 or more")
+    horizon = config.getoption("--horizon")
+    if horizon is not None and horizon < 256:
+        raise pytest.UsageError(f"--horizon {horizon}: give 256 steps or more (the long driver runs past every ring)")
     runner = config.getoption("--runner")
     if runner and not Path(runner).is_file():
         raise pytest.UsageError(f"--runner {runner} does not exist: pass the path of your Android qnn_executor_runner")
@@ -329,6 +340,7 @@ def parse(config: pytest.Config) -> RunOptions:
         emulate=_socs([emulate], "--emulate") if emulate else DEFAULT_EMULATED,
         dtypes=tuple(config.getoption("--dtype")) or DTYPES,
         steps=steps,
+        horizon=horizon or 256,
         runner=Path(runner).absolute() if runner else None,  # not resolved: a linked runner keeps its build folder
         qnn_sdk=config.getoption("--qnn-sdk"),
         models=tuple(config.getoption("--models")),

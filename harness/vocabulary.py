@@ -9,7 +9,7 @@ ids, records and reports show.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
@@ -25,6 +25,7 @@ DEFAULT_CARD_MODULES = (
     "fixtures.multi_method",
     "fixtures.online_prepare",
     "fixtures.shared_buffer",
+    "fixtures.drivers",
 )
 # 16a4w_block: 16-bit activations, 4-bit weights with a scale per block of input channels (QNN's LPBQ, what
 # upstream's static llama flow ships; QuantDtype.use_16a4w_block). It acts on linear weights only, so a card
@@ -132,6 +133,45 @@ SHARED_SUFFIX = "shared"  # in a case id after the mode: lowered with share_muta
 MODE_ORDER = tuple(mode.value for mode in Mode)  # report order
 
 
+# How a driven card resets between two conversations (Drive.reset): positions rewound to 0 (the masks hide what
+# the first conversation left), or the program loaded again mid-plan (a fresh Module); any other value names a
+# method of the card that resets its buffers.
+REWIND, RELOAD = "rewind", "reload"
+DRIVERS = ("single", "chunked", "prefill_decode", "second_prefill", "reset", "adapter_switch", "long")
+
+
+@dataclass(frozen=True)
+class DriveChunk:
+    """What one driven step consumes: its method, the stream positions it covers (empty for a reset method's
+    step), the conversation it belongs to (0, then 1 after a reset or for a second prefill's turn) and the
+    adapter whose weights it is fed (0 unless the card declares adapters)."""
+
+    method: str
+    positions: tuple[int, ...]
+    turn: int = 0
+    adapter: int = 0
+
+
+@dataclass(frozen=True)
+class Drive:
+    """How a user drives a stateful card: the token/position stream it consumes and the width each method
+    takes (harness/pipeline/drivers.py drives it several ways). Every output of a driven method has its chunk's
+    positions on axis 1, so outputs of different widths compare position by position."""
+
+    feed: Callable[[DriveChunk], tuple]  # a step's inputs, deterministic in the chunk
+    widths: tuple[tuple[str, int], ...]  # (method, positions per step): a width-1 decode method is required
+    reset: str = REWIND  # REWIND, RELOAD or the name of the card's reset method
+    adapters: int = 0  # adapter weight sets the feed can give (2 or more: the adapter_switch driver)
+    prompt: int = 8  # positions of the first prefill
+    decode: int = 4  # width-1 steps after a prefill
+    drivers: tuple[str, ...] = DRIVERS  # the drivers the card runs under (those its declaration allows)
+    long_dtypes: tuple[str, ...] = (FLOAT_DTYPE,)  # the long driver's default subset of the card's dtypes
+    dtypes: tuple[str, ...] | None = None  # the card's dtypes the drivers run in (None: all of them)
+
+    def width(self, method: str) -> int:
+        return dict(self.widths)[method]
+
+
 @dataclass(frozen=True)
 class ModelCard:
     """How to build a stateful module, which inputs to feed it step by step, which buffers it mutates and
@@ -160,6 +200,9 @@ class ModelCard:
     # instead of copying where it is QNN's shared memory (rpcmem, a phone's), as upstream's export_utils.py and
     # runner's --shared_buffer do. Off: executorch plans the I/O and the backend copies it.
     shared_buffer: bool = False
+    # How users drive its state (chunked prefill, turns, resets, adapters, long runs): the driver matrix's
+    # cards (harness/pipeline/drivers.py). None: the card runs its plan only.
+    drive: Drive | None = None
 
     @property
     def reference(self) -> str:
@@ -201,12 +244,21 @@ class Case:
     # Why the matrix lists the case but never runs it (its dtype needs a newer HTP than its SoC has: the rule is
     # pipeline/cases.py's); empty: it runs. The id leaves it out: a case is the same cell either way.
     skip_reason: str = field(default="", compare=False)
+    # How the case's state is driven (one of DRIVERS, harness/pipeline/drivers.py): "" is the card's own plan.
+    # A driver changes the run, never the lowering: every driver of a card/dtype/mode/SoC shares `lowering`'s.
+    driver: str = ""
 
     @property
     def skip_mutable_buffer(self) -> bool:
         return self.mode.skip_mutable_buffer
 
     @property
+    def lowering(self) -> Case:
+        """The case whose lowering this one runs (itself, less its driver)."""
+        return replace(self, driver="") if self.driver else self
+
+    @property
     def id(self) -> str:
         shared = f"-{SHARED_SUFFIX}" if self.share_mutable_buffers else ""
-        return f"{self.card.name}-{self.dtype}-{self.mode.value}{shared}-{self.soc}"
+        driver = f"-{self.driver}" if self.driver else ""
+        return f"{self.card.name}-{self.dtype}-{self.mode.value}{shared}-{self.soc}{driver}"

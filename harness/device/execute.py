@@ -68,6 +68,7 @@ class DeviceRunRequest:
     # outputs QNN's shared memory where it can (both runners take upstream's --shared_buffer).
     shared_buffer: bool = False
     etdump: bool = False  # the suite's runner also writes its ETDump (the QNN profile), pulled with the outputs
+    reloads: tuple[int, ...] = ()  # steps the program is loaded again before (a driver's fresh-load reset)
     timeout_s: float = RUNNER_TIMEOUT_S
 
 
@@ -204,10 +205,13 @@ def pull_limits(output_count: int, steps: int, output_bytes: list[list[int]] | N
 ETDUMP_MAX_BYTES = 64 << 20
 
 
-def choose_runner(workspace: Workspace, runner: str, methods: list[str] | None, serial: str) -> str:
+def choose_runner(
+    workspace: Workspace, runner: str, methods: list[str] | None, serial: str, reloads: tuple[int, ...] = ()
+) -> str:
     """The payload command that runs this plan: `runner`, or qnn_executor_runner for a single-method plan on
     a device without suite_runner; RunnerUnavailable when the plan has several methods and suite_runner is not
-    there (qnn_executor_runner runs one method per process, so state could not cross them)."""
+    there (qnn_executor_runner runs one method per process, so state could not cross them), or when the plan
+    loads the program again mid-plan (qnn_executor_runner loads it once)."""
     if runner not in (SUITE_RUNNER_NAME, RUNNER_NAME):
         raise ValueError(f"unknown runner {runner!r}: use {SUITE_RUNNER_NAME!r} or {RUNNER_NAME!r}")
     distinct = sorted(set(methods or ()))
@@ -222,6 +226,11 @@ def choose_runner(workspace: Workspace, runner: str, methods: list[str] | None, 
             f"device {serial}: {why}, and the plan runs {len(distinct)} methods ({', '.join(distinct)}) in one "
             f"process: push the suite's runner built for the device (--android-ndk)"
         )
+    if chosen == RUNNER_NAME and reloads:
+        raise RunnerUnavailable(
+            f"device {serial}: {RUNNER_NAME} cannot load the program again mid-plan (the plan reloads before step "
+            f"{reloads[0]}): push the suite's runner built for the device (--android-ndk)"
+        )
     return chosen
 
 
@@ -235,7 +244,7 @@ def _runner_command(
     if runner == SUITE_RUNNER_NAME:
         # Without methods, the program's method by index (program order, as upstream's --method_index).
         methods = request.methods or [f"{plan_format.METHOD_INDEX_PREFIX}{int(request.method_index)}"] * len(names)
-        plan = plan_format.write_plan(list(zip(methods, names)), local_dir / contract.PLAN_NAME)
+        plan = plan_format.write_plan(list(zip(methods, names)), local_dir / contract.PLAN_NAME, request.reloads)
         etdump = f"{outputs}/{contract.ETDUMP_NAME}" if request.etdump else None
         argv = contract.suite_runner_argv(
             contract.MODEL_NAME, contract.PLAN_NAME, outputs, methods, etdump, request.shared_buffer
@@ -254,7 +263,7 @@ def run_case(device: Device, workspace: Workspace, request: DeviceRunRequest) ->
     with it), a plan the device cannot run RunnerUnavailable."""
     if request.methods is not None and len(request.methods) != len(request.steps):
         raise ValueError(f"{len(request.methods)} method(s) for {len(request.steps)} step(s): give one method per step")
-    chosen = choose_runner(workspace, request.runner, request.methods, device.serial)
+    chosen = choose_runner(workspace, request.runner, request.methods, device.serial, request.reloads)
     timings: dict[str, float] = {}
     started = time.perf_counter()
     remote = f"{workspace.cases}/{request.name}"

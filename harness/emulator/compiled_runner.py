@@ -20,6 +20,11 @@ harness need and the binary does not know of:
   runner_exit: the command exits with that code before starting it; runner_fewer_outputs: each step's last
   output removed after it ran;
   runner_reload_each_line: a broken runner that loses state between steps, one process per step;
+  runner_drop_prefill_chunks {"method": M}: a runtime that keeps only the first chunk of a prefill: a step of
+  M right after a step of M starts a fresh process (chunk 2 reads nothing of chunk 1);
+  runner_forget_at_turn {"method": M}: a runtime that forgets the conversation at a second prefill: a step of
+  M after a step of another method starts a fresh process;
+  runner_ignore_reload: a runtime that does not reset: the plan's `reload` lines are dropped;
   runner_slow_execute {"ms": N, "match": TEXT}: test-only, a slower execute: for a case whose device folder
   name holds TEXT (a case id holds its mode, e.g. delegate_mutbuf), the wrapper sleeps N ms at each step line
   and adds them to that line's execute_us, as if each execute took N ms longer: the performance gate's test).
@@ -64,6 +69,9 @@ RUNNER_FAULTS = (
     "runner_lose_delegate_state",
     "runner_slow_execute",
     "runner_leak_registration",
+    "runner_drop_prefill_chunks",
+    "runner_forget_at_turn",
+    "runner_ignore_reload",
 )
 
 
@@ -141,29 +149,71 @@ class Runner:
         )
 
 
-def one_process_per_step(runner: Runner, argv: list[str], plan: Path, output_dir: Path) -> int:
-    """The fault runner_reload_each_line: each step in a fresh runner process, so nothing a step leaves in
-    the program's state reaches the next; outputs and step lines renumbered as one run's."""
+def plan_segments(plan: Path, starts: set[int]) -> list[tuple[int, list[str]]]:
+    """The plan's step (and reload) lines cut before each step of `starts`: (first step, lines) per segment."""
+    lines = [line.strip() for line in plan.read_text().splitlines()]
+    segments: list[tuple[int, list[str]]] = [(0, [])]
+    step = 0
+    for line in (line for line in lines if line.startswith("step ") or line == "reload"):
+        if line.startswith("step "):
+            if step in starts and step:  # a fresh process: a reload just before it has nothing more to do
+                if segments[-1][1][-1:] == ["reload"]:
+                    segments[-1][1].pop()
+                segments.append((step, []))
+            step += 1
+        segments[-1][1].append(line)
+    return segments
+
+
+def processes_from(runner: Runner, argv: list[str], plan: Path, output_dir: Path, starts: set[int]) -> int:
+    """A broken runtime that loses the program's state before each step of `starts`: the plan run in one
+    fresh runner process per segment (plan_segments), its outputs and step lines renumbered as one run's."""
     import re
     import subprocess
 
-    for index, line in enumerate(plan_steps(plan)):
-        step_plan = plan.with_name(f".{plan.name}.step{index}")
-        step_plan.write_text(f"{PLAN_HEADER}\n{line}\n")
-        step_dir = output_dir / f".step{index}"
+    for first, lines in plan_segments(plan, starts):
+        step_plan = plan.with_name(f".{plan.name}.from{first}")
+        step_plan.write_text("\n".join([PLAN_HEADER, *lines]) + "\n")
+        step_dir = output_dir / f".from{first}"
         step_dir.mkdir(exist_ok=True)
-        step_argv = contract.with_plan(argv, str(step_plan), str(step_dir))
-        process = runner.start(step_argv, stdout=subprocess.PIPE)
+        process = runner.start(contract.with_plan(argv, str(step_plan), str(step_dir)), stdout=subprocess.PIPE)
         out, _ = process.communicate()
-        sys.stdout.buffer.write(re.sub(rb"(?m)^step \d+ ", f"step {index} ".encode(), out))
+        renumbered = re.sub(rb"(?m)^step (\d+) ", lambda m, at=first: b"step %d " % (at + int(m.group(1))), out)
+        sys.stdout.buffer.write(renumbered)
         sys.stdout.flush()
         if process.returncode != 0:
             return process.returncode
         for produced in sorted(step_dir.iterdir()):
-            produced.rename(output_dir / produced.name.replace("output_0_", f"output_{index}_", 1))
+            step, _, rest = produced.name.removeprefix("output_").partition("_")
+            produced.rename(output_dir / f"output_{first + int(step)}_{rest}")
         step_dir.rmdir()
         step_plan.unlink()
     return 0
+
+
+def fault_starts(faults: dict, methods: list[str]) -> set[int] | None:
+    """The steps a state-losing fault starts a fresh process at (None: no such fault in force): every step
+    (runner_reload_each_line), or the steps of the fault's method that follow the same method (a prefill's
+    later chunks: runner_drop_prefill_chunks) or another one (a second prefill: runner_forget_at_turn)."""
+    if faults.get("runner_reload_each_line"):
+        return set(range(len(methods)))
+    for fault, same in (("runner_drop_prefill_chunks", True), ("runner_forget_at_turn", False)):
+        switch = faults.get(fault)
+        if isinstance(switch, dict) and isinstance(switch.get("method"), str):
+            return {
+                step
+                for step in range(1, len(methods))
+                if methods[step] == switch["method"] and (methods[step - 1] == switch["method"]) == same
+            }
+    return None
+
+
+def without_reloads(plan: Path) -> Path:
+    """The fault runner_ignore_reload: the plan less its reload lines, beside it."""
+    kept = [line for line in plan.read_text().splitlines() if line.strip() != "reload"]
+    stripped = plan.with_name(f".{plan.name}.noreload")
+    stripped.write_text("\n".join(kept) + "\n")
+    return stripped
 
 
 def slowdown_ms(fault: object, folder: str) -> int:
@@ -263,8 +313,11 @@ def main(argv: list[str]) -> int:
     if not faults:  # become the runner: its exit status and signals are the command's
         os.execve(binary, [binary, *argv], env)
     runner = Runner(binary, env, pass_fds)
-    if faults.get("runner_reload_each_line") and plan_path and output:
-        return end_like(one_process_per_step(runner, argv, Path(plan_path), Path(output)))
+    if faults.get("runner_ignore_reload") and plan_path and output:
+        argv = contract.with_plan(argv, str(without_reloads(Path(plan_path))), output)
+    starts = fault_starts(faults, [line.split()[1] for line in plan_steps(Path(plan_path))]) if plan_path else None
+    if starts is not None and output:
+        return end_like(processes_from(runner, argv, Path(plan_path), Path(output), starts))
     if delay_ms := slowdown_ms(faults.get("runner_slow_execute"), Path.cwd().name):
         return end_like(slowed(runner, argv, delay_ms))
     import signal

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from harness.pipeline.card import ModelCard
 from harness.qnn import soc as soc_table
@@ -10,6 +11,7 @@ from harness.vocabulary import MATRIX_MODES, MIN_HTP_ARCH, Case, Mode
 
 META_LLAMA_TAG = "meta_llama"  # cards built by executorch's Meta llama flow (harness/pipeline/meta_llama.py)
 HEALTH_CHECK_TAG = "health_check"  # the devices' health check program (harness/pipeline/health_card.py), never a case
+DRIVEN_TAG = "driven"  # cards run only in the driver matrix (fixtures/drivers.py)
 # A check test's case in its node id: test_x[CASE], and under --dist loadgroup test_x[CASE]@GROUP
 CASE_PARAMETER = re.compile(r"\[([^\[\]]+)\](?:@[^\[\]]*)?$")
 
@@ -21,7 +23,7 @@ def matrix(cards: list[ModelCard], dtypes: tuple[str, ...], socs: list[str]) -> 
         for mode in MATRIX_MODES
         for share in (False, True)
         for card in cards
-        if not card.tags & {META_LLAMA_TAG, HEALTH_CHECK_TAG} and share in _share_variants(card)
+        if not card.tags & {META_LLAMA_TAG, HEALTH_CHECK_TAG, DRIVEN_TAG} and share in _share_variants(card)
         for case in _card_cases(card, mode, dtypes, socs, share)
     ]
 
@@ -36,6 +38,25 @@ def _share_variants(card: ModelCard) -> tuple[bool, ...]:
 def multi_method_matrix(cards: list[ModelCard], dtypes: tuple[str, ...], socs: list[str]) -> list[Case]:
     """The standard matrix's multi-method cases (what cross_method_state judges)."""
     return [case for case in matrix(cards, dtypes, socs) if case.card.multi_method]
+
+
+def driver_matrix(cards: list[ModelCard], dtypes: tuple[str, ...], socs: list[str]) -> list[Case]:
+    """Every driven card under each driver it allows (harness/pipeline/drivers.py), in both buffer modes (with
+    the buffers delegated, each method holds its own copy: docs/FINDINGS.md#F15; kept outside, the driving
+    itself is judged) and each of its dtypes, the long driver in its declared subset of them. A driver
+    changes the run only, so a card/dtype/SoC's drivers share one lowering (Case.lowering)."""
+    from harness.pipeline import drivers  # torch: only where a driver matrix is made
+
+    driven = [card for card in map(drivers.driven, cards) if card is not None and HEALTH_CHECK_TAG not in card.tags]
+    return [
+        replace(case, driver=driver)
+        for card in driven
+        if card.drive is not None
+        for mode in MATRIX_MODES
+        for driver in drivers.available(card.drive)
+        for case in _card_cases(card, mode, card.drive.dtypes or dtypes, socs)
+        if case.dtype in dtypes and (driver != "long" or case.dtype in card.drive.long_dtypes)
+    ]
 
 
 def meta_llama_matrix(cards: list[ModelCard], dtypes: tuple[str, ...], socs: list[str]) -> list[Case]:

@@ -21,7 +21,9 @@ from harness.vocabulary import Case
 
 
 def lowering_directory(case: Case, steps: int, toolchain: Toolchain, cache_dir: Path | None, work_dir: Path) -> Path:
-    """Where the case's lowering is kept: by content key in the cache, else in this run's work folder."""
+    """Where the case's lowering is kept: by content key in the cache, else in this run's work folder. A driven
+    case's is its undriven case's: a driver changes how the program is run, never the program."""
+    case = case.lowering
     if cache_dir is None:
         return work_dir / "artifacts" / case.id
     return cache_dir / cache.key(case, steps, toolchain)

@@ -98,12 +98,15 @@ class RunnerRun:
         return lines[-1] if lines else None
 
 
-def write_plan(steps: list[tuple[str, list[Path]]], path: Path) -> Path:
-    """The plan for (method, input files) per step. Names are checked here, so nothing a card or a report
+def write_plan(steps: list[tuple[str, list[Path]]], path: Path, reloads: tuple[int, ...] = ()) -> Path:
+    """The plan for (method, input files) per step, with a `reload` line before each step of `reloads` (the
+    program loaded again there). Names are checked here, so nothing a card or a report
     supplies can smuggle a second word into a line: a method is an identifier, a file name has no whitespace.
     The runner resolves a relative input path against the plan file's folder."""
     lines = [PLAN_HEADER]
     for index, (method, inputs) in enumerate(steps):
+        if index in reloads:
+            lines.append(RELOAD_LINE)
         if not METHOD_NAME.fullmatch(method):
             raise PlanError(
                 f"step {index}: method name {method!r} is not an identifier: use the program's method name "
@@ -115,6 +118,9 @@ def write_plan(steps: list[tuple[str, list[Path]]], path: Path) -> Path:
         lines.append(" ".join(["step", method, *map(str, inputs)]))
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+RELOAD_LINE = "reload"  # suite_runner.cpp: a fresh Module before the next step
 
 
 def runner_env(toolchain: Toolchain, trace: Path | None = None, base: dict[str, str] | None = None) -> dict[str, str]:

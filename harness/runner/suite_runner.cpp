@@ -17,6 +17,9 @@
  *                                        (or @N: its Nth method in program order, as upstream's --method_index),
  *                                        each INPUT_FILE holds one input's raw bytes (the tensor's dtype, in
  *                                        its dim order, little-endian), as many files as the method has inputs.
+ *   reload                               the program is loaded again (a fresh Module, every method reloaded,
+ *                                        its state the program's initial one) before the next step: an
+ *                                        application's "fresh load" reset, mid-plan (harness/pipeline/drivers.py)
  * Relative input paths are resolved against the plan file's folder. File names cannot hold whitespace.
  * Every step and every file is checked (method exists, input count, each file's size against the method's
  * input tensor meta) before any method is loaded, so a bad plan fails without starting the backend.
@@ -96,6 +99,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -175,6 +179,7 @@ Options parse_args(int argc, char** argv) {
 struct Step {
   std::string method;
   std::vector<std::string> inputs;
+  bool reload = false;  // a `reload` line came before it
 };
 
 std::vector<Step> read_plan(const std::string& path) {
@@ -183,7 +188,7 @@ std::vector<Step> read_plan(const std::string& path) {
   size_t slash = path.rfind('/');
   std::string folder = slash == std::string::npos ? "." : slash == 0 ? "" : path.substr(0, slash);
   std::vector<Step> steps;
-  bool header = false;
+  bool header = false, reload = false;
   std::string line;
   for (int number = 1; std::getline(file, line); ++number) {
     std::istringstream words(line);
@@ -199,14 +204,21 @@ std::vector<Step> read_plan(const std::string& path) {
       header = true;
       continue;
     }
-    if (first != "step") fail(kBadPlan, where + "expected 'step METHOD [INPUT_FILE ...]', not '" + first + "'");
+    if (first == "reload" && !(words >> first)) {
+      reload = true;
+      continue;
+    }
+    if (first != "step") fail(kBadPlan, where + "expected 'step METHOD [INPUT_FILE ...]' or 'reload', not '" + first + "'");
     Step step;
+    step.reload = reload;
+    reload = false;
     if (!(words >> step.method)) fail(kBadPlan, where + "a step needs a method name");
     for (std::string name; words >> name;) step.inputs.push_back(name[0] == '/' ? name : folder + "/" + name);
     steps.push_back(step);
   }
   if (!header) fail(kBadPlan, path + " is empty: a plan starts with '" + kPlanHeader + "'");
   if (steps.empty()) fail(kBadPlan, path + " has no step: add 'step METHOD [INPUT_FILE ...]' lines");
+  if (reload) fail(kBadPlan, path + " ends with 'reload': a reload comes before the step it is for");
   return steps;
 }
 
@@ -425,8 +437,14 @@ int main(int argc, char** argv) {
     fail(kOutputFailed, "the output folder " + options.output + " does not exist: create it first");
   }
 
-  Module module(options.model, Module::LoadMode::File, event_tracer(options), nullptr, nullptr,
-                options.share_memory_arenas);
+  // In an optional so that a `reload` line puts a fresh Module where this one was (`module` names either).
+  std::optional<Module> program;
+  auto open_program = [&]() {
+    program.emplace(options.model, Module::LoadMode::File, event_tracer(options), nullptr, nullptr,
+                    options.share_memory_arenas);
+  };
+  open_program();
+  Module& module = *program;
   if (module.load() != Error::Ok) fail(kBadProgram, "cannot load the program " + options.model + ": is it a .pte?");
   resolve_method_indices(module, steps);
   check_plan(module, steps);
@@ -447,6 +465,15 @@ int main(int argc, char** argv) {
 
   for (size_t index = 0; index < steps.size(); ++index) {
     const Step& step = steps[index];
+    if (step.reload) {  // every method loaded again before the next step, as at the start
+      open_program();
+      bool loaded_all = module.load() == Error::Ok;
+      for (const std::string& method : loaded) loaded_all = loaded_all && module.load_method(method) == Error::Ok;
+      if (!loaded_all) {
+        fail(kLoadFailed, "reloading the program before step " + std::to_string(index) + " failed (its log is above)");
+      }
+      std::cout << "runner: reload before step " << index << std::endl;
+    }
     MethodMeta meta = module.method_meta(step.method).get();
     std::vector<executorch::extension::TensorPtr> tensors;
     std::vector<EValue> inputs;

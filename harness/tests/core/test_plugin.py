@@ -34,6 +34,7 @@ def _pytest(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
         (["--soc", "SM0000"], "ERROR: --soc: unknown SoC 'SM0000': the ExecuTorch under test knows"),
         (["--emulate", "XX1"], "ERROR: --emulate: unknown SoC 'XX1'"),
         (["--steps", "0"], "ERROR: --steps 0: give a step count of 1 or more"),
+        (["--horizon", "100"], "ERROR: --horizon 100: give 256 steps or more"),
         (["--runner", "/nonexistent/runner"], "ERROR: --runner /nonexistent/runner does not exist"),
         (["--baseline", "/nonexistent/report.json"], "ERROR: --baseline /nonexistent/report.json does not exist"),
         (["--models", "no_such_module_xyz"], "ERROR: --models: cannot import model cards from 'no_such_module_xyz'"),

@@ -10,8 +10,6 @@ executorch carries the cache across methods, docs/FINDINGS.md#F15 for the other)
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,16 +17,11 @@ import pytest
 from fixtures import multi_method  # noqa: F401  (registers the cards)
 from harness import checks
 from harness.check_registry import CheckFailure
-from harness.device import kinds
-from harness.device.adb import AdbClient
-from harness.device.device import Device
-from harness.device.execute import DeviceRunRequest, Workspace, prepare_workspace, run_case
-from harness.device.payload import RUNNER_COMMANDS, SUITE_RUNNER_NAME
-from harness.emulator.launcher import EmulatorFleet
+from harness.device.execute import DeviceRunRequest, run_case
+from harness.device.payload import SUITE_RUNNER_NAME
 from harness.outcome import CaseOutcome
 from harness.pipeline import card as cards, eager
 from harness.pipeline.lower import lower_case
-from harness.qnn.sdk import WHEEL_ORIGIN, QnnSdk
 from harness.vocabulary import Case, Mode
 
 pytestmark = pytest.mark.qnn
@@ -44,24 +37,6 @@ def lowered(toolchain, tmp_path_factory) -> CaseOutcome:
     assert artifact.ok, artifact.failure
     steps = card.steps(STEPS)
     return CaseOutcome(case, steps, artifact, eager.run_steps(card, steps), device_kind="emulated")
-
-
-@pytest.fixture(scope="module")
-def fleet(toolchain, tmp_path_factory) -> Iterator[EmulatorFleet]:
-    device_env = {**kinds.EmulatedKind.heap_environment(toolchain.child_env()), "QNNSUITE_PYTHON": sys.executable}
-    with EmulatorFleet(["SM8650"], tmp_path_factory.mktemp("fleet"), device_env=device_env) as started:
-        yield started
-
-
-@pytest.fixture(scope="module")
-def device_and_workspace(fleet) -> tuple[Device, Workspace]:
-    device = Device(fleet.devices[0].serial, AdbClient(server=fleet.server))
-    payload = device.workspace("payload")
-    files = kinds.of("emulated").payload("x86_64", 75, kinds.PayloadInputs(QnnSdk(Path("/nonexistent"), WHEEL_ORIGIN)))
-    prepare_workspace(device, payload, files)
-    runners = tuple(item.remote_name for item in files if item.remote_name in RUNNER_COMMANDS)
-    assert SUITE_RUNNER_NAME in runners, kinds.emulated_suite_runner()[1]
-    return device, Workspace(device.workspace("cases"), payload, runners=runners)
 
 
 def _judged(outcome: CaseOutcome, device_and_workspace, folder: Path) -> dict:

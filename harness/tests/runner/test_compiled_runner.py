@@ -316,6 +316,7 @@ BAD_INPUTS = {
     "missing_header": ("step write {x}\n", (), 3, "expected the header"),
     "bad_step_word": ("qnnsuite-plan 1\nrun write {x}\n", (), 3, "expected 'step METHOD"),
     "empty_plan": ("qnnsuite-plan 1\n# nothing\n", (), 3, "has no step"),
+    "reload_at_the_end": ("qnnsuite-plan 1\nstep write {x}\nreload\n", (), 3, "ends with 'reload'"),
     "unknown_method": ("qnnsuite-plan 1\nstep forward {x}\n", (), 5, "no such method (it has: "),
     "method_index_beyond": ("qnnsuite-plan 1\nstep @7 {x}\n", (), 5, "@7 names no method of the program (it has 2)"),
     "missing_input_file": ("qnnsuite-plan 1\nstep write {x}.gone\n", (), 6, "cannot read input file"),

@@ -1,0 +1,282 @@
+"""The driver checks: a card's state driven as users drive it (harness/pipeline/drivers.py), judged per driver.
+
+driver_invariance: every output of every step equals eager driven the same way, within the dtype's tolerance
+(harness/numerics.py), and a driver's rows equal the single-step twin's on the device where eager says they are
+equal. A difference names the driver, the first step and position that differ, what still agrees, and how the
+state was lost where eager driven that way reproduces it (a chunk that lost the chunks before it, a turn that
+forgot the conversation, a reset that did not reset).
+
+horizon: on the long driver, the error per step does not drift upward along the run (each step inside the
+tolerance is driver_invariance's; this judges the trend of the error series), and what a step costs does not
+grow with the step count: QNN memory registrations held, peak RSS and execute time, judged by harness/horizon.py
+(the first execute may differ; the 2nd..Nth must not).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from harness import horizon, numerics
+from harness.check_registry import CheckFailure, InfrastructureError, NotApplicable, NotMeasured, check
+from harness.outcome import CaseOutcome
+from harness.pipeline import cases, drivers
+from harness.vocabulary import FLOAT_DTYPE, DriveChunk
+
+LOST_CHUNK, LOST_TURN, LOST_STATE = "driver_lost_chunk", "driver_lost_turn", "driver_lost_state"
+NO_RESET, MISMATCH, DISAGREEMENT = "driver_no_reset", "driver_mismatch", "driver_disagreement"
+# Known ways a delegated buffer loses the state whatever the driving (the standard checks' signatures, the same
+# findings): it starts from the heap (docs/FINDINGS.md#F1), each method holds its own copy (#F15).
+UNINITIALISED, PER_METHOD = "uninitialised_delegated_buffer", "state_per_method"
+# A lost state the lowering's own facts explain: convert_pt2e folded a buffer's read into a constant (#F7).
+FOLDED = "buffer_reads_folded"
+DRIVER_SIGNATURES = (
+    LOST_CHUNK,
+    LOST_TURN,
+    LOST_STATE,
+    NO_RESET,
+    MISMATCH,
+    DISAGREEMENT,
+    UNINITIALISED,
+    PER_METHOD,
+    FOLDED,
+)
+ERROR_DRIFT = "error_drift"
+# The error drifts when the last quarter's typical error (in tolerances) is both a real share of the tolerance
+# and several times the first quarter's: rounding noise stays flat, a leak of error into the state grows.
+DRIFT_SHARE, DRIFT_GROWTH, DRIFT_FLOOR = 0.25, 4.0, 0.01
+
+
+def _require_run(outcome: CaseOutcome) -> None:
+    """The case lowered and run, else the verdict the standard checks give it (harness/checks.py's rule; not
+    imported from there: harness/checks.py imports this module, so this one cannot import it)."""
+    if not outcome.artifact.ok:
+        raise CheckFailure(outcome.artifact.failure, {}, "lowering_failed")
+    if outcome.run is None and outcome.run_error_is_infrastructure:
+        raise InfrastructureError(outcome.run_error)
+    if outcome.run is None and outcome.run_error_is_not_measured:
+        raise NotMeasured(outcome.run_error)
+    if outcome.run is None:
+        raise CheckFailure(outcome.run_error or "the case was not run on a device", {}, "not_run")
+
+
+@dataclass(frozen=True)
+class FirstDifference:
+    step: int
+    chunk: DriveChunk
+    position: int | None  # the stream position of the first differing row (None: an output without rows)
+
+
+def _first_difference(plan: drivers.DrivenPlan, comparison: numerics.Comparison) -> FirstDifference | None:
+    for error in comparison.errors:
+        if not error.mismatches:
+            continue
+        chunk = plan.chunks[error.step]
+        for mask in comparison.masks[error.step]:
+            found = np.argwhere(mask)
+            if found.size:
+                row = int(found[0][1]) if mask.ndim >= 2 and mask.shape[1] == len(chunk.positions) else None
+                return FirstDifference(error.step, chunk, chunk.positions[row] if row is not None else None)
+        return FirstDifference(error.step, chunk, None)
+    return None
+
+
+def _matches_at(outcome: CaseOutcome, step: int, other: numerics.Outputs) -> bool:
+    device = outcome.device_outputs()
+    return not numerics.compare([device[step]], [other[step]], outcome.case.dtype).mismatched
+
+
+def _known_defect(outcome: CaseOutcome, plan: drivers.DrivenPlan) -> tuple[str, str] | None:
+    """(signature, words) when the whole run equals eager driven alike on a runtime with a known defect of
+    delegated buffers (fp16 only for the heap pattern: a quantized delegate decodes it through an encoding
+    eager does not know); None otherwise."""
+    buffers = outcome.delegated_buffers
+    if not buffers:
+        return None
+    pattern = outcome.run.heap_pattern if outcome.case.dtype == FLOAT_DTYPE else None
+    started = drivers.Runtime(pattern=pattern, buffers=buffers) if pattern is not None else None
+    heap = f"the heap pattern 0x{pattern:02x}" if pattern is not None else ""
+    candidates = [
+        (UNINITIALISED, f"the delegated {', '.join(buffers)} started from {heap}, not the registered values", started)
+    ]
+    if len(set(plan.methods)) > 1:
+        per_method = "each method ran on its own copy of the state, so no method read what another wrote"
+        candidates.append((PER_METHOD, per_method, drivers.Runtime(per_method=True)))
+        candidates.append(
+            (
+                PER_METHOD,
+                f"{per_method} (each copy starting from {heap})",
+                drivers.Runtime(per_method=True, pattern=pattern, buffers=buffers) if pattern is not None else None,
+            )
+        )
+    device = outcome.device_outputs()
+    for signature, words, runtime in candidates:
+        if runtime is not None:
+            computed = drivers.run_eager(outcome.case.card, plan, runtime)
+            if not numerics.compare(device, computed, outcome.case.dtype).mismatched:
+                return signature, f"the whole run equals eager where {words}"
+    return None
+
+
+def _how_lost(outcome: CaseOutcome, plan: drivers.DrivenPlan, first: FirstDifference) -> tuple[str, str]:
+    """(signature, words) for how the device's first differing step was computed, as far as eager tells; a
+    state lost where the lowering folded the buffer's reads into constants is that folding's (#F7)."""
+    known = _known_defect(outcome, plan)
+    if known is not None:
+        return known
+    signature, words = _step_lost(outcome, plan, first)
+    quantize = outcome.artifact.facts.quantize
+    folded = quantize.folded_buffer_reads if quantize is not None else {}
+    if signature in (LOST_CHUNK, LOST_TURN, LOST_STATE) and folded:
+        name, counts = next(iter(folded.items()))
+        return FOLDED, (
+            f"{words}, as the quantized program computes it: convert_pt2e folded reads of {name} into constants "
+            f"({counts.get('before')} reads before, {counts.get('after')} after)"
+        )
+    return signature, words
+
+
+def _step_lost(outcome: CaseOutcome, plan: drivers.DrivenPlan, first: FirstDifference) -> tuple[str, str]:
+    """(signature, words) for a state lost or kept at the first differing step (eager driven so equals it)."""
+    card, step, chunk = outcome.case.card, first.step, first.chunk
+    if (
+        plan.reloads
+        and step >= plan.reloads[0]
+        and _matches_at(outcome, step, drivers.run_eager(card, plan, drivers.Runtime(ignore=plan.reloads)))
+    ):
+        return (
+            NO_RESET,
+            f"the reload before step {plan.reloads[0]} did not reset: later steps read what earlier ones left",
+        )
+    if step and _matches_at(outcome, step, drivers.run_eager(card, plan, drivers.Runtime(fresh_at=(step,)))):
+        before = plan.chunks[step - 1]
+        if before.method == chunk.method and len(chunk.positions) > 1:
+            chunk_index = sum(1 for c in plan.chunks[:step] if c.method == chunk.method and c.turn == chunk.turn)
+            return LOST_CHUNK, (
+                f"chunk {chunk_index + 1} lost chunk {chunk_index}'s rows (the prefill's step {step} read the "
+                f"state as if nothing before it had run)"
+            )
+        if chunk.turn != before.turn or (len(chunk.positions) > 1 and before.method != chunk.method):
+            return LOST_TURN, (
+                f"the second prefill at position {chunk.positions[0] if chunk.positions else '?'} forgot the "
+                f"conversation (step {step} read the registered state, not what steps 0..{step - 1} wrote)"
+            )
+        return LOST_STATE, f"step {step} read the registered state, not what steps 0..{step - 1} wrote"
+    return MISMATCH, "eager driven with the state lost or kept there does not explain it either"
+
+
+def _still_agrees(outcome: CaseOutcome, plan: drivers.DrivenPlan, step: int) -> str:
+    """Which simpler driving still agrees with eager: the steps before the first difference, and the single-step
+    twin of the same tokens when the plan has one and it agrees."""
+    words = [f"steps 0..{step - 1} agree" if step else "no step agrees"]
+    if plan.twin_from is not None and step < plan.twin_from:
+        twin = outcome.comparison.errors[plan.twin_from :]
+        if not any(error.mismatches for error in twin):
+            words.append("single steps over the same tokens (the plan's twin, after a reload) still agree")
+    return "; ".join(words)
+
+
+def _equivalence(outcome: CaseOutcome, plan: drivers.DrivenPlan) -> dict:
+    """The driver's rows against the twin's on the device, where eager says they are equal."""
+    if plan.twin_from is None:
+        return {}
+    twin_steps = range(plan.twin_from, len(plan.chunks))
+    eager_own = drivers.rows_by_position(plan, outcome.reference, plan.own)
+    eager_twin = drivers.rows_by_position(plan, outcome.reference, twin_steps)
+    device_own = drivers.rows_by_position(plan, outcome.device_outputs(), plan.own)
+    device_twin = drivers.rows_by_position(plan, outcome.device_outputs(), twin_steps)
+    keys = sorted(set(eager_own) & set(eager_twin))
+    equal = [key for key in keys if not numerics.compare([eager_own[key]], [eager_twin[key]], "fp16").mismatched]
+    for key in equal:
+        if numerics.compare([device_own[key]], [device_twin[key]], outcome.case.dtype).mismatched:
+            turn, position = key
+            raise CheckFailure(
+                f"driver {outcome.case.driver}: position {position} (turn {turn}) differs on the device from single "
+                f"steps over the same tokens, which eager says are equal",
+                {"driver": outcome.case.driver, "turn": turn, "position": position},
+                DISAGREEMENT,
+            )
+    return {"equivalent_rows": len(equal)}
+
+
+@check(
+    "driver_invariance",
+    short="drv",
+    needs_device=True,
+    signatures=DRIVER_SIGNATURES,
+    matrix=cases.driver_matrix,
+)
+def check_driver_invariance(outcome: CaseOutcome) -> dict:
+    """Every step of a driven case equals eager driven the same way, and drivers eager calls equal agree."""
+    _require_run(outcome)
+    plan = drivers.of_case(outcome.case, len(outcome.steps))
+    first = _first_difference(plan, outcome.comparison)
+    if first is not None:
+        signature, how = _how_lost(outcome, plan, first)
+        where = f" position {first.position}" if first.position is not None else ""
+        error = outcome.comparison.errors[first.step]
+        raise CheckFailure(
+            f"driver {plan.driver}: step {first.step} ({first.chunk.method}{where}, turn {first.chunk.turn}) differs "
+            f"from eager driven alike (max error {error.max_abs_error:.3g}): {how}; {_still_agrees(outcome, plan, first.step)}",
+            {
+                "driver": plan.driver,
+                "step": first.step,
+                "method": first.chunk.method,
+                "position": first.position,
+                "turn": first.chunk.turn,
+                "max_abs_error": error.max_abs_error,
+            },
+            signature,
+        )
+    worst = max((error.max_abs_error for error in outcome.comparison.errors), default=0.0)
+    return {"driver": plan.driver, "steps": len(plan.chunks), "max_abs_error": worst, **_equivalence(outcome, plan)}
+
+
+def error_drift(errors: list[float], tolerances: list[float]) -> str | None:
+    """Why an error series drifts upward (None: it does not): the last quarter's median error, in tolerances,
+    is over DRIFT_SHARE of it and DRIFT_GROWTH times the first quarter's (a series of 8 steps or more)."""
+    ratios = [error / tolerance for error, tolerance in zip(errors, tolerances) if tolerance > 0]
+    if len(ratios) < 8:
+        return None
+    quarter = len(ratios) // 4
+    early, late = float(np.median(ratios[:quarter])), float(np.median(ratios[-quarter:]))
+    if late > DRIFT_SHARE and late > DRIFT_GROWTH * max(early, DRIFT_FLOOR):
+        return (
+            f"the error grew from {early:.3g} to {late:.3g} of the tolerance between the first and last quarter "
+            f"of {len(ratios)} steps"
+        )
+    return None
+
+
+def _long_matrix(cards: list, dtypes: tuple[str, ...], socs: list[str]) -> list:
+    return [case for case in cases.driver_matrix(cards, dtypes, socs) if case.driver == "long"]
+
+
+HORIZON_SIGNATURES = (
+    ERROR_DRIFT,
+    horizon.REGISTRATIONS.signature,
+    horizon.PEAK_RSS.signature,
+    horizon.EXECUTE_TIME.signature,
+)
+
+
+@check("horizon", short="hzn", needs_device=True, signatures=HORIZON_SIGNATURES, matrix=_long_matrix)
+def check_horizon(outcome: CaseOutcome) -> dict:
+    """On the long driver, the device's error per step against eager does not drift upward along the run, and
+    its registrations, peak RSS and execute time per step do not grow (series the device did not measure are
+    said to be not judged in the evidence, never passed silently)."""
+    _require_run(outcome)
+    errors = outcome.comparison.errors
+    if not errors:
+        raise NotApplicable("the run has no steps")
+    series = [error.max_abs_error for error in errors]
+    tolerances = [error.tolerance if error.tolerance == error.tolerance else 0.0 for error in errors]
+    why = error_drift(series, tolerances)
+    if why is not None:
+        raise CheckFailure(f"driver long: {why}", {"errors": series, "tolerances": tolerances}, ERROR_DRIFT)
+    run = outcome.run
+    costs = horizon.long_run_verdict(run.step_times_us, run.step_rss_kb, run.step_registrations)
+    if not costs.ok:
+        raise CheckFailure(f"driver long: {costs.message()}", costs.evidence(), costs.signature)
+    return {"steps": len(series), "max_abs_error": max(series), **costs.evidence()}

@@ -1,0 +1,177 @@
+"""The driver checks on broken inputs: device outputs computed as a broken runtime would (eager driven with the
+state lost at a chunk, at a turn, or a reset not made; per-method copies; an error that drifts) each fail with
+their own signature and message, and the healthy run (eager itself) passes. Pure: no lowering, no device (the
+emulated runtime's faults are harness/tests/pipeline/test_drivers_device.py's)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fixtures import drivers as driven_cards  # noqa: F401  (registers the cards)
+from harness import driver_checks
+from harness.check_registry import CheckFailure
+from harness.device import kinds
+from harness.device.execute import DeviceRun
+from harness.outcome import CaseOutcome
+from harness.pipeline import card as cards, cases, drivers
+from harness.pipeline.facts import LoweringFacts, QuantizeFacts
+from harness.pipeline.lower import LoweredArtifact
+from harness.vocabulary import Case, Mode
+
+PD, RING = "fixtures.drivers:drv_prefill_decode_kv", "fixtures.drivers:drv_sliding_window_kv"
+COUNTER, RELOADED = "fixtures.drivers:drv_counter", "fixtures.drivers:drv_reloaded_counter"
+
+
+def _case(card: str, driver: str, mode: Mode = Mode.SKIP, dtype: str = "fp16") -> Case:
+    return Case(cards.find(card), dtype, mode, "SM8650", driver=driver)
+
+
+def _outcome(
+    case: Case, device: list[list[np.ndarray]], tmp_path: Path, facts: LoweringFacts | None = None
+) -> CaseOutcome:
+    """A driven case whose device computed `device`; its program file exists so the artifact is ok."""
+    pte = tmp_path / "model.pte"
+    pte.write_bytes(b"pte")
+    artifact = LoweredArtifact(case.lowering, tmp_path, facts or LoweringFacts(), "", 0.0)
+    plan = drivers.of_case(case)
+    run = DeviceRun([[np.array(out).ravel() for out in row] for row in device], [], None, "")
+    return CaseOutcome(
+        case,
+        plan.inputs(case.card.drive),
+        artifact,
+        drivers.run_eager(case.card, plan),
+        device_kind="emulated",
+        device=kinds.of("emulated"),
+        run=run,
+    )
+
+
+def _as(case: Case, runtime: drivers.Runtime | None = None) -> list[list[np.ndarray]]:
+    return drivers.run_eager(case.card, drivers.of_case(case), runtime or drivers.Runtime())
+
+
+def _failure(outcome: CaseOutcome) -> CheckFailure:
+    with pytest.raises(CheckFailure) as failure:
+        driver_checks.check_driver_invariance(outcome)
+    return failure.value
+
+
+@pytest.mark.parametrize(
+    ("card", "driver"),
+    [(PD, "chunked"), (PD, "second_prefill"), (PD, "reset"), (RING, "long"), (COUNTER, "reset"), (RELOADED, "reset")],
+)
+def test_eager_driven_alike_passes(card, driver, tmp_path):
+    case = _case(card, driver)
+    judged = driver_checks.check_driver_invariance(_outcome(case, _as(case), tmp_path))
+    assert judged["driver"] == driver
+
+
+def test_a_prefill_that_keeps_only_its_first_chunk_reads_as_such(tmp_path):
+    case = _case(PD, "chunked")
+    failure = _failure(_outcome(case, _as(case, drivers.Runtime(fresh_at=(1,))), tmp_path))
+    assert failure.signature == driver_checks.LOST_CHUNK
+    assert "chunk 2 lost chunk 1's rows" in str(failure) and "steps 0..0 agree" in str(failure)
+    assert "single steps over the same tokens" in str(failure)  # the twin still agrees: a simpler driver
+    assert failure.evidence["position"] == 4
+
+
+def test_a_second_prefill_that_forgets_the_conversation_reads_as_such(tmp_path):
+    case = _case(PD, "second_prefill")
+    turn = next(index for index, chunk in enumerate(drivers.of_case(case).chunks) if chunk.turn == 1)
+    failure = _failure(_outcome(case, _as(case, drivers.Runtime(fresh_at=(turn,))), tmp_path))
+    assert failure.signature == driver_checks.LOST_TURN, str(failure)
+    assert "second prefill at position 12 forgot the conversation" in str(failure)
+
+
+def test_a_reload_that_does_not_reset_reads_as_such(tmp_path):
+    case = _case(RELOADED, "reset")
+    plan = drivers.of_case(case)
+    failure = _failure(_outcome(case, _as(case, drivers.Runtime(ignore=plan.reloads)), tmp_path))
+    assert failure.signature == driver_checks.NO_RESET, str(failure)
+    assert f"the reload before step {plan.reloads[0]} did not reset" in str(failure)
+
+
+def test_per_method_copies_are_the_known_finding_not_a_driver_defect(tmp_path):
+    case = _case(PD, "prefill_decode", Mode.DELEGATE)
+    failure = _failure(_outcome(case, _as(case, drivers.Runtime(per_method=True)), tmp_path))
+    assert failure.signature == driver_checks.PER_METHOD, str(failure)
+    # skip_mutbuf keeps no delegated copy: the same outputs are the driver's own loss there
+    skipped = _case(PD, "prefill_decode")
+    assert _failure(_outcome(skipped, _as(skipped, drivers.Runtime(per_method=True)), tmp_path)).signature != (
+        driver_checks.PER_METHOD
+    )
+
+
+def test_a_lost_chunk_in_a_program_with_folded_reads_is_the_folding(tmp_path):
+    case = _case(PD, "chunked", dtype="16a8w")
+    folded = LoweringFacts(quantize=QuantizeFacts([], [], {"step_4: kv_cache": {"before": 2, "after": 1}}))
+    failure = _failure(_outcome(case, _as(case, drivers.Runtime(fresh_at=(1,))), tmp_path, folded))
+    assert failure.signature == driver_checks.FOLDED and "chunk 2 lost chunk 1's rows" in str(failure)
+    assert _failure(_outcome(case, _as(case, drivers.Runtime(fresh_at=(1,))), tmp_path)).signature == (
+        driver_checks.LOST_CHUNK
+    )
+
+
+def test_an_unexplained_difference_is_a_plain_mismatch(tmp_path):
+    case = _case(PD, "chunked")
+    device = [[np.asarray(out) + (1.0 if step == 1 else 0.0) for out in row] for step, row in enumerate(_as(case))]
+    failure = _failure(_outcome(case, device, tmp_path))
+    assert failure.signature == driver_checks.MISMATCH and "step 1" in str(failure)
+
+
+def test_drivers_eager_calls_equal_must_agree_on_the_device(tmp_path):
+    """Within tolerance of eager on each side, but the twin's rows off the driver's by more than the tolerance."""
+    case = _case(PD, "chunked")
+    plan = drivers.of_case(case)
+    device = [
+        [np.asarray(out) + (0.009 if step >= plan.twin_from else -0.009) for out in row]
+        for step, row in enumerate(_as(case))
+    ]
+    assert _failure(_outcome(case, device, tmp_path)).signature == driver_checks.DISAGREEMENT
+
+
+def test_error_drift_catches_a_growing_error_and_not_a_flat_one():
+    tolerance = [0.01] * 64
+    assert driver_checks.error_drift([0.0001 * step for step in range(64)], tolerance) is not None
+    assert driver_checks.error_drift([0.004 + 0.0001 * (step % 3) for step in range(64)], tolerance) is None
+    assert driver_checks.error_drift([0.0] * 64, tolerance) is None
+
+
+def test_the_driver_matrix_shares_each_lowering_and_keeps_the_long_driver_small():
+    matrix = cases.driver_matrix(cards.cards(), ("fp16", "16a8w"), ["SM8650", "SM8750"])
+    assert {case.driver for case in matrix} >= {"chunked", "second_prefill", "reset", "adapter_switch", "long"}
+    assert all(case.lowering.driver == "" and case.lowering.id in case.id for case in matrix)
+    assert all(case.dtype == "fp16" for case in matrix if case.driver == "long")
+    assert not [case for case in cases.matrix(cards.cards(), ("fp16",), ["SM8650"]) if case.card.drive]
+
+
+def _long_outcome(tmp_path: Path, registrations, rss_kb, times_us) -> CaseOutcome:
+    case = _case(RING, "long")
+    outcome = _outcome(case, _as(case), tmp_path)
+    outcome.run.step_registrations = registrations(len(outcome.steps))
+    outcome.run.step_rss_kb = rss_kb(len(outcome.steps))
+    outcome.run.step_times_us = times_us(len(outcome.steps))
+    return outcome
+
+
+def test_horizon_catches_a_registration_leak_and_memory_growth_and_not_a_flat_long_run(tmp_path):
+    """The long driver's costs per step (harness/horizon.py): a registration held per execute, and peak RSS that
+    keeps rising, each fail with their own signature; a flat run (noisy times, one warm-up step) passes."""
+    flat = {
+        "registrations": lambda n: [2] * n,
+        "rss_kb": lambda n: [229_000] * n,
+        "times_us": lambda n: [30_000] + [250 + (step * 7) % 40 for step in range(1, n)],
+    }
+    passed = driver_checks.check_horizon(_long_outcome(tmp_path, **flat))
+    assert passed["steps"] >= 256 and len(passed["horizon"]) == 3
+    leaking = {**flat, "registrations": lambda n: [2 + step for step in range(n)]}
+    with pytest.raises(CheckFailure) as leak:
+        driver_checks.check_horizon(_long_outcome(tmp_path, **leaking))
+    assert leak.value.signature == "registrations_grow" and "grow by 1 per execute" in str(leak.value)
+    growing = {**flat, "rss_kb": lambda n: [229_000 + 64 * step for step in range(n)]}
+    with pytest.raises(CheckFailure) as rss:
+        driver_checks.check_horizon(_long_outcome(tmp_path, **growing))
+    assert rss.value.signature == "peak_rss_grows"
