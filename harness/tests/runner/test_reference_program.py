@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from harness.runner import run as runner_run
-from harness.tests.runner.test_compiled_runner import STEPS, SOC, _raw_inputs, runner_binary  # noqa: F401
+from harness.tests.runner.test_compiled_runner import SOC, STEPS, _raw_inputs, runner_binary  # noqa: F401
 
 pytestmark = pytest.mark.qnn
 
