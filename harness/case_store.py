@@ -22,7 +22,7 @@ from harness.device.execute import DeviceRunRequest
 from harness.device.pool import DevicePool
 from harness.device.retry import Attempt, run_with_reconnects
 from harness.outcome import CaseOutcome, OtherRun
-from harness.pipeline import references
+from harness.pipeline import health_card, references
 from harness.pipeline.lower import LoweredArtifact, lower_case
 from harness.pipeline.lowering_cache import lowering_directory, served
 from harness.qnn.toolchain import Toolchain
@@ -41,6 +41,9 @@ class CaseRuns:
     repeats: int = 0  # more runs of the plan, each in a fresh runner process (only their step times are kept)
     profile_level: int = 0  # the QNN profile_level of the profiled twin (0: none)
     reference_runner: str | None = None  # the runner the case is run through again (None: no such run)
+    # The repeats' reference program, timed after each step in the runner's process (the performance gate's
+    # drift meter: the health check's one-op program for the case's SoC); None: none, or it did not lower.
+    reference_program: Path | None = None
 
 
 class CaseStore:
@@ -174,7 +177,13 @@ class CaseStore:
             shared_buffer=case.card.shared_buffer,
             timeout_s=self._runner_timeout_s,
         )
-        return CaseRuns(request, self._perf_repeats - 1, self._profile_level, self._reference_runner(case))
+        reference = self._reference_program(case.soc) if self._perf_repeats > 1 else None
+        return CaseRuns(request, self._perf_repeats - 1, self._profile_level, self._reference_runner(case), reference)
+
+    def _reference_program(self, soc: str) -> Path | None:
+        """The health check's program for soc, the repeats' reference (a cache hit after the health check)."""
+        artifact = self._lower_once(health_card.health_case(soc), health_card.STEPS)
+        return artifact.pte if artifact.ok else None
 
     def _attempt(self, request: DeviceRunRequest, suffix: str = "", **changes) -> Attempt:
         """One device run: the request, or its variant in a folder of its own (name + suffix) with changes."""
@@ -215,14 +224,16 @@ class CaseStore:
 
     def _repeat(self, outcome: CaseOutcome, runs: CaseRuns) -> None:
         """The plan run again, --perf-repeats - 1 times, each in a fresh runner process (so from the program's
-        initial state): only the step times are kept, for the performance gate's noise band. A repeat that
+        initial state): only the step times are kept, for the performance gate's noise band, with the reference
+        program's after each step (never in the case's first run, whose outputs the checks read). A repeat that
         fails ends the repeats (the gate then has fewer of them), said in outcome.repeat_note."""
         for repeat in range(1, runs.repeats + 1):
-            attempt = self._attempt(runs.run, f".repeat{repeat}")
+            attempt = self._attempt(runs.run, f".repeat{repeat}", reference=runs.reference_program)
             if attempt.run is None:
                 outcome.repeat_note = f"--perf-repeats: repeat {repeat} failed: {attempt.error}"
                 return
             outcome.repeat_steps_us.append(list(attempt.run.step_times_us))
+            outcome.repeat_reference_us.append(list(attempt.run.reference_us))
 
     def _profile(self, outcome: CaseOutcome, runs: CaseRuns) -> None:
         """The QNN profile (--profile-level): the case lowered again with executorch's profiling (_lower_once),
