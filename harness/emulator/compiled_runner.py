@@ -20,9 +20,10 @@ harness need and the binary does not know of:
   runner_exit: the command exits with that code before starting it; runner_fewer_outputs: each step's last
   output removed after it ran;
   runner_reload_each_line: a broken runner that loses state between steps, one process per step;
-  runner_slow_execute {"ms": N, "match": TEXT}: test-only, a slower execute: for a case whose device folder
-  name holds TEXT (a case id holds its mode, e.g. delegate_mutbuf), the wrapper sleeps N ms at each step line
-  and adds them to that line's execute_us, as if each execute took N ms longer: the performance gate's test).
+  runner_slow_execute {"ms": N, "pct": P, "match": TEXT}: test-only, a slower execute: for a case whose device
+  folder name holds TEXT (a case id holds its mode, e.g. delegate_mutbuf), the wrapper sleeps N ms plus P% of
+  the execute's own time at each step line and adds them to that line's execute_us, as if each execute took
+  that much longer (the reference program's lines pass as they are): the performance gate's test).
   runner_lose_delegate_state refills the delegate's buffers inside the runner process between two steps,
   which cannot be done from outside it: that fault runs the plan through the pybindings runner
   (qnn_executor_runner beside this one, harness/emulator/host_runner.py) and says so on its first line.
@@ -162,17 +163,22 @@ def one_process_per_step(runner: Runner, argv: list[str], plan: Path, output_dir
     return 0
 
 
-def slowdown_ms(fault: object, folder: str) -> int:
-    """The runner_slow_execute fault's delay for a case run in folder (0: not this case, or a malformed switch)."""
+def slowdown(fault: object, folder: str) -> tuple[int, int]:
+    """The runner_slow_execute fault's delay for a case run in folder, (ms, percent of the execute's time)
+    ((0, 0): not this case, or a malformed switch)."""
     if not isinstance(fault, dict) or not isinstance(fault.get("match"), str) or fault["match"] not in folder:
-        return 0
-    delay = fault.get("ms")
-    return delay if isinstance(delay, int) and delay > 0 else 0
+        return 0, 0
+    delay, percent = fault.get("ms"), fault.get("pct")
+    return (
+        delay if isinstance(delay, int) and delay > 0 else 0,
+        percent if isinstance(percent, int) and percent > 0 else 0,
+    )
 
 
-def slowed(runner: Runner, argv: list[str], delay_ms: int) -> int:
+def slowed(runner: Runner, argv: list[str], delay_ms: int, percent: int = 0) -> int:
     """The fault runner_slow_execute: the runner's lines passed through, each step line after a sleep of
-    delay_ms that its execute_us then counts (the plan's wall time grows by as much)."""
+    delay_ms plus percent of its execute_us, which its execute_us then counts (the plan's wall time grows by
+    as much)."""
     import re
     import subprocess
     import time
@@ -183,8 +189,9 @@ def slowed(runner: Runner, argv: list[str], delay_ms: int) -> int:
     for line in process.stdout:
         match = step_line.match(line)
         if match:
-            time.sleep(delay_ms / 1000)
-            line = match.group(1) + str(int(match.group(2)) + delay_ms * 1000).encode() + match.group(3)
+            added_us = delay_ms * 1000 + int(match.group(2)) * percent // 100
+            time.sleep(added_us / 1e6)
+            line = match.group(1) + str(int(match.group(2)) + added_us).encode() + match.group(3)
         sys.stdout.buffer.write(line)
         sys.stdout.flush()
     return process.wait()
@@ -259,8 +266,9 @@ def main(argv: list[str]) -> int:
     runner = Runner(binary, env, pass_fds)
     if faults.get("runner_reload_each_line") and plan_path and output:
         return end_like(one_process_per_step(runner, argv, Path(plan_path), Path(output)))
-    if delay_ms := slowdown_ms(faults.get("runner_slow_execute"), Path.cwd().name):
-        return end_like(slowed(runner, argv, delay_ms))
+    delay_ms, percent = slowdown(faults.get("runner_slow_execute"), Path.cwd().name)
+    if delay_ms or percent:
+        return end_like(slowed(runner, argv, delay_ms, percent))
     import signal
 
     fault_signal = None

@@ -72,12 +72,12 @@
  * Inspector. Built only where the executorch under test ships libexecutorch_etdump.so and its header
  * (harness/runner/build.py defines SUITE_RUNNER_ETDUMP); elsewhere --etdump_path stops with exit 11. The timed
  * executes of a profiled run carry the tracer's cost, so the suite profiles in a run of its own.
- * Reference program (--reference_model_path, the performance gate's drift meter): another program (the health
- * check's one-op program, lowered for the same SoC) in a Module of its own, its first method loaded and executed
- * once untimed before the first step, then executed once after each step, timed. The case's time over the
- * reference's, both measured in this one process minutes apart at most, cancels what slows both (the host's
- * load, the simulator's speed of the hour): docs/PERFORMANCE.md. Its own Module, arenas and QNN context: it
- * cannot reach the case's state, and its outputs are never written. Its inputs are zeros (tensors only).
+ * Reference program (--reference_model_path, the performance gate's drift meter): another program (the
+ * health check's one-op program, lowered for the same SoC) in a Module of its own, its first method loaded and
+ * executed three times untimed before the first step (warm-up), then once after each step, timed. The case's
+ * time over the reference's, both measured in this one process seconds apart, cancels what slows both (the
+ * host's load, the simulator's speed of the hour): docs/PERFORMANCE.md. Its own Module, arenas and QNN
+ * context: it cannot reach the case's state, and its outputs are never written. Its inputs are zeros.
  */
 #include <executorch/extension/module/module.h>
 #include <executorch/extension/tensor/tensor_ptr.h>
@@ -120,6 +120,7 @@ constexpr int kUsage = 2, kBadPlan = 3, kBadProgram = 4, kUnknownMethod = 5, kBa
               kInputMismatch = 7, kLoadFailed = 8, kExecuteFailed = 9, kOutputFailed = 10, kBadOption = 11;
 constexpr const char* kPlanHeader = "qnnsuite-plan 1";
 constexpr size_t kSharedAlignment = 64;
+constexpr int kReferenceWarmUps = 3;  // the reference program's untimed executes before the first step
 
 [[noreturn]] void fail(int code, const std::string& message) {
   std::fflush(stdout);
@@ -449,7 +450,9 @@ std::unique_ptr<Reference> load_reference(const std::string& path) {
     std::memset(reference->tensors.back()->mutable_data_ptr(), 0, reference->tensors.back()->nbytes());
     reference->inputs.emplace_back(reference->tensors.back());
   }
-  reference->execute();  // untimed: its first execute sets its graph up
+  // Untimed: on the HTP simulator a graph's first executes take 10-60 ms and later ones 0.2-0.4 ms
+  // (docs/PERFORMANCE.md, warm-up on the simulator)
+  for (int warm_up = 0; warm_up < kReferenceWarmUps; ++warm_up) reference->execute();
   std::cout << "runner: reference load_us " << micros_since(start) << std::endl;
   return reference;
 }
