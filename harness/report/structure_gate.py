@@ -143,6 +143,18 @@ class StructureVerdict:
     def line(self) -> str:
         return f"structure {self.verdict}: {self.soc} {self.case_id} " + (self.what() or "unchanged")
 
+    def fact_lines(self) -> list[str]:
+        """One line per changed fact with its own verdict against its budget: `forward: +2 Transpose (FAIL)`."""
+        return [
+            f"{change.fact[1] + ': ' if change.fact[1] else ''}{change.words()} ({change.verdict})"
+            for change in self.changes
+        ]
+
+
+def counts(verdicts: tuple[StructureVerdict, ...]) -> dict[str, int]:
+    """How many cases got each verdict, PASS first (what the pages' gate headings say)."""
+    return {name: sum(v.verdict == name for v in verdicts) for name in (PASS, WARN, FAIL)}
+
 
 def judge(before: dict[Fact, int], after: dict[Fact, int]) -> tuple[str, tuple[Change, ...]]:
     """A case's verdict and its changed facts (in fact order), from its facts in the baseline and now."""
