@@ -13,8 +13,8 @@ slowed, is one more clean comparison in every run. With --perf-repeats of 2 or m
 interleaved reference program and the gate judges the ratio (harness/report/perf_gate.py). Per run it keeps every case's timing
 verdict (gate.json `performance`: verdict, growth, noise band, smallest detectable change, reason), the exit
 code and the load average before and after (the machine's state is part of the result).
-Structural (--structural): counter_add fp16 lowered five times clean and once per injected lowering change
-(harness/tests/pipeline/injected_lowering.py), each gated against the first clean lowering.
+Structural (--structural): counter_add fp16 lowered once and five times more clean, and five times per injected
+lowering change (harness/tests/pipeline/injected_lowering.py), each gated against the first clean lowering.
 Prints one line per run and writes the JSON to --out; docs/PERFORMANCE.md shows what it measured.
 """
 
@@ -101,8 +101,10 @@ def timing_curve(args: argparse.Namespace, root: Path) -> dict:
     return {"baseline": baseline, "runs": runs}
 
 
-def structural(root: Path) -> dict:
-    """Five clean lowerings and each injection, gated against the first clean one (verdict and line each)."""
+def structural(root: Path, runs: int = 5) -> dict:
+    """A clean lowering and `runs` clean reruns, and each injection lowered `runs` times, each gated against
+    the first clean lowering of its mode (verdict and line each): the must-show is a FAIL naming the op and the
+    graph on every injected run and no change on any clean rerun."""
     from fixtures import zoo  # noqa: F401  (registers the cards)
     from harness.qnn.toolchain import prepare
     from harness.report.structure_gate import StructureVerdict, facts_of, judge
@@ -110,12 +112,16 @@ def structural(root: Path) -> dict:
     from harness.vocabulary import Mode
 
     toolchain = prepare()
-    found = lowerings._lower(toolchain, root / "clean", "clean", [(f"clean{n}", Mode.DELEGATE) for n in range(5)])
-    found |= lowerings._lower(toolchain, root / "skip", "clean", [("clean_skip", Mode.SKIP)])
-    found |= lowerings._lower(toolchain, root / "transpose", "transpose_pair", [("transpose_pair", Mode.DELEGATE)])
-    found |= lowerings._lower(toolchain, root / "cpu", "mul_on_cpu", [("mul_on_cpu", Mode.SKIP)])
-    pairs = [("clean0", f"clean{n}") for n in range(1, 5)]
-    pairs += [("clean0", "transpose_pair"), ("clean_skip", "mul_on_cpu")]
+    clean = [(f"clean{n}", Mode.DELEGATE) for n in range(runs + 1)] + [("clean_skip", Mode.SKIP)]
+    found = lowerings._lower(toolchain, root / "clean", "clean", clean)
+    transposed = [(f"transpose_pair{n}", Mode.DELEGATE) for n in range(runs)]
+    found |= lowerings._lower(toolchain, root / "transpose", "transpose_pair", transposed)
+    found |= lowerings._lower(
+        toolchain, root / "cpu", "mul_on_cpu", [(f"mul_on_cpu{n}", Mode.SKIP) for n in range(runs)]
+    )
+    pairs = [("clean0", f"clean{n}") for n in range(1, runs + 1)]
+    pairs += [("clean0", f"transpose_pair{n}") for n in range(runs)]
+    pairs += [("clean_skip", f"mul_on_cpu{n}") for n in range(runs)]
     results = []
     for before, after in pairs:
         verdict, changes = judge(facts_of(found[before]), facts_of(found[after]))
