@@ -21,9 +21,9 @@ harness need and the binary does not know of:
   output removed after it ran;
   runner_reload_each_line: a broken runner that loses state between steps, one process per step;
   runner_slow_execute {"ms": N, "pct": P, "match": TEXT}: test-only, a slower execute: for a case whose device
-  folder name holds TEXT (a case id holds its mode, e.g. delegate_mutbuf), the wrapper sleeps N ms plus P% of
-  the execute's own time at each step line and adds them to that line's execute_us, as if each execute took
-  that much longer (the reference program's lines pass as they are): the performance gate's test).
+  folder name holds TEXT (a case id holds its mode, e.g. delegate_mutbuf), the wrapper adds N ms plus P% of
+  the execute's own time to each step line's execute_us, as if each execute took that much longer, and sleeps
+  as long once the runner ended (the reference program's lines pass as they are): the performance gate's test).
   runner_lose_delegate_state refills the delegate's buffers inside the runner process between two steps,
   which cannot be done from outside it: that fault runs the plan through the pybindings runner
   (qnn_executor_runner beside this one, harness/emulator/host_runner.py) and says so on its first line.
@@ -176,25 +176,30 @@ def slowdown(fault: object, folder: str) -> tuple[int, int]:
 
 
 def slowed(runner: Runner, argv: list[str], delay_ms: int, percent: int = 0) -> int:
-    """The fault runner_slow_execute: the runner's lines passed through, each step line after a sleep of
-    delay_ms plus percent of its execute_us, which its execute_us then counts (the plan's wall time grows by
-    as much)."""
+    """The fault runner_slow_execute: the runner's lines, each step line's execute_us grown by delay_ms plus
+    percent of it, passed on once the runner ended, after a sleep of all that was added (the plan's wall time
+    grows by as much). The lines are kept in a file until then, so this process does nothing while the runner
+    runs: reading them as they came woke it during the reference program's executes, which it slowed."""
     import re
-    import subprocess
+    import tempfile
     import time
 
     step_line = re.compile(rb"^(step \d+ method \S+ execute_us )(\d+)(\s*)$")
-    process = runner.start(argv, stdout=subprocess.PIPE)
-    assert process.stdout is not None
-    for line in process.stdout:
-        match = step_line.match(line)
-        if match:
-            added_us = delay_ms * 1000 + int(match.group(2)) * percent // 100
-            time.sleep(added_us / 1e6)
-            line = match.group(1) + str(int(match.group(2)) + added_us).encode() + match.group(3)
-        sys.stdout.buffer.write(line)
-        sys.stdout.flush()
-    return process.wait()
+    with tempfile.TemporaryFile(dir=".") as lines:  # the case folder: the jail may have no /tmp
+        status = runner.start(argv, stdout=lines.fileno()).wait()
+        lines.seek(0)
+        added_total_us, rewritten = 0, []
+        for line in lines:
+            match = step_line.match(line)
+            if match:
+                added_us = delay_ms * 1000 + int(match.group(2)) * percent // 100
+                added_total_us += added_us
+                line = match.group(1) + str(int(match.group(2)) + added_us).encode() + match.group(3)
+            rewritten.append(line)
+    time.sleep(added_total_us / 1e6)
+    sys.stdout.buffer.write(b"".join(rewritten))
+    sys.stdout.flush()
+    return status
 
 
 def drop_last_outputs(output_dir: Path) -> None:
