@@ -6,7 +6,8 @@ median over its repeats of its steady state over the reference's (each repeat's 
 over the reference's fastest execute): what slows both in one process (the host's load, the simulator's speed
 of the hour) cancels. Its noise band is the full spread of those ratios, (largest - smallest) / smallest, the
 larger of the two runs', and on an emulated device at least RATIO_DRIFT_PCT, the drift of the ratio between
-clean runs measured here; the rest of the rule is as below. Otherwise:
+clean runs measured here; the rest of the rule is as below, except that a ratio band beyond MAX_RATIO_BAND_PCT
+(what a 25% regression needs) is "insufficient data". Otherwise:
 A case's time is the fastest of its repeats' steady-state readings: each repeat's fastest step after the
 first (report.json `repeats_min_us`; `--perf-repeats N` runs the plan N times, a fresh runner process each).
 Warm-up and load on the host only ever add time, so the fastest step is the steadiest reading: the p50 of a
@@ -61,6 +62,9 @@ SIMULATOR_DRIFT_PCT = 150.0
 # clean comparisons at load 14-21 (docs/PERFORMANCE.md, the interleaved reference) the ratio moved by -11% to
 # +14% and each run's own spread of its ratios covered it (growth - band at most -2.5 points; a FAIL needs +10).
 RATIO_DRIFT_PCT = 0.0
+# A ratio's band beyond this cannot see a 25% regression (the default budget 10% + 15%): such a case is a WARN
+# "insufficient data", never a PASS. The ratio is what is meant to see 25%; the raw times keep MAX_BAND_PCT.
+MAX_RATIO_BAND_PCT = 15.0
 MAX_BAND_PCT = 50.0  # a noise band wider than this cannot judge a change of the budget's size: never a PASS
 MAX_STEP_US = 600_000_000  # a p50 step of more than 10 minutes is no measurement (a device run times out first)
 IMPLAUSIBLE_SPEEDUP = 4.0  # a baseline this many times slower than now is suspect, not a 4x speed-up to pass
@@ -207,13 +211,16 @@ def judge(before: list[int], after: list[int], budget_pct: float, drift_pct: flo
     return settle(growth, band, budget_pct, min(len(before), len(after)) >= MIN_REPEATS)
 
 
-def settle(growth: float, band: float, budget_pct: float, measured: bool) -> Judgement:
-    """The verdict of a plausible growth against budget + band (the module's docstring), either statistic."""
+def settle(
+    growth: float, band: float, budget_pct: float, measured: bool, max_band_pct: float = MAX_BAND_PCT
+) -> Judgement:
+    """The verdict of a plausible growth against budget + band (the module's docstring), either statistic;
+    a band beyond max_band_pct is "insufficient data", never a PASS."""
     if measured and growth > budget_pct + band:
         return Judgement(FAIL, growth, band)
     if not measured:
         return Judgement(WARN, growth, band, "insufficient data")
-    if band > MAX_BAND_PCT:
+    if band > max_band_pct:
         return Judgement(
             WARN, growth, band, f"insufficient data: a noise band of {band:.0f}% cannot tell a {budget_pct:g}% change"
         )
@@ -246,7 +253,7 @@ def ratio_judgement(before: list[float], after: list[float], budget_pct: float, 
     median ratio, band the wider spread of the two (at least drift_pct)."""
     band = max(ratio_spread(before) * 100, ratio_spread(after) * 100, drift_pct)
     growth = (statistics.median(after) / statistics.median(before) - 1) * 100
-    return settle(growth, band, budget_pct, min(len(before), len(after)) >= MIN_REPEATS)
+    return settle(growth, band, budget_pct, min(len(before), len(after)) >= MIN_REPEATS, MAX_RATIO_BAND_PCT)
 
 
 def baseline_timings(documents: list[dict]) -> dict[Key, dict]:

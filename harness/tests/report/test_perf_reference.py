@@ -92,3 +92,11 @@ def test_a_reference_record_that_is_no_measurement_gives_no_ratio(reference):
 def test_the_band_is_the_wider_runs_full_spread():
     judged = ratio_judgement([2.0, 2.2, 2.1], [2.0, 2.05, 2.0], 10.0, 0.0)
     assert judged.band_pct == pytest.approx(10.0) and judged.verdict == PASS
+
+
+def test_a_ratio_band_that_could_hide_25_percent_is_insufficient_data_never_pass():
+    """A band of 20% (detectable 30%) could hide a 25% regression: no PASS, though well within the raw times'
+    MAX_BAND_PCT; at 15% (detectable 25%) the case PASSes."""
+    wide = ratio_judgement([2.0, 2.4, 2.2], [2.0, 2.1, 2.05], 10.0, 0.0)
+    assert wide.verdict == WARN and wide.reason.startswith("insufficient data: a noise band of 20%"), wide
+    assert ratio_judgement([2.0, 2.3, 2.2], [2.0, 2.1, 2.05], 10.0, 0.0).verdict == PASS
