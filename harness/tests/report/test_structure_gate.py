@@ -176,3 +176,8 @@ def test_summary_and_page_show_the_structural_gate_a_line_per_changed_fact(tmp_p
         assert f"  - {markdown_text(fact)}" in summary and f"<li>{fact}" in html.replace("&gt;", ">"), fact
     assert 'id="gate-structure"' in html and f"structure FAIL: SM8650 {case}" in html
     assert summary.count("- structure ") == 1, "an unchanged case is counted, not listed"
+    assert 'id="structure"' in html, "report.html lists each case's structural facts"
+    assert (
+        "forward: Cast 1, ElementWiseAdd 1, ElementWiseMultiply 1, Reshape 1, Transpose 2; context binary 59000 B"
+        in (html)
+    )
