@@ -22,7 +22,7 @@ from harness.device.execute import DeviceRunRequest
 from harness.device.pool import DevicePool
 from harness.device.retry import Attempt, run_with_reconnects
 from harness.outcome import CaseOutcome, OtherRun
-from harness.pipeline import drivers, eager, references
+from harness.pipeline import drivers, eager, health_card, references
 from harness.pipeline.lower import LoweredArtifact, lower_case
 from harness.pipeline.lowering_cache import lowering_directory, served
 from harness.qnn.toolchain import Toolchain
@@ -41,6 +41,24 @@ class CaseRuns:
     repeats: int = 0  # more runs of the plan, each in a fresh runner process (only their step times are kept)
     profile_level: int = 0  # the QNN profile_level of the profiled twin (0: none)
     reference_runner: str | None = None  # the runner the case is run through again (None: no such run)
+
+
+# Steps of a repeat timed beside the reference: on the HTP simulator a graph's first three executes take
+# 10-60 ms and later ones 0.2-0.4 ms, so a 4-step plan's steady state is one execute; cycled to 16, thirteen.
+TIMED_STEPS = 16
+
+
+def timed(request: DeviceRunRequest, reference: Path) -> DeviceRunRequest:
+    """A repeat's request: the plan cycled to at least TIMED_STEPS steps (the same inputs again, in order: only
+    the times are kept), run beside the reference program."""
+    cycles = -(-TIMED_STEPS // len(request.steps))
+    return replace(
+        request,
+        steps=request.steps * cycles,
+        methods=request.methods * cycles if request.methods else None,
+        output_bytes=request.output_bytes * cycles if request.output_bytes else None,
+        reference=reference,
+    )
 
 
 class CaseStore:
@@ -197,6 +215,13 @@ class CaseStore:
         )
         return CaseRuns(request, self._perf_repeats - 1, self._profile_level, self._reference_runner(case))
 
+    def _reference_program(self, soc: str) -> Path | None:
+        """The repeats' reference program, timed after each step in the runner's process (the performance gate's
+        drift meter): the health check's one-op program for soc (a cache hit after the health check); None
+        when it did not lower (the repeats then run without one)."""
+        artifact = self._lower_once(health_card.health_case(soc), health_card.STEPS)
+        return artifact.pte if artifact.ok else None
+
     def _attempt(self, request: DeviceRunRequest, suffix: str = "", **changes) -> Attempt:
         """One device run: the request, or its variant in a folder of its own (name + suffix) with changes."""
         if suffix:
@@ -236,14 +261,19 @@ class CaseStore:
 
     def _repeat(self, outcome: CaseOutcome, runs: CaseRuns) -> None:
         """The plan run again, --perf-repeats - 1 times, each in a fresh runner process (so from the program's
-        initial state): only the step times are kept, for the performance gate's noise band. A repeat that
-        fails ends the repeats (the gate then has fewer of them), said in outcome.repeat_note."""
+        initial state): only the step times are kept, for the performance gate's noise band, with the reference
+        program's after each step, the plan cycled (timed; never in the case's first run, whose outputs the
+        checks read). A repeat that fails ends the repeats (the gate then has fewer of them), said in
+        outcome.repeat_note."""
+        reference = self._reference_program(outcome.case.soc) if runs.repeats else None
+        request = timed(runs.run, reference) if reference else runs.run
         for repeat in range(1, runs.repeats + 1):
-            attempt = self._attempt(runs.run, f".repeat{repeat}")
+            attempt = self._attempt(request, f".repeat{repeat}")
             if attempt.run is None:
                 outcome.repeat_note = f"--perf-repeats: repeat {repeat} failed: {attempt.error}"
                 return
             outcome.repeat_steps_us.append(list(attempt.run.step_times_us))
+            outcome.repeat_reference_us.append(list(attempt.run.reference_us))
 
     def _profile(self, outcome: CaseOutcome, runs: CaseRuns) -> None:
         """The QNN profile (--profile-level): the case lowered again with executorch's profiling (_lower_once),

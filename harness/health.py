@@ -23,9 +23,8 @@ from harness.device.device import WORKSPACE_ROOT
 from harness.device.kinds import PayloadInputs
 from harness.device.pool import DevicePool, DeviceSpec
 from harness.outcome import CaseOutcome
-from harness.pipeline.health_card import HEALTH_CARD, STEPS
+from harness.pipeline.health_card import STEPS, health_case
 from harness.qnn.toolchain import Toolchain
-from harness.vocabulary import FLOAT_DTYPE, Case, Mode
 
 # A one-op program runs in well under a second on a phone's HTP; a minute covers a slow first DSP start
 # without letting a hung runner hold the run's start for the full --runner-timeout.
@@ -40,10 +39,6 @@ class HealthResults:
     provenance: dict[str, dict] = field(default_factory=dict)
     lines: list[str] = field(default_factory=list)  # what to say on stderr
     seconds: float = 0.0
-
-
-def health_case(soc: str) -> Case:
-    return Case(HEALTH_CARD, FLOAT_DTYPE, Mode.DELEGATE, soc)
 
 
 def verdict(outcome: CaseOutcome) -> str | None:

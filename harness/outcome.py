@@ -139,6 +139,9 @@ class CaseOutcome:
     # Step times of the plan's later runs under --perf-repeats (a fresh runner process each: fresh state);
     # only their times are kept, the checks read the first run's outputs.
     repeat_steps_us: list[list[int]] = field(default_factory=list)
+    # The reference program's execute after each step of those runs ([] for a run without one): the gate's
+    # drift meter, timed in the same runner process as the case (harness/report/perf_gate.py)
+    repeat_reference_us: list[list[int]] = field(default_factory=list)
     # The QNN profile of the case's profiled twin (--profile-level; harness/runner/profile.py profile_of).
     profile: dict | None = None
     dependence: list[list[np.ndarray]] | None = None  # see initial_value_dependence (given by the CaseStore)
@@ -169,6 +172,26 @@ class CaseOutcome:
             # each repeat's fastest step after the first: its steady state (warm-up and load only add time)
             "repeats_min_us": [min(run[1:]) for run in (steps, *self.repeat_steps_us) if len(run) > 1],
             **({"profile": self.profile} if self.profile is not None else {}),
+            **self._drift_reference_timing(),
+        }
+
+    def _drift_reference_timing(self) -> dict:
+        """report.json timing's `drift_reference`: per repeat timed beside the reference program, the case's fastest
+        step after the first and the reference's fastest execute (their ratio is what the gate compares), and
+        the reference's executes as measured; {} when no repeat had one."""
+        paired = [
+            (run, reference)
+            for run, reference in zip(self.repeat_steps_us, self.repeat_reference_us)
+            if len(run) > 1 and reference
+        ]
+        if not paired:
+            return {}
+        return {
+            "drift_reference": {
+                "case_min_us": [min(run[1:]) for run, _ in paired],
+                "min_us": [min(reference) for _, reference in paired],
+                "steps_us": [list(reference) for _, reference in paired],
+            }
         }
 
     @cached_property

@@ -69,6 +69,9 @@ class DeviceRunRequest:
     shared_buffer: bool = False
     etdump: bool = False  # the suite's runner also writes its ETDump (the QNN profile), pulled with the outputs
     reloads: tuple[int, ...] = ()  # steps the program is loaded again before (a driver's fresh-load reset)
+    # A program the suite's runner times after each step in a Module of its own (the performance gate's drift
+    # meter: harness/report/perf_gate.py); None: none. Never given to qnn_executor_runner.
+    reference: Path | None = None
     timeout_s: float = RUNNER_TIMEOUT_S
 
 
@@ -104,6 +107,7 @@ class DeviceRun:
     step_registrations: list[int] = field(default_factory=list)
     io_memory: str | None = None  # the memory of the program's inputs and unplanned outputs, when it says
     etdump: Path | None = None  # the runner's ETDump, when asked for (etdump=True) and written
+    reference_us: list[int] = field(default_factory=list)  # the reference program's execute after each step
 
 
 def prepare_workspace(device: Device, folder: str, payload: list[PayloadFile]) -> int:
@@ -246,8 +250,9 @@ def _runner_command(
         methods = request.methods or [f"{plan_format.METHOD_INDEX_PREFIX}{int(request.method_index)}"] * len(names)
         plan = plan_format.write_plan(list(zip(methods, names)), local_dir / contract.PLAN_NAME, request.reloads)
         etdump = f"{outputs}/{contract.ETDUMP_NAME}" if request.etdump else None
+        reference = contract.REFERENCE_MODEL_NAME if request.reference else None
         argv = contract.suite_runner_argv(
-            contract.MODEL_NAME, contract.PLAN_NAME, outputs, methods, etdump, request.shared_buffer
+            contract.MODEL_NAME, contract.PLAN_NAME, outputs, methods, etdump, request.shared_buffer, reference
         )
         return [f"{workspace.payload}/{SUITE_RUNNER_NAME}", *argv], plan
     input_list = contract.write_input_list(names, local_dir / contract.INPUT_LIST_NAME)
@@ -271,6 +276,8 @@ def run_case(device: Device, workspace: Workspace, request: DeviceRunRequest) ->
     argv, listing = _runner_command(chosen, workspace, request, input_files)
     files = [(request.program, contract.MODEL_NAME), (listing, listing.name)]
     files += [(path, path.name) for row in input_files for path in row]
+    if request.reference and chosen == SUITE_RUNNER_NAME:
+        files.append((request.reference, contract.REFERENCE_MODEL_NAME))
     # A folder of this run's: nothing on the device to compare hashes with; all in one sync session (a retry
     # writes over the same names).
     pushed = device.push_files([(path, f"{remote}/{name}") for path, name in files])
@@ -361,4 +368,5 @@ def _collect(device: Device, request: DeviceRunRequest, remote: str, result: Run
         step_registrations=contract.step_registrations(trace, steps),
         io_memory=measured.io_memory,
         etdump=outputs_dir / contract.ETDUMP_NAME if contract.ETDUMP_NAME in present else None,
+        reference_us=measured.reference_us,
     )

@@ -25,9 +25,10 @@ harness need and the binary does not know of:
   runner_forget_at_turn {"method": M}: a runtime that forgets the conversation at a second prefill: a step of
   M after a step of another method starts a fresh process;
   runner_ignore_reload: a runtime that does not reset: the plan's `reload` lines are dropped;
-  runner_slow_execute {"ms": N, "match": TEXT}: test-only, a slower execute: for a case whose device folder
-  name holds TEXT (a case id holds its mode, e.g. delegate_mutbuf), the wrapper sleeps N ms at each step line
-  and adds them to that line's execute_us, as if each execute took N ms longer: the performance gate's test).
+  runner_slow_execute {"ms": N, "pct": P, "match": TEXT}: test-only, a slower execute: for a case whose device
+  folder name holds TEXT (a case id holds its mode, e.g. delegate_mutbuf), the wrapper adds N ms plus P% of
+  the execute's own time to each step line's execute_us, as if each execute took that much longer, and sleeps
+  as long once the runner ended (the reference program's lines pass as they are): the performance gate's test).
   runner_leak_registration: the interposer in front of libQnnHtp.so leaks one QNN memory registration per
   graph execute (its QNNSUITE_LEAK_REGISTRATION, harness/qnn/interposer.c), as a runtime that registers a
   buffer per execute and never deregisters it: the horizon judgement's test (harness/horizon.py).
@@ -216,32 +217,43 @@ def without_reloads(plan: Path) -> Path:
     return stripped
 
 
-def slowdown_ms(fault: object, folder: str) -> int:
-    """The runner_slow_execute fault's delay for a case run in folder (0: not this case, or a malformed switch)."""
+def slowdown(fault: object, folder: str) -> tuple[int, int]:
+    """The runner_slow_execute fault's delay for a case run in folder, (ms, percent of the execute's time)
+    ((0, 0): not this case, or a malformed switch)."""
     if not isinstance(fault, dict) or not isinstance(fault.get("match"), str) or fault["match"] not in folder:
-        return 0
-    delay = fault.get("ms")
-    return delay if isinstance(delay, int) and delay > 0 else 0
+        return 0, 0
+    delay, percent = fault.get("ms"), fault.get("pct")
+    return (
+        delay if isinstance(delay, int) and delay > 0 else 0,
+        percent if isinstance(percent, int) and percent > 0 else 0,
+    )
 
 
-def slowed(runner: Runner, argv: list[str], delay_ms: int) -> int:
-    """The fault runner_slow_execute: the runner's lines passed through, each step line after a sleep of
-    delay_ms that its execute_us then counts (the plan's wall time grows by as much)."""
+def slowed(runner: Runner, argv: list[str], delay_ms: int, percent: int = 0) -> int:
+    """The fault runner_slow_execute: the runner's lines, each step line's execute_us grown by delay_ms plus
+    percent of it, passed on once the runner ended, after a sleep of all that was added (the plan's wall time
+    grows by as much). The lines are kept in a file until then, so this process does nothing while the runner
+    runs: reading them as they came woke it during the reference program's executes, which it slowed."""
     import re
-    import subprocess
+    import tempfile
     import time
 
     step_line = re.compile(rb"^(step \d+ method \S+ execute_us )(\d+)((?: peak_rss_kb \d+)?\s*)$")
-    process = runner.start(argv, stdout=subprocess.PIPE)
-    assert process.stdout is not None
-    for line in process.stdout:
-        match = step_line.match(line)
-        if match:
-            time.sleep(delay_ms / 1000)
-            line = match.group(1) + str(int(match.group(2)) + delay_ms * 1000).encode() + match.group(3)
-        sys.stdout.buffer.write(line)
-        sys.stdout.flush()
-    return process.wait()
+    with tempfile.TemporaryFile(dir=".") as lines:  # the case folder: the jail may have no /tmp
+        status = runner.start(argv, stdout=lines.fileno()).wait()
+        lines.seek(0)
+        added_total_us, rewritten = 0, []
+        for line in lines:
+            match = step_line.match(line)
+            if match:
+                added_us = delay_ms * 1000 + int(match.group(2)) * percent // 100
+                added_total_us += added_us
+                line = match.group(1) + str(int(match.group(2)) + added_us).encode() + match.group(3)
+            rewritten.append(line)
+    time.sleep(added_total_us / 1e6)
+    sys.stdout.buffer.write(b"".join(rewritten))
+    sys.stdout.flush()
+    return status
 
 
 def drop_last_outputs(output_dir: Path) -> None:
@@ -318,8 +330,9 @@ def main(argv: list[str]) -> int:
     starts = fault_starts(faults, [line.split()[1] for line in plan_steps(Path(plan_path))]) if plan_path else None
     if starts is not None and output:
         return end_like(processes_from(runner, argv, Path(plan_path), Path(output), starts))
-    if delay_ms := slowdown_ms(faults.get("runner_slow_execute"), Path.cwd().name):
-        return end_like(slowed(runner, argv, delay_ms))
+    delay_ms, percent = slowdown(faults.get("runner_slow_execute"), Path.cwd().name)
+    if delay_ms or percent:
+        return end_like(slowed(runner, argv, delay_ms, percent))
     import signal
 
     fault_signal = None

@@ -12,7 +12,7 @@ import torch
 
 from harness.pipeline.card import ModelCard, register
 from harness.pipeline.cases import HEALTH_CHECK_TAG
-from harness.vocabulary import FLOAT_DTYPE
+from harness.vocabulary import FLOAT_DTYPE, Case, Mode
 
 STEPS = 2  # two lines of the input list: the runner must also get past its first execute
 WIDTH = 8
@@ -38,3 +38,9 @@ HEALTH_CARD = register(
         dtypes=(FLOAT_DTYPE,),
     )
 )
+
+
+def health_case(soc: str) -> Case:
+    """The health check's case for a SoC; also the performance gate's reference program (harness/case_store.py),
+    lowered once per SoC through the same cache key."""
+    return Case(HEALTH_CARD, FLOAT_DTYPE, Mode.DELEGATE, soc)

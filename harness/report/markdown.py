@@ -29,6 +29,7 @@ from harness.report.perf_gate import (
     profile_top,
     speedups,
 )
+from harness.report.structure_gate import counts as structure_counts
 from harness.repro.layout import REPRO_DIR, BundleSize
 from harness.text import markdown_text
 from harness.vocabulary import Verdict
@@ -85,7 +86,25 @@ def _gate(gate: GateResult) -> list[str]:
         named = [v for v in gate.performance if v.verdict != PASS]
         lines += [f"- {markdown_text(v.line())}" for v in named[:LISTED]]
         lines += _more(len(named), LISTED, "gate.json beside report.json names every one")
-    return [*lines, ""]
+    return [*lines, *_structure_gate(gate), ""]
+
+
+def _structure_gate(gate: GateResult) -> list[str]:
+    """The structural gate's heading and, per case with a changed fact, its line and a line per fact."""
+    if not gate.structure:
+        return []
+    found = structure_counts(gate.structure)
+    lines = [
+        "",
+        "### Structural gate: "
+        + ", ".join(f"{n} {name}" for name, n in found.items() if n)
+        + ("" if gate.perf_fails_gate or not found[FAIL] else " (reported only: --perf-gate fails on it)"),
+        "",
+    ]
+    named = [v for v in gate.structure if v.changes]
+    for verdict in named[:LISTED]:
+        lines += [f"- {markdown_text(verdict.line())}", *(f"  - {markdown_text(f)}" for f in verdict.fact_lines())]
+    return lines + _more(len(named), LISTED, "gate.json beside report.json names every one")
 
 
 def _us(value: object) -> str:

@@ -28,6 +28,7 @@ from harness.report.document import (
 )
 from harness.report.gate import GateResult
 from harness.report.perf_gate import FAIL, PASS, WARN, finding_candidates, profile_top, speedups
+from harness.report.structure_gate import counts as structure_counts, in_words
 from harness.repro.layout import LINK
 from harness.text import printable
 from harness.vocabulary import DTYPES, MODE_ORDER, VERDICTS, Verdict
@@ -299,6 +300,8 @@ def _gate(document: dict, gate: GateResult | None) -> dict | None:
         "performance": [v for v in gate.performance if v.verdict != PASS],
         "performance_counts": {name: sum(v.verdict == name for v in gate.performance) for name in (PASS, WARN, FAIL)},
         "perf_fails_gate": gate.perf_fails_gate,
+        "structure": [v for v in gate.structure if v.changes],
+        "structure_counts": structure_counts(gate.structure),
     }
 
 
@@ -361,6 +364,9 @@ def render(document: dict, gate: GateResult | None = None, findings_link: str = 
             for finding in by_finding(document)
         ],
         performance=_performance(document),
+        structures=[
+            (case["case_id"], words) for case in document["cases"] if (words := in_words(case.get("structure")))
+        ],
         stage_times=times,
         slowest_total=max((t.total_s for t in times), default=0.0),
     )

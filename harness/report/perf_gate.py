@@ -1,5 +1,13 @@
 """The performance gate, beside the conformance gate (harness/report/gate.py): one body for the rule.
 
+Where both runs timed their repeats beside the reference program (report.json timing `drift_reference`: the
+health check's one-op program executed after each step in the same runner process), a case's figure is the
+median over its repeats of its steady state over the reference's (each repeat's fastest step after the first,
+over the reference's fastest execute): what slows both in one process (the host's load, the simulator's speed
+of the hour) cancels. Its noise band is the full spread of those ratios, (largest - smallest) / smallest, the
+larger of the two runs', and on an emulated device at least RATIO_DRIFT_PCT, the drift of the ratio between
+clean runs measured here; the rest of the rule is as below, except that a ratio band beyond MAX_RATIO_BAND_PCT
+(what a 25% regression needs) is "insufficient data". Otherwise:
 A case's time is the fastest of its repeats' steady-state readings: each repeat's fastest step after the
 first (report.json `repeats_min_us`; `--perf-repeats N` runs the plan N times, a fresh runner process each).
 Warm-up and load on the host only ever add time, so the fastest step is the steadiest reading: the p50 of a
@@ -32,6 +40,7 @@ rendered again from report.json applies the budget the run was judged with). The
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,14 +50,21 @@ from harness.record import CheckRecord, step_stats
 PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
 # What a case's time is read from: each repeat's fastest step after the first (the steady state, where both
 # runs have it), else each repeat's p50 step (reports written before the steady state was kept)
-STEADY, P50 = "repeats_min_us", "repeats_p50_us"
-WORDS = {STEADY: "fastest step", P50: "p50 step"}
+STEADY, P50, RATIO = "repeats_min_us", "repeats_p50_us", "drift_reference"
+WORDS = {STEADY: "fastest step", P50: "p50 step", RATIO: "fastest step / reference"}
 DEFAULT_BUDGET_PCT = 10.0
 MIN_REPEATS = 2  # repeats per run, on both sides, before a growth can be told from the noise
 # The simulator's drift between runs, which one run's repeats do not show: clean reruns of the same code
 # moved a case's steady state by -15% to +134% at load 20 here (docs/PERFORMANCE.md, the gate's sensitivity), so on an
 # emulated device the band is at least this. A phone's drift is the rack's to measure (none assumed).
 SIMULATOR_DRIFT_PCT = 150.0
+# The least band of a ratio to the reference program (RATIO) on an emulated device: none is needed here. In 65
+# clean comparisons at load 14-22 (docs/PERFORMANCE.md, the interleaved reference) the ratio moved by -11% to
+# +14% and each run's own spread of its ratios covered it (growth - band at most -1.3 points; a FAIL needs +10).
+RATIO_DRIFT_PCT = 0.0
+# A ratio's band beyond this cannot see a 25% regression (the default budget 10% + 15%): such a case is a WARN
+# "insufficient data", never a PASS. The ratio is what is meant to see 25%; the raw times keep MAX_BAND_PCT.
+MAX_RATIO_BAND_PCT = 15.0
 MAX_BAND_PCT = 50.0  # a noise band wider than this cannot judge a change of the budget's size: never a PASS
 MAX_STEP_US = 600_000_000  # a p50 step of more than 10 minutes is no measurement (a device run times out first)
 IMPLAUSIBLE_SPEEDUP = 4.0  # a baseline this many times slower than now is suspect, not a 4x speed-up to pass
@@ -98,8 +114,9 @@ class PerfVerdict:
     band_pct: float
     budget_pct: float
     repeats: int = 1  # the fewer of the two runs' repeats: below 2 the noise was not measured
-    reason: str = ""
-    statistic: str = P50  # why a WARN is not a PASS or a FAIL ("": the growth and the band say it)
+    reason: str = ""  # why a WARN is not a PASS or a FAIL ("": the growth and the band say it)
+    statistic: str = P50
+    ratios: tuple[float, float] | None = None  # RATIO: the case's time over the reference's, before and now
 
     @property
     def detectable_pct(self) -> float:
@@ -125,12 +142,21 @@ class PerfVerdict:
             "detectable_pct": round(self.detectable_pct, 1),
             "repeats": self.repeats,
             "reason": self.reason,
+            **(
+                {"before_ratio": round(self.ratios[0], 4), "after_ratio": round(self.ratios[1], 4)}
+                if self.ratios
+                else {}
+            ),
         }
 
     def line(self) -> str:
+        figures = (
+            f"{self.ratios[0]:.3g} -> {self.ratios[1]:.3g} ({self.before_us} -> {self.after_us} us)"
+            if self.ratios
+            else f"{self.before_us} -> {self.after_us} us"
+        )
         return (
-            f"performance {self.verdict}: {self.soc} {self.case_id} {WORDS[self.statistic]} "
-            f"{self.before_us} -> {self.after_us} us "
+            f"performance {self.verdict}: {self.soc} {self.case_id} {WORDS[self.statistic]} {figures} "
             f"({self.growth_pct:+.1f}%; budget {self.budget_pct:g}% + "
             + (
                 f"noise band {self.band_pct:.1f}%: detectable {self.detectable_pct:.0f}%)"
@@ -150,6 +176,20 @@ def implausible(repeats: list[int], side: str) -> str:
     return ""
 
 
+def implausible_speedup(before: list[int], after: list[int]) -> str:
+    """Why a baseline this much slower than now is suspect ("": it is not), never a speed-up to pass."""
+    if min(before) > IMPLAUSIBLE_SPEEDUP * min(after):
+        return f"implausible baseline: {min(before) / min(after):.0f}x this run's time; promote a fresh one"
+    return ""
+
+
+def plausible(before: list[int], after: list[int]) -> bool:
+    """Both sides' times are measurements and the baseline is no suspect speed-up (judge's first rules)."""
+    return not (
+        implausible(before, "baseline") or implausible(after, "measurement") or implausible_speedup(before, after)
+    )
+
+
 @dataclass(frozen=True)
 class Judgement:
     verdict: str
@@ -166,25 +206,54 @@ def judge(before: list[int], after: list[int], budget_pct: float, drift_pct: flo
     if reason:
         return Judgement(WARN, 0.0, band, reason)
     growth = (min(after) / min(before) - 1) * 100
-    if min(before) > IMPLAUSIBLE_SPEEDUP * min(after):
-        return Judgement(
-            WARN,
-            growth,
-            band,
-            f"implausible baseline: {min(before) / min(after):.0f}x this run's time; promote a fresh one",
-        )
-    measured = min(len(before), len(after)) >= MIN_REPEATS
+    if reason := implausible_speedup(before, after):
+        return Judgement(WARN, growth, band, reason)
+    return settle(growth, band, budget_pct, min(len(before), len(after)) >= MIN_REPEATS)
+
+
+def settle(
+    growth: float, band: float, budget_pct: float, measured: bool, max_band_pct: float = MAX_BAND_PCT
+) -> Judgement:
+    """The verdict of a plausible growth against budget + band (the module's docstring), either statistic;
+    a band beyond max_band_pct is "insufficient data", never a PASS."""
     if measured and growth > budget_pct + band:
         return Judgement(FAIL, growth, band)
     if not measured:
         return Judgement(WARN, growth, band, "insufficient data")
-    if band > MAX_BAND_PCT:
+    if band > max_band_pct:
         return Judgement(
             WARN, growth, band, f"insufficient data: a noise band of {band:.0f}% cannot tell a {budget_pct:g}% change"
         )
     if growth > budget_pct:
         return Judgement(WARN, growth, band)
     return Judgement(PASS, growth, band)
+
+
+def ratios_of(timing: dict[str, Any] | None) -> list[float]:
+    """Each repeat's steady state over the reference program's (timing `drift_reference`; [] without it, or
+    with a reference reading of 0 us, which is no measurement)."""
+    found = (timing or {}).get(RATIO) if isinstance(timing, dict) else None
+    if not isinstance(found, dict):
+        return []
+    cases, references = found.get("case_min_us"), found.get("min_us")
+    if not isinstance(cases, list) or not isinstance(references, list) or len(cases) != len(references):
+        return []
+    pairs = [(c, r) for c, r in zip(cases, references) if isinstance(c, int) and isinstance(r, int)]
+    return [c / r for c, r in pairs] if pairs and all(r > 0 for _, r in pairs) else []
+
+
+def ratio_spread(ratios: list[float]) -> float:
+    """The noise band of a case's ratios, as a fraction of the smallest (0 for fewer than two): the full
+    spread (a reading slowed by the load is slowed on both sides of the ratio, so none is left out)."""
+    return (max(ratios) - min(ratios)) / min(ratios) if len(ratios) >= 2 and min(ratios) > 0 else 0.0
+
+
+def ratio_judgement(before: list[float], after: list[float], budget_pct: float, drift_pct: float) -> Judgement:
+    """The rule on the case's ratios to the reference in the baseline and now (both non-empty): growth of the
+    median ratio, band the wider spread of the two (at least drift_pct)."""
+    band = max(ratio_spread(before) * 100, ratio_spread(after) * 100, drift_pct)
+    growth = (statistics.median(after) / statistics.median(before) - 1) * 100
+    return settle(growth, band, budget_pct, min(len(before), len(after)) >= MIN_REPEATS, MAX_RATIO_BAND_PCT)
 
 
 def baseline_timings(documents: list[dict]) -> dict[Key, dict]:
@@ -210,8 +279,15 @@ def compare(baseline: dict[Key, dict], records: list[CheckRecord], budget_pct: f
         before, after = repeats_of(before_timing, statistic), repeats_of(after_timing, statistic)
         if not before or not after:
             continue
-        drift = SIMULATOR_DRIFT_PCT if kinds.simulated(after_timing.get("device_kind")) else 0.0
-        judged = judge(before, after, budget_pct, drift)
+        simulated = kinds.simulated(after_timing.get("device_kind"))
+        ratios, repeats, figures = (ratios_of(before_timing), ratios_of(after_timing)), 0, None
+        if ratios[0] and ratios[1] and plausible(before, after):  # the ratio to the reference decides
+            judged = ratio_judgement(*ratios, budget_pct, RATIO_DRIFT_PCT if simulated else 0.0)
+            statistic, figures = RATIO, (statistics.median(ratios[0]), statistics.median(ratios[1]))
+            repeats = min(len(ratios[0]), len(ratios[1]))
+        else:
+            judged = judge(before, after, budget_pct, SIMULATOR_DRIFT_PCT if simulated else 0.0)
+            repeats = min(len(before), len(after))
         verdicts.append(
             PerfVerdict(
                 key[0],
@@ -222,9 +298,10 @@ def compare(baseline: dict[Key, dict], records: list[CheckRecord], budget_pct: f
                 judged.growth_pct,
                 judged.band_pct,
                 budget_pct,
-                min(len(before), len(after)),
+                repeats,
                 judged.reason,
                 statistic,
+                figures,
             )
         )
     return tuple(verdicts)

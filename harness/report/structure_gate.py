@@ -146,6 +146,37 @@ class StructureVerdict:
     def line(self) -> str:
         return f"structure {self.verdict}: {self.soc} {self.case_id} " + (self.what() or "unchanged")
 
+    def fact_lines(self) -> list[str]:
+        """One line per changed fact with its own verdict against its budget: `forward: +2 Transpose (FAIL)`."""
+        return [
+            f"{change.fact[1] + ': ' if change.fact[1] else ''}{change.words()} ({change.verdict})"
+            for change in self.changes
+        ]
+
+
+def in_words(structure: dict[str, Any] | None) -> str:
+    """A case's structure (report.json `structure`) as one line for the pages ("": none recorded), e.g.
+    `forward: ElementWiseAdd 1, Reshape 1; context binary 49408 B; 64 B across; forward: planned 64 B; .pte 50688 B`."""
+    if not isinstance(structure, dict) or not facts_of(structure):
+        return ""
+    parts = []
+    for method, found in structure["methods"].items():
+        for graph, details in (found.get("graphs") or {}).items():
+            ops = ", ".join(f"{op} {count}" for op, count in sorted((details.get("qnn_ops") or {}).items()))
+            parts.append(
+                f"{graph}: {ops or 'no QNN op'}; context binary {details.get('context_binary_bytes')} B; "
+                f"{details.get('boundary_bytes')} B across"
+            )
+        outside = ", ".join(f"{op} {count}" for op, count in sorted((found.get("ops_outside") or {}).items()))
+        planned = sum(int(size) for size in found.get("planned_arena_bytes") or [])
+        parts.append(f"{method}: {'outside the delegate ' + outside + '; ' if outside else ''}planned {planned} B")
+    return "; ".join([*parts, f".pte {structure.get('pte_bytes')} B"])
+
+
+def counts(verdicts: tuple[StructureVerdict, ...]) -> dict[str, int]:
+    """How many cases got each verdict, PASS first (what the pages' gate headings say)."""
+    return {name: sum(v.verdict == name for v in verdicts) for name in (PASS, WARN, FAIL)}
+
 
 def judge(before: dict[Fact, int], after: dict[Fact, int]) -> tuple[str, tuple[Change, ...]]:
     """A case's verdict and its changed facts (in fact order), from its facts in the baseline and now."""

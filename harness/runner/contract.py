@@ -22,6 +22,7 @@ EXECUTOR_RUNNER = "qnn_executor_runner"
 # The files of a run: the program, the step plan (suite_runner) or input list (qnn_executor_runner) beside
 # the inputs, and the outputs folder with each step's outputs, the interposer's trace and the ETDump.
 MODEL_NAME = "model.pte"
+REFERENCE_MODEL_NAME = "reference.pte"  # suite_runner's reference program (--reference_model_path), beside it
 PLAN_NAME = "plan.txt"
 INPUT_LIST_NAME = "input_list.txt"
 OUTPUTS_DIR = "outputs"
@@ -41,6 +42,7 @@ _METHOD_INDEX = "--method_index"
 _SHARE_ARENAS = "--share_memory_arenas"
 _SHARED_BUFFER = "--shared_buffer"
 _ETDUMP = "--etdump_path"
+_REFERENCE = "--reference_model_path"
 # Every flag of either runner (suite_runner.cpp's option loop; upstream's qnn_executor_runner as
 # host_runner.py takes them): the architecture test looks for these outside this package.
 SUITE_RUNNER_FLAGS = (
@@ -52,6 +54,7 @@ SUITE_RUNNER_FLAGS = (
     _SHARE_ARENAS,
     _SHARED_BUFFER,
     _ETDUMP,
+    _REFERENCE,
 )
 EXECUTOR_RUNNER_FLAGS = (
     _MODEL,
@@ -129,11 +132,19 @@ def plan_options(methods: list[str]) -> list[str]:
 
 
 def suite_runner_argv(
-    model: str, plan: str, outputs: str, methods: list[str], etdump: str | None = None, shared_buffer: bool = False
+    model: str,
+    plan: str,
+    outputs: str,
+    methods: list[str],
+    etdump: str | None = None,
+    shared_buffer: bool = False,
+    reference: str | None = None,
 ) -> list[str]:
-    """suite_runner's arguments (after its own path) for a plan whose steps run `methods`."""
+    """suite_runner's arguments (after its own path) for a plan whose steps run `methods`; reference: a program
+    executed once after each step in a Module of its own, timed (the performance gate's drift meter)."""
     argv = [_MODEL, model, _PLAN, plan, _OUTPUTS, outputs, *plan_options(methods)]
     argv += [_ETDUMP, etdump] if etdump else []
+    argv += [_REFERENCE, reference] if reference else []
     return argv + ([_SHARED_BUFFER] if shared_buffer else [])
 
 

@@ -45,6 +45,8 @@ METHOD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|@[0-9]{1,4}")
 STEP_LINE = re.compile(r"\bstep (\d+) method (\S+) execute_us (\d+)(?: peak_rss_kb (\d+))?$", re.MULTILINE)
 LOAD_LINE = re.compile(r"\brunner: load method (\S+) load_us (\d+)$", re.MULTILINE)
 PEAK_LINE = re.compile(r"\brunner: peak_rss_kb (\d+)$", re.MULTILINE)
+# The reference program's timed execute after each step (--reference_model_path; suite_runner.cpp's header).
+REFERENCE_LINE = re.compile(r"\brunner: reference after step (\d+) execute_us (\d+)$", re.MULTILINE)
 # Which memory the runner gave a program's inputs and unplanned outputs: rpcmem (QNN's shared allocator, with
 # --shared_buffer where executorch loads it) or ordinary (suite_runner.cpp's header says when).
 IO_MEMORY_LINE = re.compile(r"\brunner: io memory (rpcmem|ordinary)$", re.MULTILINE)
@@ -84,6 +86,7 @@ class RunnerRun:
     peak_rss_kb: int | None = None
     io_memory: str | None = None  # "rpcmem" or "ordinary"; None from a runner that does not say
     heap_pattern: int | None = None  # the byte its fresh heap allocations held, from a runner that measured it
+    reference_us: list[int] = field(default_factory=list)  # the reference program's execute after each step
 
     @property
     def step_rss_kb(self) -> list[int]:
@@ -146,6 +149,7 @@ def parse(exit_code: int, stdout: str, stderr: str) -> RunnerRun:
         int(peak.group(1)) if peak else None,
         io_memory.group(1) if io_memory else None,
         int(heap.group(1), 16) if heap else None,
+        [int(micros) for _, micros in REFERENCE_LINE.findall(stdout)],
     )
 
 
@@ -158,12 +162,17 @@ def run_plan(
     options: tuple[str, ...] = (),
     timeout_s: float | None = RUN_TIMEOUT_S,
     methods: list[str] = (),
+    reference: Path | None = None,
 ) -> RunnerRun:
     """Run the plan in one runner process on this host (the plan's methods decide its options:
-    contract.plan_options; `options`, any more); outputs land in output_dir as output_<step>_<index>.raw."""
+    contract.plan_options; `options`, any more); outputs land in output_dir as output_<step>_<index>.raw.
+    reference: a program timed after each step in a Module of its own (RunnerRun.reference_us)."""
     output_dir.mkdir(parents=True, exist_ok=True)
+    argv = contract.suite_runner_argv(
+        str(program), str(plan), str(output_dir), list(methods), reference=str(reference) if reference else None
+    )
     completed = subprocess.run(
-        [str(binary), *contract.suite_runner_argv(str(program), str(plan), str(output_dir), list(methods)), *options],
+        [str(binary), *argv, *options],
         env=env,
         stdin=subprocess.DEVNULL,
         check=False,

@@ -9,7 +9,7 @@
  * Usage:
  *   suite_runner --model_path M.pte --plan_path plan.txt --output_folder_path OUT
  *                [--log_level N] [--performance_mode N] [--share_memory_arenas] [--shared_buffer]
- *                [--etdump_path FILE]
+ *                [--etdump_path FILE] [--reference_model_path R.pte]
  *
  * Step plan (a strict, line-based text file; '#' starts a comment line, blank lines are ignored):
  *   qnnsuite-plan 1                      first meaningful line: the format and its version
@@ -35,6 +35,8 @@
  *                                                included; the process's peak RSS once it returned, below)
  *   runner: peak_rss_kb N                        at the end (getrusage(RUSAGE_SELF).ru_maxrss)
  *   runner: etdump_bytes N                       with --etdump_path, once the ETDump is written
+ *   runner: reference load_us N                  with --reference_model_path, once, before the first step
+ *   runner: reference after step S execute_us N  with --reference_model_path, after step S's outputs are written
  *
  * Errors: one line on stderr starting "suite_runner: error: " that names the problem and the fix, and a
  * distinct exit code (executorch's own log lines may precede it for load or execute failures):
@@ -79,6 +81,12 @@
  * Inspector. Built only where the executorch under test ships libexecutorch_etdump.so and its header
  * (harness/runner/build.py defines SUITE_RUNNER_ETDUMP); elsewhere --etdump_path stops with exit 11. The timed
  * executes of a profiled run carry the tracer's cost, so the suite profiles in a run of its own.
+ * Reference program (--reference_model_path, the performance gate's drift meter): another program (the
+ * health check's one-op program, lowered for the same SoC) in a Module of its own, its first method loaded and
+ * executed three times untimed before the first step (warm-up), then once after each step, timed. The case's
+ * time over the reference's, both measured in this one process seconds apart, cancels what slows both (the
+ * host's load, the simulator's speed of the hour): docs/PERFORMANCE.md. Its own Module, arenas and QNN
+ * context: it cannot reach the case's state, and its outputs are never written. Its inputs are zeros.
  */
 #include <executorch/extension/module/module.h>
 #include <executorch/extension/tensor/tensor_ptr.h>
@@ -122,6 +130,7 @@ constexpr int kUsage = 2, kBadPlan = 3, kBadProgram = 4, kUnknownMethod = 5, kBa
               kInputMismatch = 7, kLoadFailed = 8, kExecuteFailed = 9, kOutputFailed = 10, kBadOption = 11;
 constexpr const char* kPlanHeader = "qnnsuite-plan 1";
 constexpr size_t kSharedAlignment = 64;
+constexpr int kReferenceWarmUps = 3;  // the reference program's untimed executes before the first step
 
 [[noreturn]] void fail(int code, const std::string& message) {
   std::fflush(stdout);
@@ -133,6 +142,7 @@ struct Options {
   std::string model, plan, output, etdump;
   int log_level = -1, performance_mode = -1;
   bool share_memory_arenas = false, shared_buffer = false;
+  std::string reference;  // --reference_model_path
 };
 
 int parse_int(const std::string& flag, const std::string& text, int low, int high) {
@@ -161,6 +171,7 @@ Options parse_args(int argc, char** argv) {
     else if (flag == "--share_memory_arenas") options.share_memory_arenas = true;
     else if (flag == "--shared_buffer") options.shared_buffer = true;
     else if (flag == "--etdump_path") options.etdump = value();
+    else if (flag == "--reference_model_path") options.reference = value();
     else fail(kUsage, "unknown argument '" + flag + "': see the usage in suite_runner.cpp's header");
   }
   if (options.model.empty() || options.plan.empty() || options.output.empty()) {
@@ -421,6 +432,49 @@ long long micros_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start).count();
 }
 
+// The reference program (see the header): a Module of its own, its first method with zero inputs.
+struct Reference {
+  std::unique_ptr<Module> module;
+  std::string method;
+  std::vector<executorch::extension::TensorPtr> tensors;
+  std::vector<EValue> inputs;
+
+  long long execute() {
+    auto start = std::chrono::steady_clock::now();
+    auto outputs = module->execute(method, inputs);
+    long long elapsed = micros_since(start);
+    if (!outputs.ok()) fail(kExecuteFailed, "the reference program failed to execute (its backend's log is above)");
+    return elapsed;
+  }
+};
+
+std::unique_ptr<Reference> load_reference(const std::string& path) {
+  if (path.empty()) return nullptr;
+  auto start = std::chrono::steady_clock::now();
+  auto reference = std::make_unique<Reference>();
+  reference->module = std::make_unique<Module>(path, Module::LoadMode::File);
+  auto name = reference->module->load() == Error::Ok ? reference->module->program()->get_method_name(0)
+                                                     : executorch::runtime::Result<const char*>(Error::InvalidProgram);
+  if (!name.ok()) fail(kBadProgram, "cannot load the reference program " + path + ": is it a .pte?");
+  reference->method = *name;
+  if (reference->module->load_method(reference->method) != Error::Ok) {
+    fail(kLoadFailed, "loading the reference program's method " + reference->method + " failed: check its SoC");
+  }
+  MethodMeta meta = reference->module->method_meta(reference->method).get();
+  for (size_t input = 0; input < meta.num_inputs(); ++input) {
+    auto tag = meta.input_tag(input);
+    if (!tag.ok() || *tag != Tag::Tensor) fail(kInputMismatch, "the reference program takes a non-tensor input");
+    reference->tensors.push_back(allocate_tensor(meta.input_tensor_meta(input).get(), false, "a reference input"));
+    std::memset(reference->tensors.back()->mutable_data_ptr(), 0, reference->tensors.back()->nbytes());
+    reference->inputs.emplace_back(reference->tensors.back());
+  }
+  // Untimed: on the HTP simulator a graph's first executes take 10-60 ms and later ones 0.2-0.4 ms
+  // (docs/PERFORMANCE.md, warm-up on the simulator)
+  for (int warm_up = 0; warm_up < kReferenceWarmUps; ++warm_up) reference->execute();
+  std::cout << "runner: reference load_us " << micros_since(start) << std::endl;
+  return reference;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -451,6 +505,8 @@ int main(int argc, char** argv) {
   set_backend_options(options);
   const bool use_rpcmem = options.shared_buffer && kHasRpcmem;
   std::cout << "runner: io memory " << (use_rpcmem ? "rpcmem" : "ordinary") << std::endl;
+
+  std::unique_ptr<Reference> reference = load_reference(options.reference);
 
   std::set<std::string> loaded;
   for (const Step& step : steps) {
@@ -497,6 +553,9 @@ int main(int argc, char** argv) {
     for (size_t output = 0; output < outputs->size(); ++output) {
       write_output(options.output + "/output_" + std::to_string(index) + "_" + std::to_string(output) + ".raw",
                    (*outputs)[output]);
+    }
+    if (reference) {
+      std::cout << "runner: reference after step " << index << " execute_us " << reference->execute() << std::endl;
     }
   }
   write_etdump(options, module);

@@ -111,9 +111,29 @@ def test_a_failed_run_gets_no_other_runs(tmp_path, recorder):
     assert len(pool.requests) == 1 and outcome.run is None and outcome.reference_run is None
 
 
-def test_a_failed_repeat_is_noted_in_its_own_field_not_the_device_log(tmp_path, recorder):
+def test_repeats_run_the_plan_cycled_beside_the_reference_program_and_the_checks_run_alone(
+    tmp_path, recorder, monkeypatch
+):
+    """The repeats (timing only) carry the reference program and the plan cycled to TIMED_STEPS steps; the run
+    whose outputs the checks read has neither."""
+    outcome = _outcome(tmp_path)
+    pool = recorder(outcome)
+    reference = tmp_path / "reference.pte"
+    monkeypatch.setattr(CaseStore, "_reference_program", lambda self, soc: reference)
+    _store(tmp_path, perf_repeats=3)._run(outcome)
+    run, *repeats = pool.requests
+    assert run.reference is None and len(run.steps) == STEPS
+    cycles = -(-store_module.TIMED_STEPS // STEPS)
+    for repeat in repeats:
+        assert repeat.reference == reference and repeat.steps == run.steps * cycles
+        assert repeat.output_bytes == run.output_bytes * cycles and repeat.program == run.program
+    assert len(repeats) == 2
+
+
+def test_a_failed_repeat_is_noted_in_its_own_field_not_the_device_log(tmp_path, recorder, monkeypatch):
     outcome = _outcome(tmp_path)
     pool = recorder(outcome, failing=(f"{outcome.case.id}.repeat2",))
+    monkeypatch.setattr(CaseStore, "_reference_program", lambda self, soc: None)  # none lowered: the plan as is
     _store(tmp_path, perf_repeats=4)._run(outcome)
     assert [request.name.removeprefix(outcome.case.id) for request in pool.requests] == ["", ".repeat1", ".repeat2"]
     assert outcome.repeat_steps_us == [[5] * STEPS]

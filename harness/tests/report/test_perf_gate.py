@@ -15,7 +15,7 @@ from html import unescape
 import jsonschema
 import pytest
 
-from harness.emulator.compiled_runner import slowdown_ms
+from harness.emulator.compiled_runner import slowdown
 from harness.paths import REPO_ROOT
 from harness.record import CheckRecord, step_stats
 from harness.report import page, write_run
@@ -203,14 +203,15 @@ def test_gate_json_and_the_page_name_the_performance_verdicts(tmp_path):
 @pytest.mark.parametrize(
     ("fault", "folder", "expected"),
     [
-        ({"ms": 200, "match": "delegate_mutbuf"}, "counter_add-fp16-delegate_mutbuf-SM8650", 200),
-        ({"ms": 200, "match": "delegate_mutbuf"}, "counter_add-fp16-skip_mutbuf-SM8650", 0),
-        ({"ms": "200", "match": "delegate_mutbuf"}, "counter_add-fp16-delegate_mutbuf-SM8650", 0),
-        (True, "counter_add-fp16-delegate_mutbuf-SM8650", 0),
+        ({"ms": 200, "match": "delegate_mutbuf"}, "counter_add-fp16-delegate_mutbuf-SM8650", (200, 0)),
+        ({"pct": 25, "match": "delegate_mutbuf"}, "counter_add-fp16-delegate_mutbuf-SM8650", (0, 25)),
+        ({"ms": 200, "match": "delegate_mutbuf"}, "counter_add-fp16-skip_mutbuf-SM8650", (0, 0)),
+        ({"ms": "200", "pct": 2.5, "match": "delegate_mutbuf"}, "counter_add-fp16-delegate_mutbuf-SM8650", (0, 0)),
+        (True, "counter_add-fp16-delegate_mutbuf-SM8650", (0, 0)),
     ],
 )
 def test_the_slowdown_switch_slows_only_the_cases_it_names(fault, folder, expected):
-    assert slowdown_ms(fault, folder) == expected
+    assert slowdown(fault, folder) == expected
 
 
 @pytest.mark.parametrize(

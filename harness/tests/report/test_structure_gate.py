@@ -26,6 +26,7 @@ from harness.report.structure_gate import (
 )
 from harness.tests.report.test_perf_gate import records_with, timing
 from harness.tests.report.test_report import COLUMNS, SCHEMA, environments
+from harness.text import markdown_text
 
 BASE = {
     "methods": {
@@ -150,3 +151,32 @@ def test_a_case_carries_the_most_qnnmem_register_calls_one_execute_made_where_th
     assert "mem_register_calls_per_execute" not in outcome(False).structure, "a device without a trace says nothing"
     assert "mem_register_calls_per_execute" not in outcome(True, old_trace).structure, "an older interposer: no counts"
     assert CaseOutcome(None, [], SimpleNamespace(facts=LoweringFacts()), []).structure is None  # type: ignore[arg-type]
+
+
+def test_summary_and_page_show_the_structural_gate_a_line_per_changed_fact(tmp_path):
+    """summary.md and report.html give the structural gate its heading (counts per verdict), each changed case's
+    line and, under it, each changed fact with its own verdict; an unchanged case is only counted."""
+    before = [replace(r, structure=BASE) for r in records_with({"delegate_mutbuf": timing([6000, 6100])})]
+    after = [
+        replace(r, structure=changed(_transposes_and_a_cast) if r.mode == "delegate_mutbuf" else BASE) for r in before
+    ]
+    document = {"soc": "SM8650", "cases": [{"case_id": r.case_id, "structure": r.structure} for r in before]}
+    verdicts = compare(baseline_structures([document]), after)
+    gated = replace(gate_compare(of_records(before), of_records(after)), structure=verdicts)
+    folders = write_run(after, environments(("SM8650",)), tmp_path / "reports", "run", COLUMNS, gated)
+    summary = (folders["SM8650"] / "summary.md").read_text()
+    html = (folders["SM8650"] / "report.html").read_text()
+    passed = sum(v.verdict == PASS for v in verdicts)
+    assert f"### Structural gate: {passed} PASS, 1 FAIL (reported only: --perf-gate fails on it)" in summary
+    case = next(v.case_id for v in verdicts if v.verdict == FAIL)
+    line = f"structure FAIL: SM8650 {case} forward: +1 Cast, +2 Transpose, context binary +18.0% (50000 -> 59000 B)"
+    assert f"- {markdown_text(line)}" in summary
+    for fact in ("forward: +1 Cast (FAIL)", "forward: +2 Transpose (FAIL)", "forward: context binary +18.0% (50000"):
+        assert f"  - {markdown_text(fact)}" in summary and f"<li>{fact}" in html.replace("&gt;", ">"), fact
+    assert 'id="gate-structure"' in html and f"structure FAIL: SM8650 {case}" in html
+    assert summary.count("- structure ") == 1, "an unchanged case is counted, not listed"
+    assert 'id="structure"' in html, "report.html lists each case's structural facts"
+    assert (
+        "forward: Cast 1, ElementWiseAdd 1, ElementWiseMultiply 1, Reshape 1, Transpose 2; context binary 59000 B"
+        in (html)
+    )
