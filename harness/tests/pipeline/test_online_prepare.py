@@ -73,11 +73,9 @@ def test_lower_puts_the_cards_option_in_the_compiler_spec(monkeypatch, option, v
 
     monkeypatch.setattr(utils, "generate_qnn_executorch_compiler_spec", spec)
     monkeypatch.setattr(utils, "to_edge_transform_and_lower_to_qnn", lambda model, example, specs, **kw: specs)
-    assert stages.lower(object(), (), "SM8650", "fp16", False, **{option: value}) == ["spec"]
+    assert stages.lower({"forward": object()}, {"forward": ()}, "SM8650", "fp16", False, **{option: value}) == ["spec"]
     assert seen.pop(option) is value
-    assert stages.lower_multi({"prefill": object()}, {"prefill": ()}, "SM8650", "fp16", False, **{option: value}) == [
-        "spec"
-    ]
+    assert stages.lower({"prefill": object()}, {"prefill": ()}, "SM8650", "fp16", False, **{option: value}) == ["spec"]
     assert seen.pop(option) is value, "a multi-method card's option reaches its one compiler spec too"
 
 
@@ -100,7 +98,7 @@ def test_an_online_prepared_lowering_writes_and_reads_its_dlc_in_a_private_folde
     monkeypatch.setattr(utils, "generate_qnn_executorch_compiler_spec", lambda **options: [options])
     monkeypatch.setattr(utils, "to_edge_transform_and_lower_to_qnn", lower_like_qnn_ir)
     monkeypatch.chdir(tmp_path)
-    stages.lower(object(), (), "SM8650", "fp16", False, online_prepare=True)
+    stages.lower({"forward": object()}, {"forward": ()}, "SM8650", "fp16", False, online_prepare=True)
     ((folder, mode, read),) = seen
     assert folder != tmp_path and mode == 0o700 and read == "composed"
     assert not folder.exists(), "the private folder goes with the lowering"
