@@ -155,7 +155,7 @@ def test_the_lowering_server_reads_a_program_once_for_its_lowerings(cold, tmp_pa
         assert (sha256 in prepared._PRELOADED) == read, where
     module = prepared._PRELOADED[sha256]
     taken = prepared.quantized(entry, case.card, None, DTYPE, [], lambda stage: None)
-    assert taken.module is module and not taken.made and not prepared._PRELOADED, "taken once, by the child"
+    assert taken.module["forward"] is module and not taken.made and not prepared._PRELOADED, "taken once, by the child"
 
 
 def test_damaged_export_facts_are_computed_again(cold, toolchain, tmp_path):
