@@ -186,7 +186,7 @@ def test_two_checks_of_one_name_are_refused():
 
     with pytest.raises(ValueError, match="two checks are named 'export'"):
         check_registry.check("export", short="x")(check_export)
-    assert check_registry.get("export").function is harness.checks.check_export
+    assert check_registry.get("export").function is harness.checks.lowering.check_export
 
 
 def test_an_unknown_check_name_says_what_is_registered():

@@ -21,8 +21,9 @@ import pytest
 import torch
 
 from fixtures import zoo  # noqa: F401  (registers the cards)
-from harness import checks, known_failures
+from harness import known_failures
 from harness.check_registry import CheckFailure
+from harness.checks import common, device_state
 from harness.device import kinds
 from harness.device.execute import DeviceRun
 from harness.numerics import pattern_dequantized
@@ -104,15 +105,15 @@ def _eager_from(card_name: str, initial: dict) -> list[list[np.ndarray]]:
 def test_exact_signature_needs_the_device_to_equal_eager_from_the_pattern(tmp_path):
     card = cards.find("fixtures.zoo:counter_add")
     from_pattern = _eager_from("counter_add", pattern_initial(card, PATTERN, ("state",)))
-    for check in (checks.check_state, checks.check_initial_state):
+    for check in (device_state.check_state, device_state.check_initial_state):
         with pytest.raises(CheckFailure, match="heap pattern 0x40 \\(state = 3.004 as float32\\)") as matched:
             check(_outcome(tmp_path, "counter_add", from_pattern, "emulated", PATTERN))
-        assert matched.value.signature == checks.UNINITIALISED_DELEGATED_BUFFER
+        assert matched.value.signature == common.UNINITIALISED_DELEGATED_BUFFER
         # Wrong only where the initial value matters, but not the pattern's value: once loose, now new.
         from_ones = _eager_from("counter_add", {"state": card.build().state + 1})
         with pytest.raises(CheckFailure, match="not the uninitialised-buffer defect") as other:
             check(_outcome(tmp_path, "counter_add", from_ones, "emulated", PATTERN))
-        assert other.value.signature != checks.UNINITIALISED_DELEGATED_BUFFER
+        assert other.value.signature != common.UNINITIALISED_DELEGATED_BUFFER
 
 
 def test_a_fixed_point_buffer_decodes_the_pattern_through_its_scale_and_offset():
@@ -157,20 +158,22 @@ def test_a_quantized_delegate_storing_the_buffer_in_fixed_point_has_an_exact_sig
     decoded = {"state": torch.full(state.shape, (0x4040 + offset) * scale)}
     from_decoded = _eager_from("counter_add", decoded)
     with pytest.raises(CheckFailure, match="state stored as 2-byte fixed point") as matched:
-        checks.check_state(_outcome(tmp_path, "counter_add", from_decoded, "emulated", PATTERN, "16a8w", trace))
-    assert matched.value.signature == checks.UNINITIALISED_DELEGATED_BUFFER and "unconfirmed" not in str(matched.value)
+        device_state.check_state(_outcome(tmp_path, "counter_add", from_decoded, "emulated", PATTERN, "16a8w", trace))
+    assert matched.value.signature == common.UNINITIALISED_DELEGATED_BUFFER and "unconfirmed" not in str(matched.value)
     from_float_bytes = _eager_from("counter_add", pattern_initial(card, PATTERN, ("state",)))
     with pytest.raises(CheckFailure, match="not the uninitialised-buffer defect") as other:
-        checks.check_state(_outcome(tmp_path, "counter_add", from_float_bytes, "emulated", PATTERN, "16a8w", trace))
-    assert other.value.signature != checks.UNINITIALISED_DELEGATED_BUFFER
+        device_state.check_state(
+            _outcome(tmp_path, "counter_add", from_float_bytes, "emulated", PATTERN, "16a8w", trace)
+        )
+    assert other.value.signature != common.UNINITIALISED_DELEGATED_BUFFER
 
 
 def test_without_a_known_pattern_the_loose_signature_is_unconfirmed(tmp_path):
     card = cards.find("fixtures.zoo:counter_add")
     from_ones = _eager_from("counter_add", {"state": card.build().state + 1})
     with pytest.raises(CheckFailure, match="unconfirmed: a phone's heap pattern cannot be set") as failure:
-        checks.check_state(_outcome(tmp_path, "counter_add", from_ones, "phone", None))
-    assert failure.value.signature == checks.UNINITIALISED_DELEGATED_BUFFER
+        device_state.check_state(_outcome(tmp_path, "counter_add", from_ones, "phone", None))
+    assert failure.value.signature == common.UNINITIALISED_DELEGATED_BUFFER
 
 
 # A real suite run: the clean device xfails strictly, the one that loses delegated state fails -------

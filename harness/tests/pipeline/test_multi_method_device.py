@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from fixtures import multi_method  # noqa: F401  (registers the cards)
-from harness import checks
 from harness.check_registry import CheckFailure
+from harness.checks import cross_method
 from harness.device import kinds
 from harness.device.adb import AdbClient
 from harness.device.device import Device
@@ -75,7 +75,7 @@ def _judged(outcome: CaseOutcome, device_and_workspace, folder: Path) -> dict:
     judged = CaseOutcome(
         outcome.case, outcome.steps, outcome.artifact, outcome.reference, device_kind="emulated", run=run
     )
-    return checks.check_cross_method_state(judged)
+    return cross_method.check_cross_method_state(judged)
 
 
 def test_decode_reads_what_prefill_wrote_on_the_device(lowered, device_and_workspace, tmp_path):

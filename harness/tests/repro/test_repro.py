@@ -164,7 +164,7 @@ def test_failing_bundle_reproduces_alone(runs, tmp_path):
     reported = checks["state"]["evidence"]["steps"]
     # The emulated device's heap holds a fixed pattern and repro.py starts its simulator run the same way
     # (case.json's heap_pattern), so the uninitialised buffer reads the same bytes; repro.py judges with the
-    # suite's own checks (suite/harness.checks.py), so the verdict, signature, whole line (the exact one: the
+    # suite's own checks (suite/harness.checks.*.py), so the verdict, signature, whole line (the exact one: the
     # device equals eager started from the pattern) and per-step numbers are the report's.
     for name in ("state", "initial_state"):
         assert (
