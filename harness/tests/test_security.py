@@ -39,7 +39,8 @@ from harness.device.pool import DeviceSpec, remove_run_folders
 from harness.device.sync import SyncSession
 from harness.emulator import jail, shell_paths
 from harness.emulator.adb_auth import PublicKey, load_keys
-from harness.emulator.adbd import HEADER, JAIL_ENV
+from harness.emulator.adbd import JAIL_ENV
+from harness.emulator.adbd_transport import HEADER
 from harness.emulator.launcher import ADB_SERVER_ENV, PROJECT_ROOT, EmulatorFleet, free_port, host_request
 from harness.paths import REPO_ROOT
 from harness.pipeline import card as card_registry, prepared
