@@ -34,6 +34,7 @@ from harness.pipeline.eager import pattern_initial
 from harness.pipeline.facts import LoweringFacts
 from harness.pipeline.lower import LoweredArtifact
 from harness.runner.run import parse
+from harness.tests.child_suite import run_suite
 from harness.vocabulary import Case, Mode
 
 PATTERN = kinds.EMULATED_HEAP_PATTERN
@@ -181,15 +182,7 @@ def test_without_a_known_pattern_the_loose_signature_is_unconfirmed(tmp_path):
 def lossy_run(tmp_path_factory) -> dict[str, dict[tuple[str, str, str], dict]]:
     """Child `pytest suites` on two emulated devices; FAULTY refills the delegate's buffers every step."""
     tmp = tmp_path_factory.mktemp("lossy")
-    command = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "suites/test_state.py",
-        "suites/test_initial_state.py",
-        "-p",
-        "no:cacheprovider",
-        "-q",
+    arguments = (
         "-W",
         "ignore",
         "--emulate",
@@ -198,15 +191,10 @@ def lossy_run(tmp_path_factory) -> dict[str, dict[tuple[str, str, str], dict]]:
         "fp16",
         "-k",
         " or ".join(COUNTER_CARDS),
-        "-n",
-        "2",
-        "--cache-dir",
-        str(tmp / "cache"),
-        "--report-dir",
-        str(tmp / "reports"),
-    ]
+    )
+    arguments += ("-n", "2", "--cache-dir", str(tmp / "cache"), "--report-dir", str(tmp / "reports"))
     env = {**os.environ, "QNNSUITE_EMULATOR_FAULTS": json.dumps({FAULTY: {"runner_lose_delegate_state": True}})}
-    completed = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
+    completed = run_suite(*arguments, targets=("suites/test_state.py", "suites/test_initial_state.py"), env=env)
     verdicts = {}
     for soc in (HEALTHY, FAULTY):
         path = tmp / "reports" / "latest" / soc / "report.json"
@@ -219,6 +207,7 @@ def lossy_run(tmp_path_factory) -> dict[str, dict[tuple[str, str, str], dict]]:
     return verdicts
 
 
+@pytest.mark.child_suite
 @pytest.mark.parametrize("card", COUNTER_CARDS)
 @pytest.mark.parametrize("check", ["state", "initial_state"])
 def test_lost_delegated_state_is_a_new_failure(lossy_run, card, check):
