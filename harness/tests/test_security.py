@@ -46,8 +46,8 @@ from harness.paths import REPO_ROOT
 from harness.pipeline import card as card_registry, prepared
 from harness.pipeline.facts import PreparedFacts, ProgramFacts, QuantizeFacts
 from harness.report import write_run
-from harness.report.chart import error_chart
 from harness.report.gate import BaselineError, MalformedReport, load as load_reports
+from harness.report.render.chart import error_chart
 from harness.tests.child_suite import SUITES, run_suite
 from harness.tests.report.test_report import COLUMNS, make_records, typed
 from harness.tests.waiting import wait_for

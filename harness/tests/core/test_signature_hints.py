@@ -26,7 +26,8 @@ from harness.outcome import CaseOutcome
 from harness.pipeline import card as cards, eager
 from harness.pipeline.facts import ExportFacts, LoweringFacts, ProgramFacts
 from harness.pipeline.lower import LoweredArtifact
-from harness.report import document as report_document, markdown
+from harness.report import document as report_document
+from harness.report.render import markdown
 from harness.verdicts import judge
 from harness.vocabulary import Case, Mode, Verdict
 

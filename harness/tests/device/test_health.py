@@ -33,7 +33,8 @@ from harness.outcome import CaseOutcome
 from harness.paths import REPO_ROOT
 from harness.qnn.sdk import WHEEL_ORIGIN, QnnSdk
 from harness.record import RECORD_PROPERTY
-from harness.report import page, write_run
+from harness.report import write_run
+from harness.report.render import page
 from harness.tests.child_suite import run_suite
 from harness.tests.report.test_report import COLUMNS, environments, make_records, typed
 

@@ -25,7 +25,7 @@ from harness.numerics import TOLERANCES
 from harness.pipeline import card as cards
 from harness.pipeline.cases import matrix, meta_llama_matrix
 from harness.record import CheckRecord
-from harness.report import writer
+from harness.report.render import writer
 from harness.repro.bundle import card_record
 from harness.tests.report.test_history import _cli
 from harness.vocabulary import DEFAULT_CARD_MODULES, DTYPES, Case

@@ -15,8 +15,7 @@ import pytest
 
 from harness.emulator.compiled_runner import slowdown_ms
 from harness.record import CheckRecord, step_stats
-from harness.report import page, write_run
-from harness.report.chart import step_time_chart
+from harness.report import write_run
 from harness.report.gate import compare as gate_compare, of_records
 from harness.report.perf_gate import (
     FAIL,
@@ -28,6 +27,8 @@ from harness.report.perf_gate import (
     repeats_of,
     speedups,
 )
+from harness.report.render import page
+from harness.report.render.chart import step_time_chart
 from harness.tests.child_suite import run_suite
 from harness.tests.report.test_report import COLUMNS, SCHEMA, environments, make_records, typed
 

@@ -17,7 +17,8 @@ import pytest
 
 from harness import shard
 from harness.paths import REPO_ROOT
-from harness.report import merge as merging, write_run
+from harness.report import write_run
+from harness.report.nightly import merge as merging
 from harness.tests.child_suite import run_suite
 from harness.tests.report.test_report import COLUMNS, SCHEMA, environments, make_records, typed
 
