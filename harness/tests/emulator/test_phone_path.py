@@ -30,7 +30,7 @@ from harness.paths import REPO_ROOT
 from harness.qnn import interposer
 from harness.tests.child_suite import run_suite
 from harness.tests.device.test_phone_payload import upstream_files
-from harness.tests.test_security import foreign_server_attempt
+from harness.tests.security.test_security import foreign_server_attempt
 
 SOCS = {"SM8650": 75, "SM8750": 79}
 SELECTION = "kv_index_copy_dim1 or kv_gather_written"
