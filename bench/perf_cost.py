@@ -169,7 +169,7 @@ def time_reports(reports: list[Path], repeats: int) -> dict:
     speed-up rows and the SVG charts; step_stats over every case), and as a cross-check the whole summary.md
     and report.html rendered with the cases' timings and without (renders alternating, median of REPEATS)."""
     from harness.record import step_stats
-    from harness.report import markdown, page
+    from harness.report.render import markdown, page
 
     def median_s(build, argument: object) -> float:
         times = []

@@ -11,7 +11,7 @@ The load: `suite` (default) keeps a cold default suite run going beside the test
 its reports and artifact cache in a private temporary folder), as on a developer's machine or a CI host
 shared with a nightly; `cpu` keeps one busy process per core; `none` runs the tests alone. Each run is
 `pytest -n WORKERS --dist loadfile` over the paths (default: harness/tests/device, harness/tests/emulator,
-harness/tests/test_faults.py), as the README's test command runs them, with a JUnit file read for the failed
+harness/tests/faults/test_faults.py), as the README's test command runs them, with a JUnit file read for the failed
 test ids. The load's processes are one process group, killed at the end whatever happens. Results go to
 bench/stress-results.json (per run: wall time, counts, failed ids) and a summary is printed; the exit code
 is 1 if any run had a failure.
@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT_PATHS = ("harness/tests/device", "harness/tests/emulator", "harness/tests/test_faults.py")
+DEFAULT_PATHS = ("harness/tests/device", "harness/tests/emulator", "harness/tests/faults/test_faults.py")
 RESULTS = REPO / "bench" / "stress-results.json"
 
 

@@ -309,7 +309,7 @@ def parse(config: pytest.Config) -> RunOptions:
         )
     if baseline:
         from harness.report.gate import BaselineError  # here: the option's only use of the report package
-        from harness.report.promote import baseline_path
+        from harness.report.nightly.promote import baseline_path
 
         try:
             baseline = str(baseline_path(Path(baseline)))  # a nightly store (promote --to): its newest night

@@ -1,6 +1,6 @@
 """A case's shared outcome: what it lowered to, what the device did and eager's reference, read by every check.
 
-The CaseStore (harness/case_store.py) builds one per case; checks (harness/checks.py) only read it. The analysis
+The CaseStore (harness/case_store.py) builds one per case; checks (harness/checks/) only read it. The analysis
 of the uninitialised-buffer defect (docs/FINDINGS.md#F1) lives here because it is a reading of the outcome.
 
 What the outcome holds of the lowering, the device run and the device is read through the small protocols

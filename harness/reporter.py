@@ -27,8 +27,8 @@ from harness.record import CheckRecord, carried_record
 from harness.report import perf_gate, structure_gate
 from harness.report.document import tally
 from harness.report.gate import BaselineError, GateResult, Key, Outcome, Selection, clip, read_documents
+from harness.report.nightly.promote import identity
 from harness.report.perf_gate import FAIL, PASS, WARN
-from harness.report.promote import identity
 from harness.repro import layout
 from harness.user_state import UnsafeStateDir, state_dir
 from harness.vocabulary import DTYPES, Verdict
@@ -184,7 +184,9 @@ class ConformanceReporter:
         environments = environment.per_soc(self._context, toolchain, self._started, _now(), shard)
         for entry in environments.values():  # the phones' delegation rule reads it from report.json
             entry["perf_budget_pct"] = self._options.perf_budget
-            entry |= selection.environment()  # a merge of this run's shards gates by it (harness/report/merge.py)
+            entry |= (
+                selection.environment()
+            )  # a merge of this run's shards gates by it (harness/report/nightly/merge.py)
         provenance = environment.provenance_per_soc(self._context, toolchain)
         folders = report.write_run(
             self.records,

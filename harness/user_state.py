@@ -150,7 +150,7 @@ def user_key(name: str) -> bytes:
     """This user's secret key `name` (e.g. the cache's, the nightly store's): made once (0600, atomically: the
     first writer wins) in the user's private 0700 state folder, and read only if it is a regular file of
     this user's that nobody else can read. What it seals (harness/pipeline/prepared.py's programs, the nights
-    of harness/report/promote.py) was written by this user's suite, not planted."""
+    of harness/report/nightly/promote.py) was written by this user's suite, not planted."""
     path = base_dir() / name
     if not os.path.lexists(path):
         temporary = path.with_name(f".{name}.{os.getpid()}.{secrets.token_hex(4)}")

@@ -1,4 +1,4 @@
-"""Check: each delegated buffer's input and output share one address (harness/checks.py)."""
+"""Check: each delegated buffer's input and output share one address (harness/checks/device_state.py)."""
 
 from harness.check_registry import suite_test
 

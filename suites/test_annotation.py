@@ -1,4 +1,4 @@
-"""Check: the quantizer leaves mutated buffers unannotated (harness/checks.py)."""
+"""Check: the quantizer leaves mutated buffers unannotated (harness/checks/lowering.py)."""
 
 from harness.check_registry import suite_test
 

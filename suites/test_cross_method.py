@@ -1,4 +1,4 @@
-"""Check: what one method writes, the next method reads, as eager running the plan on one module (harness/checks.py)."""
+"""Check: what one method writes, the next method reads, as eager running the plan on one module (harness/checks/cross_method.py)."""
 
 from harness.check_registry import suite_test
 

@@ -1,4 +1,4 @@
-"""Check: a card driven as users drive it equals eager driven alike (harness/driver_checks.py)."""
+"""Check: a card driven as users drive it equals eager driven alike (harness/checks/driving.py)."""
 
 from harness.check_registry import suite_test
 

@@ -1,4 +1,4 @@
-"""Check: the exported program mutates exactly the card's buffers (harness/checks.py)."""
+"""Check: the exported program mutates exactly the card's buffers (harness/checks/lowering.py)."""
 
 from harness.check_registry import suite_test
 

@@ -1,4 +1,4 @@
-"""Check: on the long driver the error per step does not drift (harness/driver_checks.py)."""
+"""Check: on the long driver the error per step does not drift (harness/checks/driving.py)."""
 
 from harness.check_registry import suite_test
 

@@ -1,4 +1,4 @@
-"""Check: the device starts from each buffer's registered value (harness/checks.py)."""
+"""Check: the device starts from each buffer's registered value (harness/checks/device_state.py)."""
 
 from harness.check_registry import suite_test
 

@@ -1,4 +1,4 @@
-"""Check: one QNN delegate, buffers inside or outside as the mode says (harness/checks.py)."""
+"""Check: one QNN delegate, buffers inside or outside as the mode says (harness/checks/lowering.py)."""
 
 from harness.check_registry import suite_test
 

@@ -1,4 +1,4 @@
-"""Check: the suite's compiled runner and the reference runner give bit-equal outputs (harness/checks.py)."""
+"""Check: the suite's compiled runner and the reference runner give bit-equal outputs (harness/checks/runner_parity.py)."""
 
 from harness.check_registry import suite_test
 

@@ -1,4 +1,4 @@
-"""Check: state persists step by step as in eager (harness/checks.py)."""
+"""Check: state persists step by step as in eager (harness/checks/device_state.py)."""
 
 from harness.check_registry import suite_test
 

@@ -1,5 +1,5 @@
 """`python -m harness.report diff A B`: what changed between two runs, failing on regressions; and
-`python -m harness.report merge DIR... --out DIR`: shards' reports as one run's (harness/report/merge.py).
+`python -m harness.report merge DIR... --out DIR`: shards' reports as one run's (harness/report/nightly/merge.py).
 
 diff: A and B are report.json files or run folders. Prints one line per check whose verdict changed
 (regressions, new failures and known failures that now pass are marked); exits 1 if B regressed against A
@@ -10,11 +10,11 @@ merge: exits 2 when the parts cannot be merged (one line says why), 4 on a part 
 valid report.json, 1 when --baseline is given and the merged run fails its gate (gate.json beside each
 report.json names the checks), else 0.
 A baseline (diff's A, merge's --baseline) that is a nightly store means its newest sealed night whose gate
-passed (harness/report/promote.py baseline_path).
-promote: `python -m harness.report promote RUN --to DIR [--keep N]` (harness/report/promote.py); exits 2
+passed (harness/report/nightly/promote.py baseline_path).
+promote: `python -m harness.report promote RUN --to DIR [--keep N]` (harness/report/nightly/promote.py); exits 2
 when the run is incomplete or DIR is not a store. history: `python -m harness.report history DIR`
-(harness/report/history.py); exits 2 when DIR is not a store. issues: `python -m harness.report issues RUN`
-(harness/report/issues.py); exits 2 on a path without reports, 4 on a malformed one.
+(harness/report/nightly/history.py); exits 2 when DIR is not a store. issues: `python -m harness.report issues RUN`
+(harness/report/nightly/issues.py); exits 2 on a path without reports, 4 on a malformed one.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ import json
 import sys
 from pathlib import Path
 
-from harness.report import history as histories, issues as findings, merge as merging, promote as promotion
 from harness.report.gate import BaselineError, MalformedReport, changes, compare, load
-from harness.report.writer import DocsUrlError, docs_url, summary_line
+from harness.report.nightly import history as histories, issues as findings, merge as merging, promote as promotion
+from harness.report.render.writer import DocsUrlError, docs_url, summary_line
 from harness.text import printable
 from harness.user_state import UnsafeStateDir
 

@@ -83,7 +83,7 @@ def _call_arguments(function: object) -> dict | None:
 
 
 def card_record(card: ModelCard, card_file: str) -> dict:
-    """case.json's "card": what a reader (issue.md, the finding scripts of harness/report/issues.py) needs to
+    """case.json's "card": what a reader (issue.md, the finding scripts of harness/report/nightly/issues.py) needs to
     rebuild the card from the bundle's copy of its module."""
     return {
         "name": card.name,

@@ -23,6 +23,7 @@ LAYERS = (
     "harness.process",
     "harness.device",
     "harness.pipeline",
+    "harness.checks",
     "harness.emulator",
     "harness.repro",
     "harness.report",
@@ -30,7 +31,7 @@ LAYERS = (
 )
 # Top-level modules the packages may import: the nouns, records and readings the whole house shares. A shared
 # module imports only shared modules and packages, and through it no package reaches its own or a higher one.
-# Every other top-level module (plugin, session, fixtures, case_store, health, verdicts, checks, reporter, ...)
+# Every other top-level module (plugin, session, fixtures, case_store, health, verdicts, reporter, ...)
 # wires packages together; no package and no shared module imports one of them.
 SHARED = (
     "harness.paths",
@@ -191,7 +192,9 @@ def test_report_package_does_not_import_torch():
     heavy = [
         m
         for m in reached
-        if m in ("harness.pipeline.card", "harness.numerics", "harness.checks", "harness.case_store", "harness.outcome")
+        if m in ("harness.pipeline.card", "harness.numerics", "harness.case_store", "harness.outcome")
+        or m == "harness.checks"
+        or m.startswith("harness.checks.")
     ]
     assert heavy == [], f"harness.report reaches {heavy}"
 
@@ -225,3 +228,33 @@ def test_no_tracked_file_points_outside_the_repository():
         if name and (REPO_ROOT / name).is_file() and outside in (REPO_ROOT / name).read_text(errors="replace")
     ]
     assert offenders == [], f"these files point at {outside}, which users of the suite do not have: {offenders}"
+
+
+# harness/report/ in three parts, lowest first: the report itself (document, intake, the gates), its rendering,
+# the nightly tools. A module of one imports only modules of its own part and of the parts before it (the
+# package's __init__ and its command line, __main__, stand over all three).
+REPORT_PARTS = ("harness.report", "harness.report.render", "harness.report.nightly")
+REPORT_TOP = ("harness.report", "harness.report.__main__")
+
+
+def _report_part(module: str) -> str:
+    return next(p for p in reversed(REPORT_PARTS) if module == p or module.startswith(p + "."))
+
+
+def _report_arrows_up(graph: dict[str, set[str]]) -> list[str]:
+    found = []
+    for module in sorted(m for m in graph if _layer(m) == "harness.report" and m not in REPORT_TOP):
+        part = REPORT_PARTS.index(_report_part(module))
+        for imported in sorted(i for i in graph[module] if _layer(i) == "harness.report"):
+            if REPORT_PARTS.index(_report_part(imported)) > part:
+                found.append(f"{module} -> {imported} ({_report_part(imported)} is above {_report_part(module)})")
+    return found
+
+
+def test_the_report_parts_import_downward_only():
+    assert _report_arrows_up(_import_graph()) == []
+    house = {"harness.report.gate": {"harness.report.document"}, "harness.report.render.page": {"harness.report.gate"}}
+    assert _report_arrows_up(house) == []
+    assert _report_arrows_up({**house, "harness.report.gate": {"harness.report.render.page"}}) == [
+        "harness.report.gate -> harness.report.render.page (harness.report.render is above harness.report)"
+    ]

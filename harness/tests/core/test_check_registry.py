@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 import harness.checks  # noqa: F401  (registers the built-in checks)
 from harness import check_registry, known_failures
 from harness.paths import REPO_ROOT
+from harness.tests.child_suite import run_suite
 
 NEW_SUITE = '''
 from harness.check_registry import CheckFailure, check, suite_test
@@ -88,38 +88,16 @@ def _compile_only(tmp_path: Path, cache: Path, suite_text: str, manifest_text: s
     suite.write_text(suite_text)
     manifest = tmp_path / "known_failures.toml"
     manifest.write_text(manifest_text)
-    command = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-c",
-        str(REPO_ROOT / "pytest.ini"),
-        "--rootdir",
-        str(REPO_ROOT),
-        "-p",
-        "harness.plugin",
-        str(suite),
-        "-q",
-        "-rs",
-        "--emulate",
-        "SM8650",
-        "--dtype",
-        "fp16",
-        "-k",
-        "kv_index_copy_dim1",
-        "--known-failures",
-        str(manifest),
-        "--compile-only",
-        "--report-dir",
-        str(tmp_path / "reports"),
-        "--cache-dir",
-        str(cache),
-    ]
-    return subprocess.run(
-        command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900, env={**os.environ, "COLUMNS": "300"}
+    return run_suite(
+        *("-c", str(REPO_ROOT / "pytest.ini"), "--rootdir", str(REPO_ROOT), "-p", "harness.plugin", "-rs"),
+        *("--emulate", "SM8650", "--dtype", "fp16", "-k", "kv_index_copy_dim1", "--known-failures", str(manifest)),
+        *("--compile-only", "--report-dir", str(tmp_path / "reports"), "--cache-dir", str(cache)),
+        targets=(str(suite),),
+        env={**os.environ, "COLUMNS": "300"},
     )
 
 
+@pytest.mark.child_suite
 @pytest.mark.qnn
 def test_a_new_check_needs_one_decorated_function_and_one_suite_line(tmp_path: Path, shared_cache: Path):
     completed = _compile_only(tmp_path, shared_cache, NEW_SUITE, NEW_MANIFEST)
@@ -136,6 +114,7 @@ def test_a_new_check_needs_one_decorated_function_and_one_suite_line(tmp_path: P
     assert 'title="delegate_named">dlg</th>' in html
 
 
+@pytest.mark.child_suite
 @pytest.mark.qnn
 def test_not_measured_and_infrastructure_errors_are_verdicts_of_their_own(tmp_path: Path, shared_cache: Path):
     """NotMeasured is counted apart (pytest shows it with the skips, never as a pass); InfrastructureError
@@ -159,6 +138,7 @@ reason = "must not explain an infrastructure error"
     assert "SM8650: 0 passed, 0 failed, 1 not measured, 1 infrastructure errors" in completed.stdout
 
 
+@pytest.mark.child_suite
 @pytest.mark.qnn
 def test_pytest_formats_no_traceback_for_a_verdict_the_suite_words_itself(tmp_path: Path, shared_cache: Path):
     """A CheckFailure reaches pytest without the check's frames, and the frames between are hidden for it:
@@ -186,7 +166,7 @@ def test_two_checks_of_one_name_are_refused():
 
     with pytest.raises(ValueError, match="two checks are named 'export'"):
         check_registry.check("export", short="x")(check_export)
-    assert check_registry.get("export").function is harness.checks.check_export
+    assert check_registry.get("export").function is harness.checks.lowering.check_export
 
 
 def test_an_unknown_check_name_says_what_is_registered():

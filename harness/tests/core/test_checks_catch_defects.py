@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from fixtures import zoo  # noqa: F401  (registers the cards)
-from harness import checks
 from harness.check_registry import CheckFailure, NotMeasured
+from harness.checks import common, device_state, lowering
 from harness.device import kinds
 from harness.device.execute import DeviceRun
 from harness.outcome import CaseOutcome
@@ -99,10 +99,10 @@ def test_export_check_catches_a_misdeclared_buffer():
         )
         outcome = _outcome(Case(card, "fp16", Mode.DELEGATE, "SM8650"), facts, steps)
         if should_pass:
-            checks.check_export(outcome)
+            lowering.check_export(outcome)
         else:
             with pytest.raises(CheckFailure, match=r"buffers_to_mutate \['actual'\] != .*\['declared'\]"):
-                checks.check_export(outcome)
+                lowering.check_export(outcome)
 
 
 # 2 annotation ---------------------------------------------------------------------------------------
@@ -136,10 +136,10 @@ def test_annotation_check_catches_a_quantizer_that_annotates_the_buffer(toolchai
         quantizer.set_default_quant_config(QuantDtype.use_16a8w)
         outcome = _outcome(case, _annotation_facts(quantizer, card), card.steps(1))
         if should_pass:
-            checks.check_annotation(outcome)
+            lowering.check_annotation(outcome)
         else:
             with pytest.raises(CheckFailure, match="mutated buffer cache is annotated for quantization"):
-                checks.check_annotation(outcome)
+                lowering.check_annotation(outcome)
 
 
 # 3 partitions ----------------------------------------------------------------------------------------
@@ -147,7 +147,7 @@ def test_partition_check_catches_a_split_lowering(toolchain, tmp_path_factory):
     outcome = _lowered(toolchain, tmp_path_factory, "harness.tests.broken_cards:split_by_unsupported_op", skip=True)
     assert outcome.artifact.ok, outcome.artifact.failure
     with pytest.raises(CheckFailure, match=r"^2 delegate\(s\) \['QnnBackend'\], expected 1 .*aten.cumprod"):
-        checks.check_partitions(outcome)
+        lowering.check_partitions(outcome)
 
 
 # 4 address sharing -----------------------------------------------------------------------------------
@@ -178,11 +178,15 @@ def _trace_outcome(tmp_path: Path, addresses: list[tuple[str, str]]) -> CaseOutc
 
 
 def test_address_check_catches_a_pair_on_two_addresses(tmp_path):
-    checks.check_address_sharing(_trace_outcome(tmp_path, [("0x10", "0x10")] * 3))
+    device_state.check_address_sharing(_trace_outcome(tmp_path, [("0x10", "0x10")] * 3))
     with pytest.raises(CheckFailure, match=r"execute 1: input_0_mutbuf_0_b_cache@0 at 0x10 but .* at 0x20"):
-        checks.check_address_sharing(_trace_outcome(tmp_path, [("0x10", "0x10"), ("0x10", "0x20"), ("0x10", "0x10")]))
+        device_state.check_address_sharing(
+            _trace_outcome(tmp_path, [("0x10", "0x10"), ("0x10", "0x20"), ("0x10", "0x10")])
+        )
     with pytest.raises(CheckFailure, match="changed address between executes"):
-        checks.check_address_sharing(_trace_outcome(tmp_path, [("0x10", "0x10"), ("0x30", "0x30"), ("0x30", "0x30")]))
+        device_state.check_address_sharing(
+            _trace_outcome(tmp_path, [("0x10", "0x10"), ("0x30", "0x30"), ("0x30", "0x30")])
+        )
 
 
 def test_address_check_on_a_phone_is_not_measured_without_a_trace_and_checked_with_one(tmp_path):
@@ -191,10 +195,10 @@ def test_address_check_on_a_phone_is_not_measured_without_a_trace_and_checked_wi
     outcome = _trace_outcome(tmp_path, [("0x10", "0x20")] * 3)
     outcome.device_kind, outcome.device = "phone", kinds.of("phone")
     with pytest.raises(CheckFailure, match="at 0x10 but"):
-        checks.check_address_sharing(outcome)
+        device_state.check_address_sharing(outcome)
     outcome.run = DeviceRun([], [], None, "")
     with pytest.raises(NotMeasured, match=r"no execute trace from a phone: .* pass --android-ndk PATH"):
-        checks.check_address_sharing(outcome)
+        device_state.check_address_sharing(outcome)
 
 
 # 5 state and 6 initial state (real lowerings, real runs) --------------------------------------------
@@ -205,10 +209,10 @@ def kv_outside(toolchain, tmp_path_factory):
 
 def test_state_check_catches_a_runner_that_reloads_every_step(kv_outside, toolchain, tmp_path):
     healthy = _run_on_simulator(kv_outside, toolchain, tmp_path / "healthy")
-    checks.check_state(healthy)
+    device_state.check_state(healthy)
     broken = _run_on_simulator(kv_outside, toolchain, tmp_path / "broken", faults={"runner_reload_each_line": True})
     with pytest.raises(CheckFailure, match="state differs from eager") as failure:
-        checks.check_state(broken)
+        device_state.check_state(broken)
     assert failure.value.signature == "state_mismatch", (
         "state lost between steps is not the uninitialised-buffer signature"
     )
@@ -219,8 +223,8 @@ def test_initial_state_check_catches_an_ignored_registered_value(toolchain, tmp_
     """kv_arange_init starts from arange: with the buffer outside the delegate executorch honours it;
     delegated, QnnManager never copies it in, so the check must fail with that signature."""
     outside = _lowered(toolchain, tmp_path_factory, "fixtures.zoo:kv_arange_init", skip=True)
-    checks.check_initial_state(_run_on_simulator(outside, toolchain, tmp_path / "outside"))
+    device_state.check_initial_state(_run_on_simulator(outside, toolchain, tmp_path / "outside"))
     delegated = _lowered(toolchain, tmp_path_factory, "fixtures.zoo:kv_arange_init", skip=False)
     with pytest.raises(CheckFailure, match="did not start from its registered value") as failure:
-        checks.check_initial_state(_run_on_simulator(delegated, toolchain, tmp_path / "delegated"))
-    assert failure.value.signature == checks.UNINITIALISED_DELEGATED_BUFFER
+        device_state.check_initial_state(_run_on_simulator(delegated, toolchain, tmp_path / "delegated"))
+    assert failure.value.signature == common.UNINITIALISED_DELEGATED_BUFFER

@@ -1,4 +1,4 @@
-"""cross_method_state (harness/checks.py) on constructed device outputs: it passes a device that carries state
+"""cross_method_state (harness/checks/cross_method.py) on constructed device outputs: it passes a device that carries state
 across methods and fails, each with its own signature, one that reloads the program every step, one whose
 methods each keep a copy of the state, one whose reading method used garbage state and one that is simply
 wrong. Quantized: outputs first, so a device that equals the methods' CPU quantize/dequantize programs with
@@ -23,8 +23,9 @@ from fixtures import (
     multi_method,  # noqa: F401  (registers the cards)
     zoo,  # noqa: F401
 )
-from harness import checks, known_failures, numerics
+from harness import known_failures, numerics
 from harness.check_registry import CheckFailure, NotApplicable
+from harness.checks import cross_method
 from harness.device import kinds
 from harness.device.execute import DeviceRun
 from harness.outcome import CaseOutcome
@@ -69,14 +70,14 @@ def _outcome(
 
 def _signature(outcome: CaseOutcome) -> str:
     with pytest.raises(CheckFailure) as failure:
-        checks.check_cross_method_state(outcome)
+        cross_method.check_cross_method_state(outcome)
     return failure.value.signature
 
 
 def test_passes_where_decode_reads_what_prefill_wrote(tmp_path):
     card = cards.find(CARD)
     outcome = _outcome([list(row) for row in eager.run_steps(card, card.steps(STEPS))], tmp=tmp_path)
-    assert checks.check_cross_method_state(outcome)["plan"] == ["prefill", "decode", "decode", "decode"]
+    assert cross_method.check_cross_method_state(outcome)["plan"] == ["prefill", "decode", "decode", "decode"]
 
 
 def test_a_program_reloaded_every_step_fails_with_reset(tmp_path):
@@ -163,7 +164,7 @@ def test_a_quantized_runtime_keeping_per_method_caches_fails_naming_steps_and_va
     models = _models()
     outcome = _outcome(models["per_method"], facts=_quantized_facts(models), tmp=tmp_path, dtype="16a8w")
     with pytest.raises(CheckFailure) as raised:
-        checks.check_cross_method_state(outcome)
+        cross_method.check_cross_method_state(outcome)
     failure = raised.value
     assert failure.signature == "state_per_method"
     device = numerics.compare(outcome.device_outputs(), outcome.reference, "16a8w").errors
@@ -185,7 +186,7 @@ def test_a_quantized_device_equal_to_its_programs_with_the_state_carried_is_thei
     models = _models(reads_prefill_off_by=0.5)
     outcome = _outcome(models["carried"], facts=_quantized_facts(models), tmp=tmp_path, dtype="16a8w")
     with pytest.raises(CheckFailure) as raised:
-        checks.check_cross_method_state(outcome)
+        cross_method.check_cross_method_state(outcome)
     assert raised.value.signature == "buffer_encoding_mismatch"
     assert PREFILL in str(raised.value) and DECODE in str(raised.value)
     assert "the device equals them: the state crossed methods" in str(raised.value)
@@ -203,7 +204,7 @@ def test_quantized_methods_with_two_encodings_pass_where_the_outputs_do(tmp_path
     outcome = _outcome(
         _rows(eager.run_steps(card, card.steps(STEPS))), facts=_quantized_facts(models), tmp=tmp_path, dtype="16a8w"
     )
-    evidence = checks.check_cross_method_state(outcome)
+    evidence = cross_method.check_cross_method_state(outcome)
     assert PREFILL in evidence["encoding_difference"] and len(evidence["modelled_steps"]) == STEPS
 
 
@@ -225,7 +226,7 @@ def test_explanations_with_identical_outputs_are_all_named_with_what_separates_t
         ),
     )
     with pytest.raises(CheckFailure) as raised:
-        checks.check_cross_method_state(_outcome(_rows(reset), ref, facts, tmp_path, mode=Mode.SKIP))
+        cross_method.check_cross_method_state(_outcome(_rows(reset), ref, facts, tmp_path, mode=Mode.SKIP))
     failure = raised.value
     message = str(failure)
     assert failure.signature == "state_reset_between_steps", "the first of LOST_STATE's order"
@@ -243,7 +244,7 @@ def test_one_explanation_is_named_alone(tmp_path):
     card = cards.find(CARD)
     fresh = eager.run_plan_isolated(card, card.steps(STEPS), fresh_each_step=True)
     with pytest.raises(CheckFailure) as raised:
-        checks.check_cross_method_state(_outcome(_rows(fresh), tmp=tmp_path, mode=Mode.SKIP))
+        cross_method.check_cross_method_state(_outcome(_rows(fresh), tmp=tmp_path, mode=Mode.SKIP))
     assert raised.value.evidence["explanations"] == ["state_reset_between_steps"]
     assert "alike" not in str(raised.value)
 
@@ -261,13 +262,13 @@ def test_quantized_methods_agreeing_on_the_encoding_pass(tmp_path):
         },
     )
     outcome = _outcome([list(row) for row in eager.run_steps(card, card.steps(STEPS))], facts=facts, tmp=tmp_path)
-    assert "encoding_difference" not in checks.check_cross_method_state(outcome)
+    assert "encoding_difference" not in cross_method.check_cross_method_state(outcome)
 
 
 def test_single_method_cases_are_not_applicable(tmp_path):
     """(The other checks judge multi-method cases per method: harness/tests/core/test_per_method.py.)"""
     with pytest.raises(NotApplicable):
-        checks.check_cross_method_state(_outcome(None, "fixtures.zoo:counter_add", tmp=tmp_path))
+        cross_method.check_cross_method_state(_outcome(None, "fixtures.zoo:counter_add", tmp=tmp_path))
 
 
 class _TotalAndLast(torch.nn.Module):
@@ -324,7 +325,7 @@ def test_a_method_reading_a_buffer_it_never_writes_as_a_constant_is_named_so(tmp
         )
 
     with pytest.raises(CheckFailure) as raised:
-        checks.check_cross_method_state(outcome(_rows(constant)))
+        cross_method.check_cross_method_state(outcome(_rows(constant)))
     assert raised.value.signature == "state_read_as_constant"
     assert raised.value.evidence["explanations"] == ["state_read_as_constant"]
-    checks.check_cross_method_state(outcome(_rows(eager.run_steps(TOTAL_AND_LAST, steps))))
+    cross_method.check_cross_method_state(outcome(_rows(eager.run_steps(TOTAL_AND_LAST, steps))))

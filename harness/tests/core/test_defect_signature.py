@@ -21,8 +21,9 @@ import pytest
 import torch
 
 from fixtures import zoo  # noqa: F401  (registers the cards)
-from harness import checks, known_failures
+from harness import known_failures
 from harness.check_registry import CheckFailure
+from harness.checks import common, device_state
 from harness.device import kinds
 from harness.device.execute import DeviceRun
 from harness.numerics import pattern_dequantized
@@ -33,6 +34,7 @@ from harness.pipeline.eager import pattern_initial
 from harness.pipeline.facts import LoweringFacts
 from harness.pipeline.lower import LoweredArtifact
 from harness.runner.run import parse
+from harness.tests.child_suite import run_suite
 from harness.vocabulary import Case, Mode
 
 PATTERN = kinds.EMULATED_HEAP_PATTERN
@@ -104,15 +106,15 @@ def _eager_from(card_name: str, initial: dict) -> list[list[np.ndarray]]:
 def test_exact_signature_needs_the_device_to_equal_eager_from_the_pattern(tmp_path):
     card = cards.find("fixtures.zoo:counter_add")
     from_pattern = _eager_from("counter_add", pattern_initial(card, PATTERN, ("state",)))
-    for check in (checks.check_state, checks.check_initial_state):
+    for check in (device_state.check_state, device_state.check_initial_state):
         with pytest.raises(CheckFailure, match="heap pattern 0x40 \\(state = 3.004 as float32\\)") as matched:
             check(_outcome(tmp_path, "counter_add", from_pattern, "emulated", PATTERN))
-        assert matched.value.signature == checks.UNINITIALISED_DELEGATED_BUFFER
+        assert matched.value.signature == common.UNINITIALISED_DELEGATED_BUFFER
         # Wrong only where the initial value matters, but not the pattern's value: once loose, now new.
         from_ones = _eager_from("counter_add", {"state": card.build().state + 1})
         with pytest.raises(CheckFailure, match="not the uninitialised-buffer defect") as other:
             check(_outcome(tmp_path, "counter_add", from_ones, "emulated", PATTERN))
-        assert other.value.signature != checks.UNINITIALISED_DELEGATED_BUFFER
+        assert other.value.signature != common.UNINITIALISED_DELEGATED_BUFFER
 
 
 def test_a_fixed_point_buffer_decodes_the_pattern_through_its_scale_and_offset():
@@ -157,20 +159,22 @@ def test_a_quantized_delegate_storing_the_buffer_in_fixed_point_has_an_exact_sig
     decoded = {"state": torch.full(state.shape, (0x4040 + offset) * scale)}
     from_decoded = _eager_from("counter_add", decoded)
     with pytest.raises(CheckFailure, match="state stored as 2-byte fixed point") as matched:
-        checks.check_state(_outcome(tmp_path, "counter_add", from_decoded, "emulated", PATTERN, "16a8w", trace))
-    assert matched.value.signature == checks.UNINITIALISED_DELEGATED_BUFFER and "unconfirmed" not in str(matched.value)
+        device_state.check_state(_outcome(tmp_path, "counter_add", from_decoded, "emulated", PATTERN, "16a8w", trace))
+    assert matched.value.signature == common.UNINITIALISED_DELEGATED_BUFFER and "unconfirmed" not in str(matched.value)
     from_float_bytes = _eager_from("counter_add", pattern_initial(card, PATTERN, ("state",)))
     with pytest.raises(CheckFailure, match="not the uninitialised-buffer defect") as other:
-        checks.check_state(_outcome(tmp_path, "counter_add", from_float_bytes, "emulated", PATTERN, "16a8w", trace))
-    assert other.value.signature != checks.UNINITIALISED_DELEGATED_BUFFER
+        device_state.check_state(
+            _outcome(tmp_path, "counter_add", from_float_bytes, "emulated", PATTERN, "16a8w", trace)
+        )
+    assert other.value.signature != common.UNINITIALISED_DELEGATED_BUFFER
 
 
 def test_without_a_known_pattern_the_loose_signature_is_unconfirmed(tmp_path):
     card = cards.find("fixtures.zoo:counter_add")
     from_ones = _eager_from("counter_add", {"state": card.build().state + 1})
     with pytest.raises(CheckFailure, match="unconfirmed: a phone's heap pattern cannot be set") as failure:
-        checks.check_state(_outcome(tmp_path, "counter_add", from_ones, "phone", None))
-    assert failure.value.signature == checks.UNINITIALISED_DELEGATED_BUFFER
+        device_state.check_state(_outcome(tmp_path, "counter_add", from_ones, "phone", None))
+    assert failure.value.signature == common.UNINITIALISED_DELEGATED_BUFFER
 
 
 # A real suite run: the clean device xfails strictly, the one that loses delegated state fails -------
@@ -178,15 +182,7 @@ def test_without_a_known_pattern_the_loose_signature_is_unconfirmed(tmp_path):
 def lossy_run(tmp_path_factory) -> dict[str, dict[tuple[str, str, str], dict]]:
     """Child `pytest suites` on two emulated devices; FAULTY refills the delegate's buffers every step."""
     tmp = tmp_path_factory.mktemp("lossy")
-    command = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "suites/test_state.py",
-        "suites/test_initial_state.py",
-        "-p",
-        "no:cacheprovider",
-        "-q",
+    arguments = (
         "-W",
         "ignore",
         "--emulate",
@@ -195,15 +191,10 @@ def lossy_run(tmp_path_factory) -> dict[str, dict[tuple[str, str, str], dict]]:
         "fp16",
         "-k",
         " or ".join(COUNTER_CARDS),
-        "-n",
-        "2",
-        "--cache-dir",
-        str(tmp / "cache"),
-        "--report-dir",
-        str(tmp / "reports"),
-    ]
+    )
+    arguments += ("-n", "2", "--cache-dir", str(tmp / "cache"), "--report-dir", str(tmp / "reports"))
     env = {**os.environ, "QNNSUITE_EMULATOR_FAULTS": json.dumps({FAULTY: {"runner_lose_delegate_state": True}})}
-    completed = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
+    completed = run_suite(*arguments, targets=("suites/test_state.py", "suites/test_initial_state.py"), env=env)
     verdicts = {}
     for soc in (HEALTHY, FAULTY):
         path = tmp / "reports" / "latest" / soc / "report.json"
@@ -216,6 +207,7 @@ def lossy_run(tmp_path_factory) -> dict[str, dict[tuple[str, str, str], dict]]:
     return verdicts
 
 
+@pytest.mark.child_suite
 @pytest.mark.parametrize("card", COUNTER_CARDS)
 @pytest.mark.parametrize("check", ["state", "initial_state"])
 def test_lost_delegated_state_is_a_new_failure(lossy_run, card, check):

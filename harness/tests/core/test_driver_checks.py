@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from fixtures import drivers as driven_cards  # noqa: F401  (registers the cards)
-from harness import driver_checks
 from harness.check_registry import CheckFailure
+from harness.checks import driving as driver_checks
 from harness.device import kinds
 from harness.device.execute import DeviceRun
 from harness.outcome import CaseOutcome

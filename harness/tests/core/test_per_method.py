@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from fixtures import multi_method  # noqa: F401  (registers the cards)
-from harness import checks
 from harness.check_registry import CheckFailure, NotApplicable, NotMeasured
+from harness.checks import cross_method, device_state, lowering
 from harness.device import kinds
 from harness.device.execute import DeviceRun
 from harness.outcome import CaseOutcome
@@ -41,7 +41,7 @@ def _partitions(per_method: dict[str, int], outside: dict[str, list[str]] | None
     outside = outside or {}
     methods = {
         method: PartitionFacts(
-            [Delegate(f"lowered_module_{i}", checks.QNN_BACKEND) for i in range(count)], [], outside.get(method, [])
+            [Delegate(f"lowered_module_{i}", lowering.QNN_BACKEND) for i in range(count)], [], outside.get(method, [])
         )
         for method, count in per_method.items()
     }
@@ -100,53 +100,53 @@ def _failure(check, outcome: CaseOutcome) -> CheckFailure:
 # partitions -----------------------------------------------------------------------------------------------
 def test_partitions_fail_naming_the_method_with_the_wrong_count(tmp_path):
     outcome = _outcome(tmp_path, facts=_facts(PREFILL_DECODE, partitions=_partitions({"prefill": 1, "decode": 2})))
-    failure = _failure(checks.check_partitions, outcome)
+    failure = _failure(lowering.check_partitions, outcome)
     assert failure.signature == "partition_count"
     assert str(failure).startswith("method decode: 2 delegate(s)") and "expected 1 x" in str(failure)
     assert failure.evidence["method"] == "decode"
 
 
 def test_partitions_pass_one_delegate_per_method_and_judge_each(tmp_path):
-    result = checks.check_partitions(_outcome(tmp_path))
+    result = lowering.check_partitions(_outcome(tmp_path))
     assert set(result["methods"]) == {"prefill", "decode"} and not result["not_applicable"]
 
 
 def test_partitions_in_skip_mode_fail_the_method_whose_written_buffer_went_inside(tmp_path):
     partitions = _partitions({"prefill": 1, "decode": 1}, {"prefill": ["kv_cache"]})
     outcome = _outcome(tmp_path, facts=_facts(PREFILL_DECODE, partitions=partitions), mode=Mode.SKIP)
-    failure = _failure(checks.check_partitions, outcome)
+    failure = _failure(lowering.check_partitions, outcome)
     assert failure.signature == "buffer_not_outside" and str(failure).startswith("method decode:")
     both = _partitions({"prefill": 1, "decode": 1}, {"prefill": ["kv_cache"], "decode": ["kv_cache"]})
-    checks.check_partitions(_outcome(tmp_path, facts=_facts(PREFILL_DECODE, partitions=both), mode=Mode.SKIP))
+    lowering.check_partitions(_outcome(tmp_path, facts=_facts(PREFILL_DECODE, partitions=both), mode=Mode.SKIP))
 
 
 def test_partitions_without_per_method_facts_are_not_a_pass(tmp_path):
     joined = PartitionFacts(
-        [Delegate("prefill.x", checks.QNN_BACKEND), Delegate("decode.x", checks.QNN_BACKEND)], [], []
+        [Delegate("prefill.x", lowering.QNN_BACKEND), Delegate("decode.x", lowering.QNN_BACKEND)], [], []
     )
     with pytest.raises(NotApplicable, match="method prefill: .*older suite"):
-        checks.check_partitions(_outcome(tmp_path, facts=_facts(PREFILL_DECODE, partitions=joined)))
+        lowering.check_partitions(_outcome(tmp_path, facts=_facts(PREFILL_DECODE, partitions=joined)))
 
 
 # annotation -----------------------------------------------------------------------------------------------
 def test_annotation_fails_naming_the_method_whose_graph_annotates_the_buffer(tmp_path):
     quantize = QuantizeFacts([{"op": "decode: aten.mul.Tensor", "buffer": "kv_cache"}], [], {})
     outcome = _outcome(tmp_path, facts=_facts(PREFILL_DECODE, quantize=quantize), dtype="16a8w")
-    failure = _failure(checks.check_annotation, outcome)
+    failure = _failure(lowering.check_annotation, outcome)
     assert failure.signature == "buffer_annotated"
     assert str(failure).startswith("method decode: mutated buffer kv_cache is annotated") and "aten.mul.Tensor" in str(
         failure
     )
     folded = QuantizeFacts([], [], {"prefill: kv_cache": {"before": 2, "after": 1}})
     failure = _failure(
-        checks.check_annotation, _outcome(tmp_path, facts=_facts(PREFILL_DECODE, quantize=folded), dtype="16a8w")
+        lowering.check_annotation, _outcome(tmp_path, facts=_facts(PREFILL_DECODE, quantize=folded), dtype="16a8w")
     )
     assert failure.signature == "buffer_reads_folded" and str(failure).startswith("method prefill: ")
 
 
 def test_annotation_passes_clean_methods(tmp_path):
     outcome = _outcome(tmp_path, facts=_facts(PREFILL_DECODE, quantize=QuantizeFacts([], [], {})), dtype="16a8w")
-    assert set(checks.check_annotation(outcome)["methods"]) == {"prefill", "decode"}
+    assert set(lowering.check_annotation(outcome)["methods"]) == {"prefill", "decode"}
 
 
 # address_sharing ------------------------------------------------------------------------------------------
@@ -171,17 +171,17 @@ def test_address_sharing_fails_naming_the_method_whose_addresses_split(tmp_path)
     good = [("prefill", ("0x10", "0x10")), ("decode", ("0x20", "0x20")), ("decode", ("0x20", "0x20"))]
     bad = [*good, ("decode", ("0x20", "0x28"))]
     trace = _trace(tmp_path, [_execute(g, i, m) for i, (g, m) in enumerate(bad)])
-    failure = _failure(checks.check_address_sharing, _outcome(tmp_path, trace=trace))
+    failure = _failure(device_state.check_address_sharing, _outcome(tmp_path, trace=trace))
     assert failure.signature == "split_address" and str(failure).startswith("method decode: execute 2:")
     trace = _trace(tmp_path, [_execute(g, i, m) for i, (g, m) in enumerate([*good, ("decode", ("0x20", "0x20"))])])
-    result = checks.check_address_sharing(_outcome(tmp_path, trace=trace))
+    result = device_state.check_address_sharing(_outcome(tmp_path, trace=trace))
     assert result["methods"]["prefill"]["executes"] == 1 and result["methods"]["decode"]["executes"] == 3
 
 
 def test_address_sharing_counts_each_methods_own_executes(tmp_path):
     """decode ran its three steps but prefill's graph never executed: prefill misses its executes."""
     trace = _trace(tmp_path, [_execute("decode", i, ("0x20", "0x20")) for i in range(4)])
-    failure = _failure(checks.check_address_sharing, _outcome(tmp_path, trace=trace))
+    failure = _failure(device_state.check_address_sharing, _outcome(tmp_path, trace=trace))
     assert failure.signature == "missing_executes" and str(failure).startswith("method prefill: 0 graph execute(s)")
 
 
@@ -189,11 +189,11 @@ def test_a_method_that_writes_no_buffer_is_not_applicable_not_passed(tmp_path):
     """mm_counter's read only reads the counter: no output address to pair; advance is judged."""
     plan = [("advance", ("0x10", "0x10")), ("read", None), ("advance", ("0x10", "0x10")), ("read", None)]
     trace = _trace(tmp_path, [_execute(g, i, m) for i, (g, m) in enumerate(plan)])
-    result = checks.check_address_sharing(_outcome(tmp_path, COUNTER, trace=trace))
+    result = device_state.check_address_sharing(_outcome(tmp_path, COUNTER, trace=trace))
     assert list(result["methods"]) == ["advance"] and "writes no buffer" in result["not_applicable"]["read"]
     plan[2] = ("advance", ("0x10", "0x18"))
     trace = _trace(tmp_path, [_execute(g, i, m) for i, (g, m) in enumerate(plan)])
-    failure = _failure(checks.check_address_sharing, _outcome(tmp_path, COUNTER, trace=trace))
+    failure = _failure(device_state.check_address_sharing, _outcome(tmp_path, COUNTER, trace=trace))
     assert str(failure).startswith("method advance: execute 1:")
 
 
@@ -201,7 +201,7 @@ def test_skip_mode_fails_the_method_with_a_mutbuf_tensor(tmp_path):
     trace = _trace(
         tmp_path, [_execute("prefill", 0, None), *(_execute("decode", i, ("0x1", "0x1")) for i in (1, 2, 3))]
     )
-    failure = _failure(checks.check_address_sharing, _outcome(tmp_path, trace=trace, mode=Mode.SKIP))
+    failure = _failure(device_state.check_address_sharing, _outcome(tmp_path, trace=trace, mode=Mode.SKIP))
     assert failure.signature == "mutbuf_in_skip_mode" and str(failure).startswith("method decode:")
 
 
@@ -213,13 +213,13 @@ def test_state_fails_naming_the_method_whose_own_state_is_wrong(tmp_path):
     reference = eager.run_steps(card, card.steps(STEPS))
     device = [[np.array(array) for array in row] for row in reference]
     device[3][0][..., 4:] += np.float32(3.0)
-    failure = _failure(checks.check_state, _outcome(tmp_path, device=device, mode=Mode.SKIP))
+    failure = _failure(device_state.check_state, _outcome(tmp_path, device=device, mode=Mode.SKIP))
     assert failure.signature == "state_mismatch"
     assert str(failure).startswith("method decode: state differs from eager:") and "first at step 3" in str(failure)
     # nothing decode read of prefill's writes is wrong: not cross_method_state's defect (one verdict)
-    crossed = checks.check_cross_method_state(_outcome(tmp_path, device=device, mode=Mode.SKIP))
+    crossed = cross_method.check_cross_method_state(_outcome(tmp_path, device=device, mode=Mode.SKIP))
     assert crossed["within_method_mismatches"] == 32
-    result = checks.check_state(_outcome(tmp_path))
+    result = device_state.check_state(_outcome(tmp_path))
     assert set(result["methods"]) == {"prefill", "decode"} and len(result["steps"]) == STEPS
 
 
@@ -229,12 +229,12 @@ def test_state_leaves_state_lost_between_methods_to_cross_method_state(tmp_path)
     card = cards.find(PREFILL_DECODE)
     isolated = eager.run_plan_isolated(card, card.steps(STEPS), fresh_each_step=False)
     outcome = _outcome(tmp_path, device=[list(row) for row in isolated], mode=Mode.SKIP)
-    assert _failure(checks.check_cross_method_state, outcome).signature == "state_per_method"
-    checks.check_state(outcome)
+    assert _failure(cross_method.check_cross_method_state, outcome).signature == "state_per_method"
+    device_state.check_state(outcome)
 
 
 def test_state_of_a_method_whose_every_element_reads_another_methods_writes_is_not_applicable(tmp_path):
-    result = checks.check_state(_outcome(tmp_path, COUNTER))
+    result = device_state.check_state(_outcome(tmp_path, COUNTER))
     assert list(result["methods"]) == ["advance"] and "cross_method_state" in result["not_applicable"]["read"]
 
 
@@ -246,10 +246,10 @@ def test_initial_state_fails_naming_the_first_method_when_the_plans_first_step_i
     reference = eager.run_steps(card, card.steps(STEPS))
     device = [[np.array(array) for array in row] for row in reference]
     device[0][0][..., 4:] += np.float32(1.5)  # prefill's scores over positions it did not write: registered zeros
-    failure = _failure(checks.check_initial_state, _outcome(tmp_path, device=device, mode=Mode.SKIP))
+    failure = _failure(device_state.check_initial_state, _outcome(tmp_path, device=device, mode=Mode.SKIP))
     assert failure.signature == "initial_value_ignored"
     assert str(failure).startswith("method prefill: ") and "first at step 0" in str(failure)
-    result = checks.check_initial_state(_outcome(tmp_path, mode=Mode.SKIP))
+    result = device_state.check_initial_state(_outcome(tmp_path, mode=Mode.SKIP))
     assert set(result["methods"]) == {"prefill", "decode"}
 
 
@@ -260,15 +260,15 @@ def test_initial_state_judges_each_methods_first_step_only(tmp_path):
     reference = eager.run_steps(card, card.steps(STEPS))
     first = [[np.array(array) for array in row] for row in reference]
     first[1][0][..., 6:] += np.float32(1.5)
-    failure = _failure(checks.check_initial_state, _outcome(tmp_path, device=first, mode=Mode.SKIP))
+    failure = _failure(device_state.check_initial_state, _outcome(tmp_path, device=first, mode=Mode.SKIP))
     assert str(failure).startswith("method decode: ") and "first at step 1" in str(failure)
     later = [[np.array(array) for array in row] for row in reference]
     later[3][0][..., 7:] += np.float32(1.5)
-    checks.check_initial_state(_outcome(tmp_path, device=later, mode=Mode.SKIP))
+    device_state.check_initial_state(_outcome(tmp_path, device=later, mode=Mode.SKIP))
 
 
 def test_initial_state_of_a_method_reading_only_another_methods_writes_is_not_applicable(tmp_path):
-    result = checks.check_initial_state(_outcome(tmp_path, COUNTER, mode=Mode.SKIP))
+    result = device_state.check_initial_state(_outcome(tmp_path, COUNTER, mode=Mode.SKIP))
     assert list(result["methods"]) == ["advance"] and "read" in result["not_applicable"]
 
 
@@ -286,8 +286,8 @@ def test_state_leaves_every_element_that_reads_another_methods_write_to_cross_me
         reads_prefill = ~np.isclose(want[0], alone[0])
         device.append([np.where(reads_prefill, np.float32(131008.0), want[0]).astype(np.float32)])
     outcome = _outcome(tmp_path, device=device, mode=Mode.SKIP, dtype="16a8w")
-    checks.check_state(outcome)
-    assert _failure(checks.check_cross_method_state, outcome).signature == "state_not_shared"
+    device_state.check_state(outcome)
+    assert _failure(cross_method.check_cross_method_state, outcome).signature == "state_not_shared"
 
 
 def test_address_sharing_whose_trace_names_no_method_is_not_measured(tmp_path):
@@ -295,8 +295,8 @@ def test_address_sharing_whose_trace_names_no_method_is_not_measured(tmp_path):
     of every method's executes; one graph named after a method is enough to judge."""
     trace = _trace(tmp_path, [_execute("graph_0", i, ("0x20", "0x20")) for i in range(4)])
     with pytest.raises(NotMeasured, match=r"traced graphs \['graph_0'\] are none of the program's methods"):
-        checks.check_address_sharing(_outcome(tmp_path, trace=trace))
+        device_state.check_address_sharing(_outcome(tmp_path, trace=trace))
     trace = _trace(
         tmp_path, [_execute("prefill", 0, ("0x20", "0x20")), *(_execute("graph_0", i, None) for i in (1, 2, 3))]
     )
-    assert _failure(checks.check_address_sharing, _outcome(tmp_path, trace=trace)).signature == "missing_executes"
+    assert _failure(device_state.check_address_sharing, _outcome(tmp_path, trace=trace)).signature == "missing_executes"

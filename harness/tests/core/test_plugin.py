@@ -4,28 +4,23 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import tempfile
 
 import pytest
 
 import harness.checks  # noqa: F401  (registers the checks the manifest names)
 from harness import known_failures
-from harness.paths import REPO_ROOT
+from harness.tests.child_suite import SUITES, run_suite
 
 
-def _pytest(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def _pytest(
+    *args: str, env: dict[str, str] | None = None, targets: tuple[str, ...] = SUITES
+) -> subprocess.CompletedProcess:
     """A suite run with a state folder of its own: another test's killed run is not cleaned up here (its
     one line would be a second stderr line)."""
     with tempfile.TemporaryDirectory() as runtime:  # 0700, as the state folder must be
-        return subprocess.run(
-            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
-            cwd=REPO_ROOT,
-            env={**os.environ, "COLUMNS": "300", "XDG_RUNTIME_DIR": runtime, **(env or {})},
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
+        environment = {**os.environ, "COLUMNS": "300", "XDG_RUNTIME_DIR": runtime, **(env or {})}
+        return run_suite(*args, targets=targets, env=environment, timeout=600)
 
 
 @pytest.mark.parametrize(
@@ -42,7 +37,7 @@ def _pytest(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
     ],
 )
 def test_bad_option_is_one_line(args, expected):
-    completed = _pytest("suites", "--collect-only", "-q", *args)
+    completed = _pytest("--collect-only", *args)
     assert completed.returncode == pytest.ExitCode.USAGE_ERROR, completed.stdout + completed.stderr
     lines = [line for line in completed.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith(expected), completed.stderr
@@ -52,7 +47,7 @@ def test_unknown_device_serial_is_one_line(tmp_path):
     from harness.emulator.launcher import EmulatorFleet
 
     with EmulatorFleet(["SM8650"], tmp_path) as fleet:
-        completed = _pytest("suites", "--collect-only", "-q", "--device", "emulator-9999", env=fleet.server.environment)
+        completed = _pytest("--collect-only", "--device", "emulator-9999", env=fleet.server.environment)
     lines = [line for line in completed.stderr.splitlines() if line.strip()]
     assert completed.returncode == pytest.ExitCode.USAGE_ERROR
     assert len(lines) == 1 and lines[0].startswith(
@@ -62,13 +57,8 @@ def test_unknown_device_serial_is_one_line(tmp_path):
 
 def test_matrix_collects_every_card_dtype_mode_and_soc_and_extra_models():
     completed = _pytest(
-        "suites/test_partitions.py",
-        "--collect-only",
-        "-q",
-        "--emulate",
-        "SM8650,SM8750",
-        "--models",
-        "harness.tests.broken_cards",
+        *("--collect-only", "--emulate", "SM8650,SM8750", "--models", "harness.tests.broken_cards"),
+        targets=("suites/test_partitions.py",),
     )
     assert completed.returncode == 0, completed.stderr
     ids = [line for line in completed.stdout.splitlines() if "::test_partitions[" in line]

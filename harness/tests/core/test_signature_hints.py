@@ -16,8 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import harness.checks  # noqa: F401  (checks registers cross_method_state)
 from fixtures import multi_method  # noqa: F401  (registers the cards)
-from harness import check_registry, checks, known_failures  # noqa: F401  (checks registers cross_method_state)
+from harness import check_registry, known_failures
 from harness.check_registry import CheckFailure
 from harness.device import kinds
 from harness.device.execute import DeviceRun
@@ -25,7 +26,8 @@ from harness.outcome import CaseOutcome
 from harness.pipeline import card as cards, eager
 from harness.pipeline.facts import ExportFacts, LoweringFacts, ProgramFacts
 from harness.pipeline.lower import LoweredArtifact
-from harness.report import document as report_document, markdown
+from harness.report import document as report_document
+from harness.report.render import markdown
 from harness.verdicts import judge
 from harness.vocabulary import Case, Mode, Verdict
 

@@ -113,6 +113,7 @@ def test_a_build_error_at_the_start_is_a_device_error_line(tmp_path, stand_in):
         kinds.payload_inputs(sdk, runner, None, ndk, tmp_path / "empty")
 
 
+@pytest.mark.child_suite
 @pytest.mark.qnn
 def test_emulated_phones_run_the_android_build_and_agree_with_the_users_runner(served, tmp_path, cache):
     """The user's command with a (stand-in) NDK and the build folder: the phones get the suite's runner as
@@ -164,6 +165,7 @@ if os.path.exists(path):  # a plan of three steps or more (the health check's ha
 """
 
 
+@pytest.mark.child_suite
 @pytest.mark.qnn
 def test_runner_parity_names_the_step_output_and_runners_where_the_reference_differs(served, tmp_path, cache):
     """The same run with a user's runner that changes one element of step 2: runner_parity fails with its

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from fixtures import zoo  # noqa: F401  (registers the cards)
-from harness import case_store as store_module, checks
+from harness import case_store as store_module
 from harness.case_store import CaseStore
+from harness.checks import runner_parity
 from harness.device.execute import DeviceRun, DeviceRunRequest
 from harness.device.retry import Attempt
 from harness.outcome import CaseOutcome
@@ -80,10 +81,12 @@ def recorder(tmp_path, monkeypatch):
 def test_a_parity_case_is_run_through_the_reference_runner_before_judging(tmp_path, recorder):
     outcome = _outcome(tmp_path)
     pool = recorder(outcome)
-    _store(tmp_path, checks.REFERENCE_RUNNER)._run(outcome)
+    _store(tmp_path, runner_parity.REFERENCE_RUNNER)._run(outcome)
     run, reference = pool.requests
-    assert (run.runner, reference.runner) == (checks.COMPILED_RUNNER, checks.REFERENCE_RUNNER)
-    assert reference.name == f"{run.name}.{checks.REFERENCE_RUNNER}" and reference.local_dir.name == reference.name
+    assert (run.runner, reference.runner) == (runner_parity.COMPILED_RUNNER, runner_parity.REFERENCE_RUNNER)
+    assert (
+        reference.name == f"{run.name}.{runner_parity.REFERENCE_RUNNER}" and reference.local_dir.name == reference.name
+    )
     # the same program, inputs, outputs and plan: only the runner and the folder differ
     assert (reference.program, reference.steps, reference.output_bytes, reference.soc) == (
         run.program,
@@ -92,7 +95,7 @@ def test_a_parity_case_is_run_through_the_reference_runner_before_judging(tmp_pa
         "SM8650",
     )
     assert outcome.reference_run is not None and outcome.reference_run.device_serial == "emu-1"
-    assert checks.check_runner_parity(outcome)["differences"] == []  # judged from the outcome alone
+    assert runner_parity.check_runner_parity(outcome)["differences"] == []  # judged from the outcome alone
     assert len(pool.requests) == 2, "judging ran nothing more"
 
 
@@ -100,14 +103,14 @@ def test_a_case_without_a_parity_check_gets_no_reference_run(tmp_path, recorder)
     outcome = _outcome(tmp_path)
     pool = recorder(outcome)
     _store(tmp_path)._run(outcome)
-    assert [request.runner for request in pool.requests] == [checks.COMPILED_RUNNER]
+    assert [request.runner for request in pool.requests] == [runner_parity.COMPILED_RUNNER]
     assert outcome.reference_run is None
 
 
 def test_a_failed_run_gets_no_other_runs(tmp_path, recorder):
     outcome = _outcome(tmp_path)
     pool = recorder(outcome, failing=(outcome.case.id,))
-    _store(tmp_path, checks.REFERENCE_RUNNER, perf_repeats=3)._run(outcome)
+    _store(tmp_path, runner_parity.REFERENCE_RUNNER, perf_repeats=3)._run(outcome)
     assert len(pool.requests) == 1 and outcome.run is None and outcome.reference_run is None
 
 
@@ -154,4 +157,6 @@ def test_the_collected_checks_decide_which_cases_get_a_reference_run(tmp_path):
 
     items = [item("export", {"case": case}), SimpleNamespace(function=None)]
     assert reference_runners(items) == {}
-    assert reference_runners([*items, item("runner_parity", {"case": case})]) == {case.id: checks.REFERENCE_RUNNER}
+    assert reference_runners([*items, item("runner_parity", {"case": case})]) == {
+        case.id: runner_parity.REFERENCE_RUNNER
+    }

@@ -278,6 +278,7 @@ def _alive(pid: int) -> bool:
     return run_records.start_time(pid) is not None
 
 
+@pytest.mark.child_suite
 def test_four_workers_on_two_devices_never_overlap(tmp_path):
     completed = _scenario(
         tmp_path,
@@ -296,6 +297,7 @@ def test_four_workers_on_two_devices_never_overlap(tmp_path):
     assert not any(_alive(pid) for pid in context.started_pids)
 
 
+@pytest.mark.child_suite
 def test_two_pytest_runs_on_one_device_take_turns(tmp_path, fleet):
     serial = fleet.devices[0].serial
     env = {
@@ -312,6 +314,7 @@ def test_two_pytest_runs_on_one_device_take_turns(tmp_path, fleet):
     assert _overlaps(uses) == 0
 
 
+@pytest.mark.child_suite
 def test_the_folder_a_killed_run_left_on_a_phone_is_removed_by_the_next_run(tmp_path, fleet):
     """A killed run cannot remove /data/local/tmp/qnnsuite/<run id> from the phones it used; its record names
     them, and the next run of the same user on such a phone removes the folder (and only that one)."""
@@ -347,6 +350,7 @@ def _dead_pid() -> int:
     return finished.pid
 
 
+@pytest.mark.child_suite
 def test_device_lost_mid_run_fails_only_its_cases(tmp_path):
     completed = _scenario(
         tmp_path,

@@ -12,7 +12,6 @@ import io
 import json
 import os
 import subprocess
-import sys
 from contextlib import redirect_stdout
 from pathlib import Path
 from types import SimpleNamespace
@@ -34,7 +33,9 @@ from harness.outcome import CaseOutcome
 from harness.paths import REPO_ROOT
 from harness.qnn.sdk import WHEEL_ORIGIN, QnnSdk
 from harness.record import RECORD_PROPERTY
-from harness.report import page, write_run
+from harness.report import write_run
+from harness.report.render import page
+from harness.tests.child_suite import run_suite
 from harness.tests.report.test_report import COLUMNS, environments, make_records, typed
 
 CARD = "kv_gather_written and not pair and delegate_mutbuf"
@@ -54,32 +55,13 @@ SERVER = "127.0.0.1:5037"
 
 def _suite(tmp_path: Path, cache: Path, faults: dict) -> tuple[subprocess.CompletedProcess, Path]:
     reports = tmp_path / "reports"
-    command = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "suites",
-        "-p",
-        "no:cacheprovider",
-        "-q",
-        "-W",
-        "ignore",
-        "-rfE",
-        "--emulate",
-        f"{HEALTHY},{FAULTY}",
-        "--dtype",
-        "fp16",
-        "-k",
-        CARD,
-        "-n",
-        "2",
-        "--cache-dir",
-        str(cache),
-        "--report-dir",
-        str(reports),
-    ]
     env = {**os.environ, "COLUMNS": "400", "QNNSUITE_EMULATOR_FAULTS": json.dumps({FAULTY: faults})}
-    return subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900), reports
+    completed = run_suite(
+        *("-W", "ignore", "-rfE", "--emulate", f"{HEALTHY},{FAULTY}", "--dtype", "fp16", "-k", CARD, "-n", "2"),
+        *("--cache-dir", str(cache), "--report-dir", str(reports)),
+        env=env,
+    )
+    return completed, reports
 
 
 def _report(reports: Path, soc: str) -> dict:
@@ -93,6 +75,7 @@ def _device_provenance(document: dict) -> dict:
     return found
 
 
+@pytest.mark.child_suite
 def test_a_device_failing_its_health_check_gets_infrastructure_errors_the_other_passes(tmp_path, shared_cache):
     completed, reports = _suite(tmp_path, shared_cache, {"runner_exit": 3})
     output = completed.stdout + completed.stderr
@@ -131,6 +114,7 @@ def test_a_device_failing_its_health_check_gets_infrastructure_errors_the_other_
     assert _device_provenance(healthy)["suite_runner"]["sha256"] in html
 
 
+@pytest.mark.child_suite
 def test_a_failed_run_brings_its_device_log_into_the_evidence(tmp_path, shared_cache):
     # after_programs: the health check's program goes through; the case's program arrives truncated.
     completed, reports = _suite(tmp_path, shared_cache, {"after_programs": 1, "corrupt_pte": True})
@@ -158,6 +142,7 @@ def _outcome(device_values: list[float] | None, run_error: str = "") -> CaseOutc
     return CaseOutcome(case, steps, artifact=None, reference=reference, run=run, run_error=run_error or None)
 
 
+@pytest.mark.child_suite
 def test_an_unlowered_health_program_starts_the_lowering_server_with_the_devices(tmp_path):
     """A run selecting no case still runs the health check: on an empty cache its program must be lowered,
     so the lowering server is started at once, while the emulated device comes up, and the check lowers
@@ -166,27 +151,9 @@ def test_an_unlowered_health_program_starts_the_lowering_server_with_the_devices
     started = {}
     for run in ("cold", "warm"):
         reports = tmp_path / run
-        completed = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pytest",
-                "suites",
-                "-p",
-                "no:cacheprovider",
-                "-q",
-                "--emulate",
-                HEALTHY,
-                "-k",
-                "no_case_is_named_this",
-                "--cache-dir",
-                str(cache),
-                "--report-dir",
-                str(reports),
-            ],
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
+        completed = run_suite(
+            *("--emulate", HEALTHY, "-k", "no_case_is_named_this", "--cache-dir", str(cache)),
+            *("--report-dir", str(reports)),
             timeout=600,
         )
         output = completed.stdout + completed.stderr

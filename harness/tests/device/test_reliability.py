@@ -15,7 +15,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -24,7 +23,7 @@ import pytest
 
 from harness import run_records
 from harness.context import RunContext
-from harness.paths import REPO_ROOT
+from harness.tests.child_suite import run_suite, start_suite
 from harness.tests.waiting import stopped_runners_under, wait_for
 
 CARD = "kv_gather_written and not pair and delegate_mutbuf"
@@ -70,14 +69,7 @@ def _alive(pid: int) -> bool:
 
 def _suite(tmp_path: Path, cache: Path, faults: dict | None = None, *extra: str, env: dict | None = None) -> SuiteRun:
     reports = tmp_path / "reports"
-    command = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "suites",
-        "-p",
-        "no:cacheprovider",
-        "-q",
+    arguments = (
         "-W",
         "ignore",
         "-rfE",
@@ -94,10 +86,10 @@ def _suite(tmp_path: Path, cache: Path, faults: dict | None = None, *extra: str,
         "--report-dir",
         str(reports),
         *extra,
-    ]
+    )
     armed = {"after_programs": 1, **faults} if faults else {}
     full_env = {**os.environ, "COLUMNS": "400", "QNNSUITE_EMULATOR_FAULTS": json.dumps({FAULTY: armed}), **(env or {})}
-    completed = subprocess.run(command, cwd=REPO_ROOT, env=full_env, capture_output=True, text=True, timeout=900)
+    completed = run_suite(*arguments, env=full_env)
     return SuiteRun(completed, reports)
 
 
@@ -126,6 +118,7 @@ def _assert_healthy(run: SuiteRun, soc: str = HEALTHY) -> None:
     assert timing["first_step_us"] == timing["steps_us"][0] and timing["peak_rss_kb"] > 10_000, timing
 
 
+@pytest.mark.child_suite
 @pytest.mark.parametrize("stage", ["push", "pull"])
 def test_transient_disconnect_is_retried(tmp_path, shared_cache, stage):
     run = _suite(tmp_path, shared_cache, {"vanish_on": stage})
@@ -136,6 +129,7 @@ def test_transient_disconnect_is_retried(tmp_path, shared_cache, stage):
     run.assert_nothing_left()
 
 
+@pytest.mark.child_suite
 def test_device_unplugged_during_run(tmp_path, shared_cache):
     run = _suite(tmp_path, shared_cache, {"vanish_on": "run", "vanish_permanently": True})
     _assert_faulty_device_failed(run, "lost during", "infra_error")
@@ -145,6 +139,7 @@ def test_device_unplugged_during_run(tmp_path, shared_cache):
     run.assert_nothing_left()
 
 
+@pytest.mark.child_suite
 def test_device_frozen_during_the_run_is_lost_within_30_s(tmp_path, shared_cache):
     """The device keeps its link but stops answering while the runner runs (runner timeout 300 s): the
     watchdog's probes lose it within 30 s, its checks are infrastructure errors, the other device passes."""
@@ -154,6 +149,7 @@ def test_device_frozen_during_the_run_is_lost_within_30_s(tmp_path, shared_cache
     run.assert_nothing_left()
 
 
+@pytest.mark.child_suite
 @pytest.mark.parametrize(
     "faults, expected, verdict",
     [
@@ -170,12 +166,14 @@ def test_runner_and_device_faults(tmp_path, shared_cache, faults, expected, verd
     run.assert_nothing_left()
 
 
+@pytest.mark.child_suite
 def test_hung_runner_is_killed_after_the_timeout(tmp_path, shared_cache):
     run = _suite(tmp_path, shared_cache, {"runner_hang": True}, "--runner-timeout", "8")
     _assert_faulty_device_failed(run, "hung and was killed after 8 s")
     run.assert_nothing_left()
 
 
+@pytest.mark.child_suite
 def test_runner_of_the_wrong_architecture(tmp_path, shared_cache):
     arm_runner = tmp_path / "qnn_executor_runner"
     arm_runner.write_bytes(b"\x7fELF\x02\x01\x01" + bytes(11) + (183).to_bytes(2, "little") + bytes(44))
@@ -188,6 +186,7 @@ def test_runner_of_the_wrong_architecture(tmp_path, shared_cache):
     run.assert_nothing_left()
 
 
+@pytest.mark.child_suite
 def test_keep_workspace_prints_where_it_is(tmp_path, shared_cache):
     run = _suite(tmp_path, shared_cache, None, "--keep-workspace", "-s")
     assert run.completed.returncode == 0, run.output[-2000:]
@@ -200,18 +199,12 @@ def test_keep_workspace_prints_where_it_is(tmp_path, shared_cache):
 PASSED_DOT = re.compile(r"(^|\n)[sxXFE]*\.")  # a passed check on pytest's progress line
 
 
+@pytest.mark.child_suite
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_ctrl_c_or_sigterm_in_a_parallel_run(tmp_path, shared_cache, stop):
     """SIGTERM (a cancelled CI job) ends the run as Ctrl-C does: what finished is reported, nothing is left."""
     reports = tmp_path / "reports"
-    command = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "suites",
-        "-p",
-        "no:cacheprovider",
-        "-q",
+    arguments = (
         "-W",
         "ignore",
         "--emulate",
@@ -226,12 +219,11 @@ def test_ctrl_c_or_sigterm_in_a_parallel_run(tmp_path, shared_cache, stop):
         str(shared_cache),
         "--report-dir",
         str(reports),
-    ]
+    )
     # SIGINT as a terminal's Ctrl-C finds it: a shell without job control starts background jobs with SIGINT
     # ignored, and a run under such a job inherited that (measured: the run went on after the signal).
-    child = subprocess.Popen(
-        command,
-        cwd=REPO_ROOT,
+    child = start_suite(
+        *arguments,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -260,23 +252,17 @@ def test_ctrl_c_or_sigterm_in_a_parallel_run(tmp_path, shared_cache, stop):
     output = "".join(printed)
     assert child.returncode == pytest.ExitCode.INTERRUPTED, output[-3000:]
     assert "KeyboardInterrupt" in output
-    run = SuiteRun(subprocess.CompletedProcess(command, child.returncode, output, ""), reports)
+    run = SuiteRun(subprocess.CompletedProcess(arguments, child.returncode, output, ""), reports)
     healthy = run.report(HEALTHY)
     assert healthy["summary"]["passed"] >= 1, "finished results are in the report"
     run.assert_nothing_left()
 
 
+@pytest.mark.child_suite
 def test_sigkill_of_pytest_leaves_no_adb_server_or_device(tmp_path, shared_cache):
     """Nothing can run in a SIGKILLed process: its adb server, emulated devices and servers die with it."""
     reports = tmp_path / "reports"
-    command = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "suites",
-        "-p",
-        "no:cacheprovider",
-        "-q",
+    arguments = (
         "-W",
         "ignore",
         "--emulate",
@@ -289,8 +275,8 @@ def test_sigkill_of_pytest_leaves_no_adb_server_or_device(tmp_path, shared_cache
         str(shared_cache),
         "--report-dir",
         str(reports),
-    ]
-    child = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    )
+    child = start_suite(*arguments, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and not list(reports.glob("*/run-context.json")):
         time.sleep(0.2)
@@ -305,6 +291,7 @@ def test_sigkill_of_pytest_leaves_no_adb_server_or_device(tmp_path, shared_cache
     shutil.rmtree(context.work_dir, ignore_errors=True)  # a killed run cannot clean its host folder
 
 
+@pytest.mark.child_suite
 def test_private_adb_server_killed_mid_run_starts_nothing_on_5037(tmp_path, shared_cache):
     """adbutils, finding no server, would start one on 5037: the run must instead fail the device cases
     (the lab failed, so infrastructure errors), write its report and leave nothing listening on 5037."""
@@ -312,14 +299,7 @@ def test_private_adb_server_killed_mid_run_starts_nothing_on_5037(tmp_path, shar
 
     default_was_listening = discovery.server_listening(5037)
     reports = tmp_path / "reports"
-    command = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "suites",
-        "-p",
-        "no:cacheprovider",
-        "-q",
+    arguments = (
         "-W",
         "ignore",
         "--emulate",
@@ -336,10 +316,9 @@ def test_private_adb_server_killed_mid_run_starts_nothing_on_5037(tmp_path, shar
         str(shared_cache),
         "--report-dir",
         str(reports),
-    ]
-    child = subprocess.Popen(
-        command,
-        cwd=REPO_ROOT,
+    )
+    child = start_suite(
+        *arguments,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -376,5 +355,5 @@ def test_private_adb_server_killed_mid_run_starts_nothing_on_5037(tmp_path, shar
     assert "Traceback" not in output, output[-3000:]
     if not default_was_listening:
         assert not discovery.server_listening(5037), "a server was started on 5037"
-    run = SuiteRun(subprocess.CompletedProcess(command, child.returncode, output, ""), reports)
+    run = SuiteRun(subprocess.CompletedProcess(arguments, child.returncode, output, ""), reports)
     run.assert_nothing_left()

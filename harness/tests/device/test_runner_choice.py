@@ -179,8 +179,8 @@ def test_the_outcomes_timing_validates_against_the_report_schema_and_a_bad_one_d
 def test_a_run_the_device_cannot_make_is_not_measured_and_any_other_missing_run_fails():
     from types import SimpleNamespace
 
-    from harness import checks
     from harness.check_registry import CheckFailure, NotMeasured
+    from harness.checks import common
 
     outcome = SimpleNamespace(
         artifact=SimpleNamespace(ok=True),
@@ -191,7 +191,7 @@ def test_a_run_the_device_cannot_make_is_not_measured_and_any_other_missing_run_
         device_log="",
     )
     with pytest.raises(NotMeasured, match="no suite_runner"):
-        checks._require_run(outcome)
+        common.require_run(outcome)
     outcome.run_error_is_not_measured = False
     with pytest.raises(CheckFailure, match="no suite_runner"):
-        checks._require_run(outcome)
+        common.require_run(outcome)

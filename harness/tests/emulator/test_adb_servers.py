@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from types import SimpleNamespace
 
@@ -20,7 +19,7 @@ from harness.device import discovery, kinds
 from harness.device.adb import AdbServer, split_label
 from harness.device.device import DeviceError
 from harness.emulator.launcher import EmulatorFleet, free_port
-from harness.paths import REPO_ROOT
+from harness.tests.child_suite import run_suite
 
 CARD = "kv_gather_written and not pair and delegate_mutbuf"
 
@@ -130,15 +129,9 @@ def test_all_is_every_ready_device_of_every_server():
         discovery.select_across(servers, ["R5CW3"])
 
 
-def _pytest(*args: str, env: dict[str, str] | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
-        cwd=REPO_ROOT,
-        env={**os.environ, "COLUMNS": "300", **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """A child run's environment: wide lines, so a message is never wrapped."""
+    return {**os.environ, "COLUMNS": "300", **(extra or {})}
 
 
 @pytest.mark.parametrize(
@@ -158,7 +151,7 @@ def _pytest(*args: str, env: dict[str, str] | None = None, timeout: float = 900)
     ],
 )
 def test_bad_host_and_shard_options_are_one_line(args, expected):
-    completed = _pytest("suites", "--collect-only", "-q", *args, timeout=300)
+    completed = run_suite("--collect-only", *args, env=_env(), timeout=300)
     lines = [line for line in completed.stderr.splitlines() if line.strip()]
     assert completed.returncode == pytest.ExitCode.USAGE_ERROR, completed.stdout + completed.stderr
     assert len(lines) == 1 and lines[0].startswith(expected), completed.stderr
@@ -166,7 +159,7 @@ def test_bad_host_and_shard_options_are_one_line(args, expected):
 
 def test_an_unreachable_server_alone_is_one_line():
     port = free_port()
-    completed = _pytest("suites", "--collect-only", "-q", "--adb-server", f"127.0.0.1:{port}", timeout=300)
+    completed = run_suite("--collect-only", "--adb-server", f"127.0.0.1:{port}", env=_env(), timeout=300)
     lines = [line for line in completed.stderr.splitlines() if line.strip()]
     assert completed.returncode == pytest.ExitCode.USAGE_ERROR
     assert len(lines) == 1 and lines[0].startswith(f"ERROR: no adb server answers on 127.0.0.1:{port}: start it"), lines
@@ -183,15 +176,14 @@ def two_servers(tmp_path_factory, toolchain):
         yield a, b
 
 
+@pytest.mark.child_suite
 def test_one_run_uses_the_devices_of_two_servers_and_names_an_unreachable_one(two_servers, tmp_path):
     a, b = two_servers
     dead = free_port()
     server_a, server_b = a.server.address, b.server.address  # localfilesystem:PATH, as the run names its own
     label_a, label_b = f"{server_a}/{a.devices[0].serial}", f"{server_b}/{b.devices[0].serial}"
     reports, locks = tmp_path / "reports", tmp_path / "locks"
-    run = _pytest(
-        "suites",
-        "-q",
+    run = run_suite(
         "-W",
         "ignore",
         "-n",
@@ -212,7 +204,7 @@ def test_one_run_uses_the_devices_of_two_servers_and_names_an_unreachable_one(tw
         b.devices[0].serial,
         "--report-dir",
         str(reports),
-        env={"QNNSUITE_LOCK_DIR": str(locks)},
+        env=_env({"QNNSUITE_LOCK_DIR": str(locks)}),
     )
     output = run.stdout + run.stderr
     assert run.returncode == 0, output[-4000:]

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from harness.emulator.launcher import ADB_SERVER_ENV, free_port, host_request
-from harness.tests.test_security import ADB, _emulate, as_other_account, listening_tcp_ports
+from harness.tests.security.test_security import ADB, _emulate, as_other_account, listening_tcp_ports
 
 
 @contextlib.contextmanager

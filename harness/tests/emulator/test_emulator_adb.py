@@ -17,8 +17,9 @@ import pytest
 
 from harness.device.adb import AdbClient, AdbServer
 from harness.emulator import jail, launcher
-from harness.emulator.adbd import RAW_HANGUP_GRACE_S, SandboxEscape, device_to_host, rewrite_device_paths
+from harness.emulator.adbd_services import RAW_HANGUP_GRACE_S, SandboxEscape, device_to_host
 from harness.emulator.launcher import EmulatorFleet, FleetError
+from harness.emulator.shell_paths import rewrite_device_paths
 from harness.tests.waiting import eventually
 
 ADB = os.environ.get("ADBUTILS_ADB_PATH") or adbutils.adb_path()

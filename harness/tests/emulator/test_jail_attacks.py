@@ -30,6 +30,7 @@ from harness.emulator import jail
 from harness.emulator.launcher import EmulatorFleet
 from harness.files import make_work_folder
 from harness.paths import REPO_ROOT
+from harness.tests.child_suite import suite_command
 
 GONE_WITHIN_S = 5.0  # how long a killed pid namespace may take to be reaped
 TMPDIRS = {"var-tmp": Path("/var/tmp"), "in-checkout": REPO_ROOT / ".qnn"}
@@ -196,8 +197,7 @@ def test_a_full_tmp_stops_the_run_with_one_line(tmp_path: Path) -> None:
     env = {key: value for key, value in os.environ.items() if key not in ("TMPDIR", "TEMP", "TMP")}
     completed = subprocess.run(
         ["unshare", "--mount", "--propagation", "private", "sh", "-c", FULL_TMP, "full-tmp"]
-        + [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "suites", "--collect-only", "-q"]
-        + ["--emulate", "SM8650"],
+        + suite_command("--collect-only", "--emulate", "SM8650"),
         cwd=REPO_ROOT,
         env={**env, "COLUMNS": "300", "XDG_RUNTIME_DIR": "/tmp/runtime"},
         capture_output=True,

@@ -28,8 +28,9 @@ from harness.emulator.launcher import free_port
 from harness.emulator.serve import READY_LINE
 from harness.paths import REPO_ROOT
 from harness.qnn import interposer
+from harness.tests.child_suite import run_suite
 from harness.tests.device.test_phone_payload import upstream_files
-from harness.tests.test_security import foreign_server_attempt
+from harness.tests.security.test_security import foreign_server_attempt
 
 SOCS = {"SM8650": 75, "SM8750": 79}
 SELECTION = "kv_index_copy_dim1 or kv_gather_written"
@@ -95,11 +96,7 @@ def served(tmp_path_factory):
 
 def _suite(served: Served, tmp_path: Path, cache: Path, *extra: str) -> tuple[subprocess.CompletedProcess, Path]:
     junit = tmp_path / "junit.xml"
-    command = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "suites",
+    arguments = [
         "-n",
         "2",
         *[w for s in served.serials.values() for w in ("--device", s)],
@@ -114,14 +111,12 @@ def _suite(served: Served, tmp_path: Path, cache: Path, *extra: str) -> tuple[su
         str(tmp_path / "reports"),
         "--cache-dir",
         str(cache),
-        "-p",
-        "no:cacheprovider",
         "--junitxml",
         str(junit),
         "-rA",
         *extra,
     ]
-    completed = subprocess.run(command, cwd=REPO_ROOT, env=served.env, capture_output=True, text=True, timeout=1200)
+    completed = run_suite(*arguments, env=served.env, timeout=1200)
     return completed, junit
 
 
@@ -153,6 +148,7 @@ def cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("artifact-cache")
 
 
+@pytest.mark.child_suite
 def test_the_users_command_takes_the_phone_path(served, tmp_path, cache):
     completed, junit = _suite(served, tmp_path, cache, "-k", SELECTION)
     output = completed.stdout[-4000:] + completed.stderr[-2000:]
@@ -183,6 +179,7 @@ def test_the_users_command_takes_the_phone_path(served, tmp_path, cache):
         assert document["summary"]["not_measured"] >= 4
 
 
+@pytest.mark.child_suite
 def test_a_stand_in_ndk_makes_address_sharing_measured(served, tmp_path, cache):
     ndk = tmp_path / "ndk"
     clang = ndk / interposer.NDK_CLANG_DIR / f"{interposer.NDK_CLANG_PREFIX}{interposer.MIN_ANDROID_API}-clang"
@@ -204,6 +201,7 @@ def test_a_stand_in_ndk_makes_address_sharing_measured(served, tmp_path, cache):
         assert pushed["libQnnHtp.so"] == built, "the interposer the stand-in compiler built is the pushed libQnnHtp.so"
 
 
+@pytest.mark.child_suite
 def test_a_missing_backend_library_is_one_usage_error_at_start(served, tmp_path, cache):
     completed, _ = _suite(served, tmp_path, cache, "--backend-lib", str(tmp_path / "nowhere.so"), "-k", SELECTION)
     errors = [line for line in completed.stderr.splitlines() if line.startswith("ERROR:")]

@@ -17,7 +17,7 @@ from harness.matrix.environments import MatrixSetupError, PythonEnv, QnnTree
 from harness.matrix.layout import Combination
 from harness.paths import REPO_ROOT
 from harness.record import CheckRecord
-from harness.report import writer
+from harness.report.render import writer
 
 CASE = "counter_add-fp16-delegate_mutbuf-SM8650"
 WHEELS = ("1.4.0", "1.4.1", "1.5.0", "1.5.1", "1.6.0.dev20261201")

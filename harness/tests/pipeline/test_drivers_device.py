@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from fixtures import drivers as driven_cards  # noqa: F401  (registers the cards)
-from harness import driver_checks
 from harness.check_registry import CheckFailure
+from harness.checks import driving as driver_checks
 from harness.device import kinds
 from harness.device.execute import DeviceRunRequest, run_case
 from harness.device.payload import SUITE_RUNNER_NAME

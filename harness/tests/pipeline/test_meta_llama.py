@@ -13,8 +13,8 @@ from dataclasses import replace
 import pytest
 
 from fixtures import llama  # noqa: F401  (registers the cards)
-from harness import checks
 from harness.check_registry import CheckFailure
+from harness.checks import meta_llama_partitions
 from harness.outcome import CaseOutcome
 from harness.pipeline import card as cards, meta_llama
 from harness.pipeline.lower import lower_case
@@ -41,7 +41,7 @@ def lowered_16a4w(toolchain, tmp_path_factory) -> CaseOutcome:
 
 
 def test_one_partition_with_the_pass_and_the_count_without_it_recorded(lowered_16a4w):
-    result = checks.check_meta_llama_partitions(lowered_16a4w)
+    result = meta_llama_partitions.check_meta_llama_partitions(lowered_16a4w)
     assert result["delegates"] == 1
     assert result["delegates_without_convert_bmm"] > 1, "the pass is what keeps the quantized llama in one partition"
     assert result["buffers_outside"] == sorted(meta_llama.mutated_buffers(1)), "the flow keeps the KV caches outside"
@@ -59,5 +59,5 @@ def test_with_the_pass_disabled_the_quantized_case_fails_with_the_counts(lowered
         match=rf"^{count} delegate\(s\) .*expected 1 x QnnBackend.*"
         rf"with ConvertBmmToMatmul off: {count} delegate\(s\)",
     ) as failure:
-        checks.check_meta_llama_partitions(disabled)
+        meta_llama_partitions.check_meta_llama_partitions(disabled)
     assert failure.value.signature == "partition_count"

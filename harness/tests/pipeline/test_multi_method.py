@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from fixtures import multi_method
-from harness import checks
 from harness.check_registry import CheckFailure
+from harness.checks import cross_method
 from harness.device.execute import DeviceRun
 from harness.outcome import CaseOutcome
 from harness.pipeline import card as cards, eager, stages
@@ -112,13 +112,13 @@ def _run(outcome: CaseOutcome, toolchain, binary: Path, folder: Path, one_proces
 def test_prefill_state_reaches_decode_in_one_process_and_not_across_reloads(toolchain, runner_binary, tmp_path):
     (tmp_path / "one").mkdir()
     one = _run(_lowered(toolchain, tmp_path, "fp16", Mode.SKIP), toolchain, runner_binary, tmp_path / "one", True)
-    evidence = checks.check_cross_method_state(one)
+    evidence = cross_method.check_cross_method_state(one)
     assert evidence["plan"] == ["prefill", "decode", "decode", "decode"]
     reload_dir = tmp_path / "reload"
     reload_dir.mkdir()
     again = _run(_lowered(toolchain, tmp_path, "fp16", Mode.SKIP), toolchain, runner_binary, reload_dir, False)
     with pytest.raises(CheckFailure) as failure:
-        checks.check_cross_method_state(again)
+        cross_method.check_cross_method_state(again)
     assert failure.value.signature == "state_reset_between_steps", str(failure.value)
 
 
@@ -135,7 +135,7 @@ def test_separately_quantized_methods_disagree_on_the_cache_encoding_which_the_o
     assert prefill != decode, "separate quantization should give the cache two scales"
     assert set(outcome.artifact.facts.modelled) == {"carried", "reset", "per_method", "constant_read"}
     (tmp_path / "one").mkdir()
-    evidence = checks.check_cross_method_state(_run(outcome, toolchain, runner_binary, tmp_path / "one", True))
+    evidence = cross_method.check_cross_method_state(_run(outcome, toolchain, runner_binary, tmp_path / "one", True))
     kind = "read" if " reads it as " in evidence["encoding_difference"] else "write"
     assert all(
         encodings[method]["kv_cache"][kind] in evidence["encoding_difference"] for method in ("prefill", "decode")

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from fixtures import multi_method  # noqa: F401  (registers the cards)
-from harness import checks
 from harness.check_registry import CheckFailure
+from harness.checks import cross_method
 from harness.device.execute import DeviceRunRequest, run_case
 from harness.device.payload import SUITE_RUNNER_NAME
 from harness.outcome import CaseOutcome
@@ -50,7 +50,7 @@ def _judged(outcome: CaseOutcome, device_and_workspace, folder: Path) -> dict:
     judged = CaseOutcome(
         outcome.case, outcome.steps, outcome.artifact, outcome.reference, device_kind="emulated", run=run
     )
-    return checks.check_cross_method_state(judged)
+    return cross_method.check_cross_method_state(judged)
 
 
 def test_decode_reads_what_prefill_wrote_on_the_device(lowered, device_and_workspace, tmp_path):

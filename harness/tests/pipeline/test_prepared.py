@@ -11,20 +11,18 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from fixtures import zoo  # noqa: F401  (registers the cards)
 from harness.case_store import CaseStore
-from harness.paths import REPO_ROOT
 from harness.pipeline import cache, card as cards, lower_job, prepared
 from harness.pipeline.facts import ExportFacts, LoweringFacts, LoweringRequest, PreparedFacts
 from harness.pipeline.lower import lower_case
 from harness.pipeline.prepared import EXPORT_FACTS, FACTS
 from harness.tests import broken_cards
+from harness.tests.child_suite import run_suite
 from harness.tests.device.test_reliability import SuiteRun
 from harness.tests.pipeline.test_lower_server import _comparable, _without_signatures
 from harness.vocabulary import Case, Mode
@@ -50,14 +48,7 @@ def _work(run: SuiteRun) -> dict[str, int]:
 
 def _suite(tmp_path: Path, cache_dir: Path) -> SuiteRun:
     reports = tmp_path / "reports"
-    command = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "suites",
-        "-p",
-        "no:cacheprovider",
-        "-q",
+    arguments = (
         "-W",
         "ignore",
         "--emulate",
@@ -75,10 +66,8 @@ def _suite(tmp_path: Path, cache_dir: Path) -> SuiteRun:
         str(cache_dir),
         "--report-dir",
         str(reports),
-    ]
-    completed = subprocess.run(
-        command, cwd=REPO_ROOT, env={**os.environ, "COLUMNS": "400"}, capture_output=True, text=True, timeout=900
     )
+    completed = run_suite(*arguments, env={**os.environ, "COLUMNS": "400"})
     assert completed.returncode in (0, 1), completed.stdout[-3000:] + completed.stderr[-3000:]
     return SuiteRun(completed, reports)
 
@@ -94,12 +83,14 @@ def _facts(facts: LoweringFacts) -> LoweringFacts:
     return dataclasses.replace(_comparable(facts), exported=False, quantized=False)
 
 
+@pytest.mark.child_suite
 def test_a_cold_run_exports_a_card_once_and_quantizes_it_once_per_dtype(cold):
     run, _ = cold
     assert _work(run) == {"export": 1, "quantize": 1, "lower": 8, "cases": 8}, run.output[-2000:]
     assert run.context.lowering_server_pid is not None, "a cold run lowers through the lowering server"
 
 
+@pytest.mark.child_suite
 def test_shared_programs_are_the_per_case_ones(cold, toolchain, tmp_path):
     """Each of the run's four programs equals the one lowered by a case that exports and quantizes on its
     own (today's per-case path, shared_root None), bytes apart from the QNN context signature; so do
@@ -116,6 +107,7 @@ def test_shared_programs_are_the_per_case_ones(cold, toolchain, tmp_path):
         assert served.facts.quantize is not None and served.facts.export is not None
 
 
+@pytest.mark.child_suite
 def test_a_damaged_prepared_program_is_made_again(cold, toolchain, tmp_path):
     """A truncated forward.pt2 is not lowered from: the lowering says so and quantizes again."""
     _, cache_dir = cold
@@ -133,6 +125,7 @@ def test_a_damaged_prepared_program_is_made_again(cold, toolchain, tmp_path):
     assert healthy.ok and not healthy.facts.quantized and not healthy.facts.exported, "the remade entry is used"
 
 
+@pytest.mark.child_suite
 def test_the_lowering_server_reads_a_program_once_for_its_lowerings(cold, tmp_path):
     """prepare_in_server, which the lowering server runs before it forks a lowering, reads the card and dtype's
     program; the child takes that module (its own copy, by fork) instead of reading the program again. An
@@ -158,6 +151,7 @@ def test_the_lowering_server_reads_a_program_once_for_its_lowerings(cold, tmp_pa
     assert taken.module["forward"] is module and not taken.made and not prepared._PRELOADED, "taken once, by the child"
 
 
+@pytest.mark.child_suite
 def test_damaged_export_facts_are_computed_again(cold, toolchain, tmp_path):
     """An export.json that does not parse is not read: the lowering says so, exports again and rewrites it."""
     _, cache_dir = cold
@@ -189,6 +183,7 @@ def test_a_failed_quantization_keeps_the_export_facts_and_is_met_once(toolchain,
     assert again.facts.export == failed.facts.export
 
 
+@pytest.mark.child_suite
 def test_a_warm_run_starts_no_lowering_server(cold, tmp_path):
     run, cache_dir = cold
     warm = _suite(tmp_path, cache_dir)

@@ -19,12 +19,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness import check_registry, checks, known_failures  # noqa: F401  checks: registers the check specs
+import harness.checks  # noqa: F401  checks: registers the check specs
+from harness import check_registry, known_failures
 from harness.numerics import TOLERANCES
 from harness.pipeline import card as cards
 from harness.pipeline.cases import matrix, meta_llama_matrix
 from harness.record import CheckRecord
-from harness.report import writer
+from harness.report.render import writer
 from harness.repro.bundle import card_record
 from harness.tests.report.test_history import _cli
 from harness.vocabulary import DEFAULT_CARD_MODULES, DTYPES, Case

@@ -11,12 +11,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from harness.paths import REPO_ROOT
+from harness.tests.child_suite import run_suite
 
 SELECTION = ["--emulate", "SM8650", "--dtype", "fp16", "-k", "counter_ones_init or kv_gather_written and not pair"]
 
@@ -24,29 +23,8 @@ SELECTION = ["--emulate", "SM8650", "--dtype", "fp16", "-k", "counter_ones_init 
 def _suite(
     reports: Path, cache: Path, *extra: str, faults: dict | None = None, selection: list[str] = SELECTION
 ) -> subprocess.CompletedProcess:
-    command = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "suites",
-        "-p",
-        "no:cacheprovider",
-        "-q",
-        "-W",
-        "ignore",
-        *selection,
-        "--cache-dir",
-        str(cache),
-        "--report-dir",
-        str(reports),
-        *extra,
-    ]
-    return subprocess.run(
-        command,
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
+    return run_suite(
+        *("-W", "ignore", *selection, "--cache-dir", str(cache), "--report-dir", str(reports), *extra),
         env={**os.environ, "COLUMNS": "300", "QNNSUITE_EMULATOR_FAULTS": json.dumps({"SM8650": faults or {}})},
     )
 
@@ -70,6 +48,7 @@ def _write_baseline(path: Path, document: dict) -> Path:
     return path / "report.json"
 
 
+@pytest.mark.child_suite
 def test_identical_run_passes_the_gate(baseline_run):
     root, document = baseline_run
     baseline = _write_baseline(root / "same", document)
@@ -78,6 +57,7 @@ def test_identical_run_passes_the_gate(baseline_run):
     assert "no regressions" in completed.stdout
 
 
+@pytest.mark.child_suite
 def test_injected_regression_and_fixed_known_failure_fail_the_gate(baseline_run):
     root, document = baseline_run
     edited = json.loads(json.dumps(document))
@@ -100,6 +80,7 @@ def test_injected_regression_and_fixed_known_failure_fail_the_gate(baseline_run)
     assert any("kv_gather_written-fp16-skip_mutbuf-SM8650" in line and "state" in line for line in named)
 
 
+@pytest.mark.child_suite
 def test_baseline_latest_is_the_previous_run_not_this_one(baseline_run):
     """reports/latest is repointed to this run at the end; the gate must have read the previous run first."""
     root, document = baseline_run
@@ -121,6 +102,7 @@ def test_baseline_latest_is_the_previous_run_not_this_one(baseline_run):
     assert gate_file["ok"] is False and [e["kind"] for e in gate_file["checks"]] == ["regression"]
 
 
+@pytest.mark.child_suite
 def test_a_new_failing_check_fails_the_gate(baseline_run):
     """A state check that now fails (a runner losing state between steps) and is absent from the baseline."""
     root, document = baseline_run
@@ -142,6 +124,7 @@ def test_a_new_failing_check_fails_the_gate(baseline_run):
     assert others and all(before == "xfailed" for _, _, before, _ in others), named
 
 
+@pytest.mark.child_suite
 def test_a_narrowed_run_leaves_out_what_it_did_not_select_and_a_dropped_check_still_fails(baseline_run):
     """-k left kv_gather_written out: its baseline checks are counted as outside the selection, not missing
     (the gate passes, and says so); a check the baseline has in a case this run did run is missing, and the

@@ -17,7 +17,8 @@ import pytest
 
 from harness.paths import REPO_ROOT
 from harness.record import CheckRecord
-from harness.report import history, promote, writer
+from harness.report.nightly import history, promote
+from harness.report.render import writer
 
 COLUMNS = [{"name": "export", "short": "exp"}, {"name": "state", "short": "st"}]
 CARDS = ("counter_add", "kv_cache", "slice_mask")

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from harness.record import CheckRecord
-from harness.report import issues, writer
+from harness.report.nightly import issues
+from harness.report.render import writer
 from harness.tests.report.test_history import _cli
 
 COLUMNS = [{"name": "state", "short": "st"}, {"name": "partitions", "short": "pt"}]

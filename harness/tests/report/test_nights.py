@@ -22,7 +22,7 @@ from urllib.parse import unquote, urlsplit
 import pytest
 
 from harness.paths import REPO_ROOT
-from harness.report import promote
+from harness.report.nightly import promote
 
 CI = (REPO_ROOT / "docs" / "ci.md").read_text(encoding="utf-8")
 WORKFLOW = CI.split("```yaml\n", 1)[1].split("```", 1)[0]

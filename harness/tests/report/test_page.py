@@ -25,12 +25,13 @@ from harness.check_registry import CheckFailure, CheckSpec
 from harness.known_failures import KnownFailure
 from harness.paths import REPO_ROOT
 from harness.record import CheckRecord
-from harness.report import gate, merge as merging, summary_line, write_run
-from harness.report.chart import error_chart
+from harness.report import gate, summary_line, write_run
 from harness.report.gate import clip
 from harness.report.intake import read_report
-from harness.report.markdown import render as render_markdown
-from harness.report.page import anchor
+from harness.report.nightly import merge as merging
+from harness.report.render.chart import error_chart
+from harness.report.render.markdown import render as render_markdown
+from harness.report.render.page import anchor
 from harness.tests.report.test_report import (
     CHROMIUM_FLAGS,
     COLUMNS,

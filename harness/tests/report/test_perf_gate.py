@@ -7,8 +7,6 @@ runs without it pass) is test_perf_gate_end_to_end.py."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from dataclasses import replace
 from html import unescape
 
@@ -16,10 +14,8 @@ import jsonschema
 import pytest
 
 from harness.emulator.compiled_runner import slowdown
-from harness.paths import REPO_ROOT
 from harness.record import CheckRecord, step_stats
-from harness.report import page, write_run
-from harness.report.chart import step_time_chart
+from harness.report import write_run
 from harness.report.gate import compare as gate_compare, of_records
 from harness.report.perf_gate import (
     FAIL,
@@ -31,6 +27,9 @@ from harness.report.perf_gate import (
     repeats_of,
     speedups,
 )
+from harness.report.render import page
+from harness.report.render.chart import step_time_chart
+from harness.tests.child_suite import run_suite
 from harness.tests.report.test_report import COLUMNS, SCHEMA, environments, make_records, typed
 
 CARD = "counter_add"
@@ -223,24 +222,15 @@ def test_the_slowdown_switch_slows_only_the_cases_it_names(fault, folder, expect
     ],
 )
 def test_a_bad_perf_option_is_one_line_naming_the_fix(argv, line):
-    completed = subprocess.run(
-        [sys.executable, "-m", "pytest", "suites", "--collect-only", "-q", "-p", "no:cacheprovider", *argv],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    completed = run_suite("--collect-only", *argv, timeout=120)
     output = completed.stdout + completed.stderr
     assert completed.returncode == 4 and line in output and "Traceback" not in output, output[-2000:]
 
 
 def test_good_perf_options_are_accepted():
-    completed = subprocess.run(
-        [sys.executable, "-m", "pytest", "suites", "--collect-only", "-q", "-p", "no:cacheprovider"]
-        + ["--perf-repeats", "3", "--perf-budget", "0", "--perf-gate", "--compile-only", "-k", "counter_add"],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
+    completed = run_suite(
+        *("--collect-only", "--perf-repeats", "3", "--perf-budget", "0", "--perf-gate", "--compile-only"),
+        *("-k", "counter_add"),
         timeout=120,
     )
     assert completed.returncode == 0, (completed.stdout + completed.stderr)[-2000:]

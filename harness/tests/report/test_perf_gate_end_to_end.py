@@ -12,13 +12,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from harness.paths import REPO_ROOT
 from harness.report.perf_gate import FAIL, PASS, WARN
+from harness.tests.child_suite import run_suite
 
 SOC, CARD = "SM8650", "counter_add"
 SLOWED = f"{CARD}-fp16-delegate_mutbuf-{SOC}"
@@ -27,33 +26,16 @@ SLOWDOWN_MS = 200  # per execute: well beyond the simulator's noise here (steps 
 
 
 def _suite(reports: Path, *extra: str, faults: dict | None = None) -> subprocess.CompletedProcess:
-    command = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "suites",
-        "-p",
-        "no:cacheprovider",
-        "-q",
-        "-W",
-        "ignore",
-        "--emulate",
-        SOC,
-        "--dtype",
-        "fp16",
-        "-k",
-        CARD,
-        "--perf-repeats",
-        "3",
-        "--report-dir",
-        str(reports),
-        *extra,
-    ]
     env = {**os.environ, "COLUMNS": "400"}
     env.pop("QNNSUITE_EMULATOR_FAULTS", None)
     if faults:
         env["QNNSUITE_EMULATOR_FAULTS"] = json.dumps({SOC: faults})
-    return subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    return run_suite(
+        *("-W", "ignore", "--emulate", SOC, "--dtype", "fp16", "-k", CARD, "--perf-repeats", "3"),
+        *("--report-dir", str(reports), *extra),
+        env=env,
+        timeout=600,
+    )
 
 
 def _gate(reports: Path) -> dict:
@@ -68,6 +50,7 @@ def baseline(tmp_path_factory) -> Path:
     return reports / "latest"
 
 
+@pytest.mark.child_suite
 def test_the_same_selection_again_passes_the_performance_gate(baseline, tmp_path):
     reports = tmp_path / "reports"
     completed = _suite(reports, "--baseline", str(baseline), "--perf-gate")
@@ -81,6 +64,7 @@ def test_the_same_selection_again_passes_the_performance_gate(baseline, tmp_path
     assert all(len(case["timing"]["repeats_p50_us"]) == 3 for case in report["cases"]), "every repeat measured"
 
 
+@pytest.mark.child_suite
 def test_a_slowed_mode_fails_the_performance_gate_naming_exactly_its_cases(baseline, tmp_path):
     reports = tmp_path / "reports"
     slowdown = {"runner_slow_execute": {"ms": SLOWDOWN_MS, "match": "delegate_mutbuf"}}

@@ -12,8 +12,8 @@ import shutil
 
 import pytest
 
-from harness.report import history, promote
 from harness.report.gate import BaselineError
+from harness.report.nightly import history, promote
 from harness.tests.report.test_history import _cli, _run
 
 

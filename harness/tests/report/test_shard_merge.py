@@ -17,7 +17,9 @@ import pytest
 
 from harness import shard
 from harness.paths import REPO_ROOT
-from harness.report import merge as merging, write_run
+from harness.report import write_run
+from harness.report.nightly import merge as merging
+from harness.tests.child_suite import run_suite
 from harness.tests.report.test_report import COLUMNS, SCHEMA, environments, make_records, typed
 
 SLICE = "kv_gather_written or kv_index_copy_dim1"  # 2 cards x 2 modes in fp16: 4 cases
@@ -222,32 +224,10 @@ def test_a_merged_report_gates_and_diffs_like_a_run(tmp_path: Path):
 def _suite(
     tmp_path: Path, name: str, cache: Path, *extra: str, workers: tuple[str, ...] = ("-n", "2")
 ) -> subprocess.CompletedProcess:
-    command = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "suites",
-        "-p",
-        "no:cacheprovider",
-        "-q",
-        "-W",
-        "ignore",
-        *workers,
-        "--emulate",
-        "SM8650",
-        "--dtype",
-        "fp16",
-        "-k",
-        SLICE,
-        "--compile-only",
-        "--cache-dir",
-        str(cache),
-        "--report-dir",
-        str(tmp_path / name),
-        *extra,
-    ]
-    return subprocess.run(
-        command, cwd=REPO_ROOT, env={**os.environ, "COLUMNS": "300"}, capture_output=True, text=True, timeout=900
+    return run_suite(
+        *("-W", "ignore", *workers, "--emulate", "SM8650", "--dtype", "fp16", "-k", SLICE, "--compile-only"),
+        *("--cache-dir", str(cache), "--report-dir", str(tmp_path / name), *extra),
+        env={**os.environ, "COLUMNS": "300"},
     )
 
 
@@ -269,6 +249,7 @@ def _cases(reports: Path) -> set[str]:
     }
 
 
+@pytest.mark.child_suite
 def test_shards_of_a_slice_merge_into_the_unsharded_run(tmp_path: Path):
     cache = tmp_path / "cache"
     whole = _suite(tmp_path, "whole", cache)

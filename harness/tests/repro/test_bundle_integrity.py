@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import checks  # noqa: F401  (registers the checks the bundle carries)
+import harness.checks  # noqa: F401  (registers the checks the bundle carries)
 from harness.repro import bundle, standalone
 
 CARD = Path(__file__).resolve().parents[3] / "fixtures" / "zoo.py"

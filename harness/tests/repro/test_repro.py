@@ -31,6 +31,7 @@ from harness.report.intake import read_report
 from harness.repro import issue, layout
 from harness.repro.bundle import BundleWriter
 from harness.repro.rerun import RerunError, find_case
+from harness.tests.child_suite import run_suite
 
 pytestmark = pytest.mark.qnn
 
@@ -38,7 +39,7 @@ FAILING = "kv_arange_init-fp16-delegate_mutbuf-SM8650"  # F1: the delegated buff
 PASSING = "kv_arange_init-fp16-skip_mutbuf-SM8650"
 LOWERING = "ring_buffer-fp16-skip_mutbuf-SM8650"  # F5: lowering fails
 SELECTION = ["--emulate", "SM8650", "--dtype", "fp16", "-k", f"kv_arange_init or {LOWERING}"]
-QUIET = ["-p", "no:cacheprovider", "-q", "-W", "ignore"]
+QUIET = ["-W", "ignore"]
 BUNDLE_LIMIT_BYTES = 512 * 1024
 
 
@@ -57,13 +58,7 @@ def _report(soc_folder: Path) -> dict[str, dict]:
 def runs(tmp_path_factory) -> Runs:
     root = tmp_path_factory.mktemp("repro")
     cache = ["--cache-dir", str(root / "cache")]
-    suite = subprocess.run(
-        [sys.executable, "-m", "pytest", "suites", *QUIET, *SELECTION, *cache, "--report-dir", str(root / "reports")],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    suite = run_suite(*QUIET, *SELECTION, *cache, "--report-dir", str(root / "reports"))
     assert suite.returncode == 0, suite.stdout[-3000:] + suite.stderr[-2000:]
     run = (root / "reports" / "latest").resolve()
     rerun = subprocess.run(
@@ -76,7 +71,7 @@ def runs(tmp_path_factory) -> Runs:
             "--run",
             str(run),
             "--",
-            *QUIET,
+            *("-p", "no:cacheprovider", "-q", *QUIET),
             *cache,
             "--report-dir",
             str(root / "again"),
@@ -111,6 +106,7 @@ def _run_alone(
     )
 
 
+@pytest.mark.child_suite
 def test_failing_cases_get_bundles_and_passing_ones_do_not(runs):
     folder = runs.soc_folder / layout.REPRO_DIR
     assert (folder / FAILING / layout.CASE_FILE).is_file() and (folder / LOWERING / layout.CASE_FILE).is_file()
@@ -136,6 +132,7 @@ def test_failing_cases_get_bundles_and_passing_ones_do_not(runs):
     assert case["numbers"] == report[FAILING]["checks"]["state"]["evidence"]["steps"]
 
 
+@pytest.mark.child_suite
 def test_page_and_summary_link_the_bundles(runs):
     page = (runs.soc_folder / "report.html").read_text()
     for case_id in (FAILING, LOWERING):
@@ -146,6 +143,7 @@ def test_page_and_summary_link_the_bundles(runs):
     assert "Bundle size: 2 bundle(s)," in summary
 
 
+@pytest.mark.child_suite
 def test_bundles_are_small_and_carry_no_libraries(runs):
     for size in layout.sizes(runs.soc_folder):
         bundle = runs.soc_folder / layout.REPRO_DIR / size.folder
@@ -156,6 +154,7 @@ def test_bundles_are_small_and_carry_no_libraries(runs):
         assert {f"{size.folder}/repro.py", f"{size.folder}/case.json", f"{size.folder}/issue.md"} <= names
 
 
+@pytest.mark.child_suite
 def test_failing_bundle_reproduces_alone(runs, tmp_path):
     completed = _run_alone(runs.soc_folder / layout.REPRO_DIR / FAILING, tmp_path / "empty")
     assert completed.returncode == 1, completed.stdout[-3000:] + completed.stderr[-3000:]
@@ -164,7 +163,7 @@ def test_failing_bundle_reproduces_alone(runs, tmp_path):
     reported = checks["state"]["evidence"]["steps"]
     # The emulated device's heap holds a fixed pattern and repro.py starts its simulator run the same way
     # (case.json's heap_pattern), so the uninitialised buffer reads the same bytes; repro.py judges with the
-    # suite's own checks (suite/harness.checks.py), so the verdict, signature, whole line (the exact one: the
+    # suite's own checks (suite/harness.checks.*.py), so the verdict, signature, whole line (the exact one: the
     # device equals eager started from the pattern) and per-step numbers are the report's.
     for name in ("state", "initial_state"):
         assert (
@@ -189,6 +188,7 @@ def test_failing_bundle_reproduces_alone(runs, tmp_path):
     assert "pybindings" not in completed.stderr
 
 
+@pytest.mark.child_suite
 def test_without_a_compiler_the_bundle_runs_the_pybindings_runner_and_says_so(runs, tmp_path):
     completed = _run_alone(
         runs.soc_folder / layout.REPRO_DIR / FAILING, tmp_path / "empty", extra_env={"CXX": str(tmp_path / "no-g++")}
@@ -204,6 +204,7 @@ def test_without_a_compiler_the_bundle_runs_the_pybindings_runner_and_says_so(ru
     assert "execute_us" not in (tmp_path / "empty" / "repro-out" / "runner.log").read_text()
 
 
+@pytest.mark.child_suite
 def test_failing_bundle_without_the_bridge_is_a_different_failure(runs, tmp_path):
     """The bridge variable unset: executorch 1.5.1 and this QNN fail to lower (unknown custom config). That
     is not the recorded failure: exit 3 and a DIFFERENT FAILURE line naming both, never REPRODUCED."""
@@ -233,6 +234,7 @@ def _python_without_torch() -> list[str]:
     pytest.skip("no Python without torch here")
 
 
+@pytest.mark.child_suite
 def test_repro_with_a_python_lacking_torch_is_one_line_and_exit_2(runs, tmp_path):
     shutil.copytree(runs.soc_folder / layout.REPRO_DIR / FAILING, tmp_path / "bundle")
     completed = subprocess.run(
@@ -248,6 +250,7 @@ def test_repro_with_a_python_lacking_torch_is_one_line_and_exit_2(runs, tmp_path
     assert "has no module 'torch'" in completed.stderr and not completed.stdout
 
 
+@pytest.mark.child_suite
 def test_failing_bundle_reproduces_on_a_device_through_adb(runs, tmp_path):
     """--serial: the program and inputs go over a real adb server to a device whose runner is in --device-dir
     (an emulated device here, its runner put there as a maintainer would put theirs)."""
@@ -282,6 +285,7 @@ def test_failing_bundle_reproduces_on_a_device_through_adb(runs, tmp_path):
     )
 
 
+@pytest.mark.child_suite
 def test_passing_bundle_from_a_rerun_does_not_reproduce(runs, tmp_path):
     assert "--repro-all" in runs.rerun_output and f"-k {PASSING}" in runs.rerun_output
     bundle = runs.rerun_folder / layout.REPRO_DIR / PASSING
@@ -292,6 +296,7 @@ def test_passing_bundle_from_a_rerun_does_not_reproduce(runs, tmp_path):
     assert "verdict: NOT REPRODUCED (every check passes)" in completed.stdout
 
 
+@pytest.mark.child_suite
 def test_lowering_failure_bundle_reproduces_its_first_line(runs, tmp_path):
     message = _report(runs.soc_folder)[LOWERING]["checks"]["partitions"]["message"]
     assert message.startswith("lowering failed: RuntimeError: ")
@@ -302,6 +307,7 @@ def test_lowering_failure_bundle_reproduces_its_first_line(runs, tmp_path):
     assert "docs/FINDINGS.md#F5" in issue_text and "decompose_remainder.py" in issue_text
 
 
+@pytest.mark.child_suite
 def test_repro_without_qnn_libraries_says_how_in_one_line(runs, tmp_path):
     shutil.copytree(runs.soc_folder / layout.REPRO_DIR / FAILING, tmp_path / "bundle")
     env = {
@@ -519,6 +525,7 @@ test_made_up_state = suite_test("made_up_state")
 REPRO_NEEDS = ("repro.py", layout.CASE_FILE, "card", "suite")
 
 
+@pytest.mark.child_suite
 def test_a_new_check_is_judged_by_the_bundle_alone(tmp_path):
     """One decorated function and one suite line: the run fails the new check, its bundle carries the module
     that declared it, and repro.py (with only case.json, card/ and suite/ beside it) judges it by that code
@@ -526,34 +533,11 @@ def test_a_new_check_is_judged_by_the_bundle_alone(tmp_path):
     suite = tmp_path / "suite" / "test_made_up.py"
     suite.parent.mkdir()
     suite.write_text(MADE_UP_SUITE)
-    completed = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-c",
-            str(REPO_ROOT / "pytest.ini"),
-            "--rootdir",
-            str(REPO_ROOT),
-            "-p",
-            "harness.plugin",
-            str(suite),
-            *QUIET,
-            "--emulate",
-            "SM8650",
-            "--dtype",
-            "fp16",
-            "-k",
-            FAILING,
-            "--report-dir",
-            str(tmp_path / "reports"),
-            "--cache-dir",
-            str(tmp_path / "cache"),
-        ],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
+    completed = run_suite(
+        *("-c", str(REPO_ROOT / "pytest.ini"), "--rootdir", str(REPO_ROOT), "-p", "harness.plugin", *QUIET),
+        *("--emulate", "SM8650", "--dtype", "fp16", "-k", FAILING),
+        *("--report-dir", str(tmp_path / "reports"), "--cache-dir", str(tmp_path / "cache")),
+        targets=[str(suite)],
     )
     assert completed.returncode == 1 and "1 failed" in completed.stdout, (
         completed.stdout[-3000:] + completed.stderr[-2000:]

@@ -24,18 +24,18 @@ import pytest
 
 from harness.device.payload import EMULATED_RUNNER, EMULATED_SUITE_RUNNER, SUITE_RUNNER_BINARY_NAME
 from harness.emulator.launcher import EmulatorFleet
-from harness.paths import REPO_ROOT
 from harness.qnn.toolchain import prepare
 from harness.repro import issue, layout
 from harness.runner import build as runner_build
+from harness.tests.child_suite import run_suite
 
-pytestmark = pytest.mark.qnn
+pytestmark = [pytest.mark.qnn, pytest.mark.child_suite]
 
 DELEGATED = "mm_counter-fp16-delegate_mutbuf-SM8650"  # cross_method_mismatch (F16 with F1)
 KEPT_OUT = "mm_counter-fp16-skip_mutbuf-SM8650"  # state_per_method (F16)
 PLAN = ["advance", "read", "advance", "read"]
 SELECTION = ["--emulate", "SM8650", "--dtype", "fp16", "-k", f"{DELEGATED} or {KEPT_OUT}"]
-QUIET = ["-p", "no:cacheprovider", "-q", "-W", "ignore"]
+QUIET = ["-W", "ignore"]
 DEVICE_DIR = "/data/local/tmp/qnn"
 
 
@@ -54,24 +54,7 @@ class Run:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> Run:
     root = tmp_path_factory.mktemp("repro_multi")
-    suite = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "suites",
-            *QUIET,
-            *SELECTION,
-            "--cache-dir",
-            str(root / "cache"),
-            "--report-dir",
-            str(root / "reports"),
-        ],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    suite = run_suite(*QUIET, *SELECTION, "--cache-dir", str(root / "cache"), "--report-dir", str(root / "reports"))
     assert suite.returncode == 0, suite.stdout[-3000:] + suite.stderr[-2000:]
     return Run((root / "reports" / "latest").resolve() / "SM8650")
 

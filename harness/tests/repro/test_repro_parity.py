@@ -15,28 +15,22 @@ from pathlib import Path
 
 import pytest
 
-from harness.paths import REPO_ROOT
 from harness.qnn.toolchain import prepare
 from harness.repro import layout
+from harness.tests.child_suite import run_suite
 
-pytestmark = pytest.mark.qnn
+pytestmark = [pytest.mark.qnn, pytest.mark.child_suite]
 
 CASE = "kv_pair_gather_written-fp16-delegate_mutbuf-SM8650"  # runner_parity's first card (checks.PARITY_CARDS)
 SELECTION = ["--emulate", "SM8650", "--dtype", "fp16", "-k", f"runner_parity and {CASE}", "--repro-all"]
-QUIET = ["-p", "no:cacheprovider", "-q", "-W", "ignore"]
+QUIET = ["-W", "ignore"]
 
 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("repro_parity")
     reports = ["--cache-dir", str(root / "cache"), "--report-dir", str(root / "reports")]
-    suite = subprocess.run(
-        [sys.executable, "-m", "pytest", "suites", *QUIET, *SELECTION, *reports],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    suite = run_suite(*QUIET, *SELECTION, *reports)
     assert suite.returncode == 0, suite.stdout[-3000:] + suite.stderr[-2000:]
     return (root / "reports" / "latest").resolve() / "SM8650" / layout.REPRO_DIR / CASE
 

@@ -11,24 +11,22 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from harness.paths import REPO_ROOT
 from harness.report.perf_gate import profile_top
 from harness.runner.profile import MAX_EVENTS, ProfileError, ProfileEvent, profile_of, read_etdump
+from harness.tests.child_suite import run_suite
 
 SOC, CARD, STEPS = "SM8650", "counter_add", 4
 
 
 def _suite(reports: Path, *extra: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "pytest", "suites", "-p", "no:cacheprovider", "-q", "-W", "ignore"]
-    command += ["--emulate", SOC, "--dtype", "fp16", "-k", CARD, "--report-dir", str(reports), *extra]
+    arguments = ("-W", "ignore", "--emulate", SOC, "--dtype", "fp16", "-k", CARD, "--report-dir", str(reports), *extra)
     env = {**os.environ, "COLUMNS": "400"}
     env.pop("QNNSUITE_EMULATOR_FAULTS", None)
-    return subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
+    return run_suite(*arguments, env=env)
 
 
 def _report(reports: Path, completed: subprocess.CompletedProcess) -> tuple[dict, str, str]:
@@ -53,6 +51,7 @@ def plain(tmp_path_factory) -> tuple[dict, str, str]:
     return _report(reports, _suite(reports))
 
 
+@pytest.mark.child_suite
 def test_a_profiled_run_has_qnn_per_op_times_for_every_step(profiled):
     document, summary, page = profiled
     timed = [case for case in document["cases"] if case.get("timing")]
@@ -72,6 +71,7 @@ def test_a_profiled_run_has_qnn_per_op_times_for_every_step(profiled):
     assert "QNN profile (--profile-level" in page
 
 
+@pytest.mark.child_suite
 def test_the_profiled_run_does_not_change_what_the_checks_read(profiled, plain):
     """The checks read the case's own (unprofiled) run: the same verdicts as a run without the option."""
     verdicts = [
@@ -85,6 +85,7 @@ def test_the_profiled_run_does_not_change_what_the_checks_read(profiled, plain):
     assert verdicts[0] == verdicts[1]
 
 
+@pytest.mark.child_suite
 def test_without_the_option_there_is_no_profile(plain):
     document, summary, page = plain
     assert all("profile" not in (case.get("timing") or {}) for case in document["cases"])
@@ -99,14 +100,7 @@ def test_without_the_option_there_is_no_profile(plain):
     ],
 )
 def test_a_bad_profile_level_is_one_usage_line(value, line):
-    completed = subprocess.run(
-        [sys.executable, "-m", "pytest", "suites", "--collect-only", "-q", "-p", "no:cacheprovider"]
-        + ["--profile-level", value],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    completed = run_suite("--collect-only", "--profile-level", value, timeout=120)
     output = completed.stdout + completed.stderr
     assert completed.returncode == 4 and line in output and "Traceback" not in output, output[-2000:]
 

@@ -51,7 +51,7 @@ FILE_STEM = re.compile(r"^(?:F[0-9]{1,6}|new-[a-z0-9_]{1,60}(?:-[a-z0-9_]{1,60})
 TORCH_DTYPE = re.compile(r"^torch\.(?:u?int(?:8|16|32|64)|float(?:16|32|64)|bfloat16|bool)$")
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,99}$")
 MAX_PLAN_STEPS = 1000
-# What shows a finding in its script, by the failing check's signature (harness/checks.py); any other
+# What shows a finding in its script, by the failing check's signature (harness/checks/); any other
 # signature is a state or initial-state failure: the outputs against eager.
 DEFECT_KINDS = {
     "lowering_failed": "error",

@@ -15,7 +15,6 @@ from markupsafe import Markup
 
 from harness.device import kinds
 from harness.device.device import devices_display
-from harness.report.chart import error_chart, step_time_chart
 from harness.report.document import (
     by_finding,
     check_order,
@@ -28,6 +27,7 @@ from harness.report.document import (
 )
 from harness.report.gate import GateResult
 from harness.report.perf_gate import FAIL, PASS, WARN, finding_candidates, profile_top, speedups
+from harness.report.render.chart import error_chart, step_time_chart
 from harness.report.structure_gate import counts as structure_counts, in_words
 from harness.repro.layout import LINK
 from harness.text import printable

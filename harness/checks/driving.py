@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from harness import horizon, numerics
-from harness.check_registry import CheckFailure, InfrastructureError, NotApplicable, NotMeasured, check
+from harness.check_registry import CheckFailure, NotApplicable, check
+from harness.checks.common import require_run
 from harness.outcome import CaseOutcome
 from harness.pipeline import cases, drivers
 from harness.vocabulary import FLOAT_DTYPE, DriveChunk
@@ -46,19 +47,6 @@ ERROR_DRIFT = "error_drift"
 # The error drifts when the last quarter's typical error (in tolerances) is both a real share of the tolerance
 # and several times the first quarter's: rounding noise stays flat, a leak of error into the state grows.
 DRIFT_SHARE, DRIFT_GROWTH, DRIFT_FLOOR = 0.25, 4.0, 0.01
-
-
-def _require_run(outcome: CaseOutcome) -> None:
-    """The case lowered and run, else the verdict the standard checks give it (harness/checks.py's rule; not
-    imported from there: harness/checks.py imports this module, so this one cannot import it)."""
-    if not outcome.artifact.ok:
-        raise CheckFailure(outcome.artifact.failure, {}, "lowering_failed")
-    if outcome.run is None and outcome.run_error_is_infrastructure:
-        raise InfrastructureError(outcome.run_error)
-    if outcome.run is None and outcome.run_error_is_not_measured:
-        raise NotMeasured(outcome.run_error)
-    if outcome.run is None:
-        raise CheckFailure(outcome.run_error or "the case was not run on a device", {}, "not_run")
 
 
 @dataclass(frozen=True)
@@ -209,7 +197,7 @@ def _equivalence(outcome: CaseOutcome, plan: drivers.DrivenPlan) -> dict:
 )
 def check_driver_invariance(outcome: CaseOutcome) -> dict:
     """Every step of a driven case equals eager driven the same way, and drivers eager calls equal agree."""
-    _require_run(outcome)
+    require_run(outcome)
     plan = drivers.of_case(outcome.case, len(outcome.steps))
     first = _first_difference(plan, outcome.comparison)
     if first is not None:
@@ -266,7 +254,7 @@ def check_horizon(outcome: CaseOutcome) -> dict:
     """On the long driver, the device's error per step against eager does not drift upward along the run, and
     its registrations, peak RSS and execute time per step do not grow (series the device did not measure are
     said to be not judged in the evidence, never passed silently)."""
-    _require_run(outcome)
+    require_run(outcome)
     errors = outcome.comparison.errors
     if not errors:
         raise NotApplicable("the run has no steps")

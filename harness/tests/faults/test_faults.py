@@ -32,7 +32,7 @@ from harness.device.execute import DeviceRunRequest, RunnerFailed, Workspace, ru
 from harness.device.payload import RUNNER_NAME
 from harness.emulator.launcher import EmulatorFleet
 from harness.files import say
-from harness.paths import REPO_ROOT
+from harness.tests.child_suite import run_suite, start_suite
 from harness.tests.waiting import is_gone, wait_for
 
 # --- device output and adb calls are bounded ------------------------------------------------------------
@@ -458,27 +458,10 @@ def test_a_broken_stderr_cannot_turn_a_diagnostic_line_into_an_error(monkeypatch
     say("qnnsuite: no reproduction bundle for c (OSError: No space left on device)")  # does not raise
 
 
+@pytest.mark.child_suite
 def test_a_read_only_report_dir_is_a_usage_error_before_anything_starts(tmp_path):
     with _tmpfs(tmp_path / "ro", PAGE, read_only=True) as mount:
-        completed = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pytest",
-                "suites",
-                "-p",
-                "no:cacheprovider",
-                "-q",
-                "--emulate",
-                "SM8650",
-                "--report-dir",
-                str(mount / "reports"),
-            ],
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        completed = run_suite("--emulate", "SM8650", "--report-dir", str(mount / "reports"), timeout=300)
     output = completed.stdout + completed.stderr
     assert completed.returncode == 4, output[-2000:]
     assert "INTERNALERROR" not in output and "Traceback" not in output
@@ -490,6 +473,7 @@ def test_a_read_only_report_dir_is_a_usage_error_before_anything_starts(tmp_path
     assert "health check" not in output, "refused before any device or lowering starts"
 
 
+@pytest.mark.child_suite
 def test_a_report_dir_full_before_the_run_is_one_line_and_exit_6_before_anything_starts(tmp_path):
     """A report folder whose disk is full when the run starts: the run's first file there (run-context.json)
     failed as some 30 INTERNALERROR lines, exit 3, after the devices had started. Now one line, the reports'
@@ -499,14 +483,7 @@ def test_a_report_dir_full_before_the_run_is_one_line_and_exit_6_before_anything
 
     with _tmpfs(tmp_path / "full", PAGE) as mount:
         (mount / "filler").write_bytes(b"x" * PAGE)
-        completed = subprocess.run(
-            [sys.executable, "-m", "pytest", "suites", "-p", "no:cacheprovider", "-q", "--emulate", "SM8650"]
-            + ["--report-dir", str(mount / "reports")],
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        completed = run_suite("--emulate", "SM8650", "--report-dir", str(mount / "reports"), timeout=300)
         assert not (mount / "reports").exists(), "nothing was written"
     output = completed.stdout + completed.stderr
     assert completed.returncode == 6, output[-2000:]
@@ -519,14 +496,7 @@ def test_a_report_dir_full_before_the_run_is_one_line_and_exit_6_before_anything
 
 
 def _suite(report_dir: Path, cache_dir: Path, **popen: object) -> subprocess.Popen:
-    command = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "suites",
-        "-p",
-        "no:cacheprovider",
-        "-q",
+    arguments = (
         "-W",
         "ignore",
         "-rfE",
@@ -540,10 +510,9 @@ def _suite(report_dir: Path, cache_dir: Path, **popen: object) -> subprocess.Pop
         str(cache_dir),
         "--report-dir",
         str(report_dir),
-    ]
-    return subprocess.Popen(
-        command,
-        cwd=REPO_ROOT,
+    )
+    return start_suite(
+        *arguments,
         env={**os.environ, "COLUMNS": "400"},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -567,6 +536,7 @@ def _fill(folder: Path) -> None:
         assert error.errno == errno.ENOSPC, error
 
 
+@pytest.mark.child_suite
 def test_a_suite_run_whose_report_disk_fills_up_exits_6_with_its_verdicts_kept(tmp_path):
     """A real run on an emulated device; its report folder's disk fills while the cases run. The healthy
     run before it (same cache, a roomy folder) exits 0 and moves `latest`."""
@@ -672,13 +642,11 @@ def _run_killing_its_server(tmp_path: Path, cache_dir: Path, replace: Path | Non
     from harness.emulator.launcher import server_environment
 
     reports = tmp_path / "reports"
-    command = [sys.executable, "-m", "pytest", "suites", "-p", "no:cacheprovider", "-q", "-s", "-W", "ignore"]
-    command += ["--emulate", "SM8650", "--dtype", "fp16", "-k", "counter_add", "--runner-timeout", "60"]
-    command += ["--cache-dir", str(cache_dir), "--report-dir", str(reports)]
+    arguments = ("-s", "-W", "ignore", "--emulate", "SM8650", "--dtype", "fp16", "-k", "counter_add")
+    arguments += ("--runner-timeout", "60", "--cache-dir", str(cache_dir), "--report-dir", str(reports))
     launched = time.monotonic()
-    run = subprocess.Popen(
-        command,
-        cwd=REPO_ROOT,
+    run = start_suite(
+        *arguments,
         env={**os.environ, "COLUMNS": "400"},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -737,6 +705,7 @@ def _assert_nothing_left(context) -> None:
     assert stray == [], stray
 
 
+@pytest.mark.child_suite
 def test_an_adb_server_replaced_on_the_run_s_socket_gets_the_devices_back_and_the_cases_pass(tmp_path, reconnect_cache):
     output, code, context, _, replacement = _run_killing_its_server(tmp_path, reconnect_cache, replace=Path("run"))
     try:
@@ -757,6 +726,7 @@ def test_an_adb_server_replaced_on_the_run_s_socket_gets_the_devices_back_and_th
         shutil.rmtree(context.work_dir, ignore_errors=True)
 
 
+@pytest.mark.child_suite
 def test_an_adb_server_that_never_comes_back_still_gives_one_line_infrastructure_errors_in_bounded_time(
     tmp_path, reconnect_cache
 ):
@@ -781,6 +751,7 @@ def test_an_adb_server_that_never_comes_back_still_gives_one_line_infrastructure
         shutil.rmtree(context.work_dir, ignore_errors=True)
 
 
+@pytest.mark.child_suite
 def test_a_server_with_another_key_on_the_run_s_socket_gets_no_device_and_one_line(tmp_path, reconnect_cache):
     """Another tool's server with its own key (its own HOME): the emulated devices trust only the run's key and
     hang up on it (offline), so they are not handed to it; one line names the fix, the cases are

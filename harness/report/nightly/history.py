@@ -1,10 +1,10 @@
-"""`python -m harness.report history DIR`: what the nights of a nightly store (harness/report/promote.py)
+"""`python -m harness.report history DIR`: what the nights of a nightly store (harness/report/nightly/promote.py)
 say together, as history.json and history.html.
 
 `diff` compares two runs; a nightly owner asks other questions: since when has this failed, which night
 broke it, which checks flip between nights (flaky across nights, which no single run can show), which
 devices or cards stopped being measured, how each finding's count moves (a finding as
-harness/report/issues.py names it), how a case's error moves. Every
+harness/report/nightly/issues.py names it), how a case's error moves. Every
 night's reports are read through harness/report/intake.py (they are data); a night that cannot be read is
 named in the history, not fatal.
 
@@ -39,10 +39,10 @@ from harness.device import kinds
 from harness.files import write_atomically
 from harness.report.document import checks_of, json_safe
 from harness.report.gate import BaselineError, read_documents
-from harness.report.issues import finding_of
-from harness.report.page import anchor
-from harness.report.promote import Night, gate_of, night_record, nights
-from harness.report.writer import FINDINGS_NAME
+from harness.report.nightly.issues import finding_of
+from harness.report.nightly.promote import Night, gate_of, night_record, nights
+from harness.report.render.page import anchor
+from harness.report.render.writer import FINDINGS_NAME
 from harness.repro.layout import LINK
 from harness.vocabulary import Verdict
 

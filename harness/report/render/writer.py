@@ -11,9 +11,9 @@ from harness.device.device import device_display
 from harness.files import say, write_atomically
 from harness.paths import REPO_ROOT
 from harness.record import CheckRecord
-from harness.report import junit, markdown, page
 from harness.report.document import Column, build, tally
 from harness.report.gate import GateResult, summary as gate_summary
+from harness.report.render import junit, markdown, page
 from harness.repro import layout
 from harness.vocabulary import Verdict
 

@@ -39,14 +39,16 @@ from harness.device.pool import DeviceSpec, remove_run_folders
 from harness.device.sync import SyncSession
 from harness.emulator import jail, shell_paths
 from harness.emulator.adb_auth import PublicKey, load_keys
-from harness.emulator.adbd import HEADER, JAIL_ENV
+from harness.emulator.adbd import JAIL_ENV
+from harness.emulator.adbd_transport import HEADER
 from harness.emulator.launcher import ADB_SERVER_ENV, PROJECT_ROOT, EmulatorFleet, free_port, host_request
 from harness.paths import REPO_ROOT
 from harness.pipeline import card as card_registry, prepared
 from harness.pipeline.facts import PreparedFacts, ProgramFacts, QuantizeFacts
 from harness.report import write_run
-from harness.report.chart import error_chart
 from harness.report.gate import BaselineError, MalformedReport, load as load_reports
+from harness.report.render.chart import error_chart
+from harness.tests.child_suite import SUITES, run_suite
 from harness.tests.report.test_report import COLUMNS, make_records, typed
 from harness.tests.waiting import wait_for
 from harness.text import ZERO_WIDTH_SPACE, markdown_text
@@ -602,7 +604,7 @@ def test_cache_dir_owned_by_another_uid_is_refused_by_a_run(tmp_path: Path) -> N
     with pytest.raises(pytest.UsageError) as refused:
         run_options.trusted_cache_dir(cache)
     assert _usage_line(refused).startswith(f"--cache-dir {cache} belongs to uid {NOBODY}, not a folder of yours")
-    completed = _pytest_run("suites", "--collect-only", "-q", "--cache-dir", str(cache))
+    completed = _pytest_run("--collect-only", "--cache-dir", str(cache))
     assert completed.returncode == pytest.ExitCode.USAGE_ERROR, completed.stdout[-2000:] + completed.stderr[-2000:]
     assert _stderr_lines(completed) == [
         f"ERROR: --cache-dir {cache} belongs to uid {NOBODY}, not a folder of yours (uid 0): "
@@ -610,17 +612,13 @@ def test_cache_dir_owned_by_another_uid_is_refused_by_a_run(tmp_path: Path) -> N
     ]
 
 
-def _pytest_run(*args: str, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+def _pytest_run(
+    *args: str, env: dict[str, str] | None = None, targets: tuple[str, ...] = SUITES
+) -> subprocess.CompletedProcess:
     """A suite run with a state folder of its own, as harness/tests/core/test_plugin.py runs them."""
     with tempfile.TemporaryDirectory() as runtime:
-        return subprocess.run(
-            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
-            cwd=REPO_ROOT,
-            env={**os.environ, "COLUMNS": "300", "XDG_RUNTIME_DIR": runtime, **(env or {})},
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
+        environment = {**os.environ, "COLUMNS": "300", "XDG_RUNTIME_DIR": runtime, **(env or {})}
+        return run_suite(*args, targets=targets, env=environment, timeout=600)
 
 
 def _report_tool(*args: str) -> subprocess.CompletedProcess:
@@ -791,7 +789,7 @@ def test_malformed_baseline_or_shard_timings_is_a_usage_line_before_the_run(tmp_
     part = _part(tmp_path / "parts", "run-a")
     path = _malformed(part, "deep nesting")
     extra = ("--shard", "1/2") if option == "--shard-timings" else ()
-    completed = _pytest_run("suites", "--collect-only", "-q", option, str(part), *extra, "--emulate", "SM8650")
+    completed = _pytest_run("--collect-only", option, str(part), *extra, "--emulate", "SM8650")
     assert completed.returncode == pytest.ExitCode.USAGE_ERROR, completed.stdout[-2000:] + completed.stderr[-2000:]
     assert _stderr_lines(completed) == [f"ERROR: {option}: {path} {EXPECTED['deep nesting']}"]
     keyless = _part(tmp_path / "parts", "run-keyless")
@@ -847,9 +845,7 @@ def test_card_module_that_fails_to_import_is_one_usage_line(tmp_path: Path, kind
     module = tmp_path / "hostile_cards.py"
     module.write_text(source)
     completed = _pytest_run(
-        "suites",
         "--collect-only",
-        "-q",
         "--models",
         "hostile_cards",
         env={"PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"},
@@ -880,7 +876,7 @@ def test_manifest_with_an_invalid_regex_is_one_usage_line(tmp_path: Path) -> Non
         f"regular expression (missing ), unterminated subpattern at position 6): fix or escape it"
     )
     completed = _pytest_run(
-        "harness/tests/test_architecture.py", "--collect-only", "-q", "--known-failures", str(manifest)
+        "--collect-only", "--known-failures", str(manifest), targets=("harness/tests/test_architecture.py",)
     )
     assert completed.returncode == pytest.ExitCode.USAGE_ERROR, completed.stdout[-2000:] + completed.stderr[-2000:]
     assert _stderr_lines(completed) == [f"ERROR: {manifest}: {refused.value}"]

@@ -37,8 +37,8 @@ from harness.report.gate import (
     read_documents,
     selection_of,
 )
-from harness.report.promote import identity
-from harness.report.writer import copy_findings, write_soc
+from harness.report.nightly.promote import identity
+from harness.report.render.writer import copy_findings, write_soc
 from harness.repro.layout import REPRO_DIR
 
 VERSION_KEYS = ("executorch", "torch", "torchao", "qnn_build_id")  # what the verdicts depend on
