@@ -43,6 +43,7 @@ SHARED = (
     "harness.record",
     "harness.known_failures",
     "harness.numerics",
+    "harness.horizon",
     "harness.outcome",
     "harness.text",
 )
