@@ -14,7 +14,7 @@ shared with a nightly; `cpu` keeps one busy process per core; `none` runs the te
 harness/tests/faults/test_faults.py), as the README's test command runs them, with a JUnit file read for the failed
 test ids. The load's processes are one process group, killed at the end whatever happens. Results go to
 bench/stress-results.json (per run: wall time, counts, failed ids) and a summary is printed; the exit code
-is 1 if any run had a failure.
+is 1 if any run had a failure, 130 if Ctrl-C stopped it first (the runs made are summed up and kept).
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def main(argv: list[str]) -> int:
     runs = []
     with tempfile.TemporaryDirectory(prefix="qnnsuite-stress-") as scratch_name:  # 0700: mkdtemp's mode
         scratch = Path(scratch_name)
-        with load(options.load, scratch):
+        with load(options.load, scratch), contextlib.suppress(KeyboardInterrupt):
             for index in range(1, options.runs + 1):
                 summary, detail = one_run(options.paths, options.workers, scratch, index)
                 runs.append({**summary, **detail})
@@ -112,8 +112,9 @@ def main(argv: list[str]) -> int:
                     print(f"  FAILED {test_id}", flush=True)
                 RESULTS.write_text(json.dumps({"load": options.load, "paths": options.paths, "runs": runs}, indent=1))
     failed = [(run["run"], test_id) for run in runs for test_id in run["failed"]]
-    print(f"{len(runs)} runs, {len(failed)} failures" + "".join(f"\n  run {r}: {t}" for r, t in failed))
-    return 1 if failed else 0
+    stopped = f" (interrupted: {options.runs - len(runs)} run(s) not made)" if len(runs) < options.runs else ""
+    print(f"{len(runs)} runs, {len(failed)} failures{stopped}" + "".join(f"\n  run {r}: {t}" for r, t in failed))
+    return 1 if failed else 130 if stopped else 0
 
 
 if __name__ == "__main__":
