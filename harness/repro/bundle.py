@@ -37,12 +37,14 @@ from harness.known_failures import KnownFailure
 from harness.numerics import TOLERANCES
 from harness.outcome import CaseOutcome
 from harness.paths import REPO_ROOT
+from harness.pipeline import drivers
 from harness.pipeline.card import ModelCard
 from harness.qnn.toolchain import Toolchain
 from harness.record import CheckRecord
 from harness.repro import exports, issue, layout, standalone
 from harness.runner import build as runner_build, contract as runner_contract
 from harness.versions import package_version
+from harness.vocabulary import Case
 
 PTE_LIMIT_BYTES = 2 * 1024 * 1024  # a larger .pte is left out: repro.py makes it again
 SCHEMA_VERSION = 1
@@ -80,6 +82,14 @@ def _call_arguments(function: object) -> dict | None:
         "kwargs": {key: _argument_text(value) for key, value in function.keywords.items()},
     }
     return None if None in arguments["args"] or None in arguments["kwargs"].values() else arguments
+
+
+def _plan(case: Case, steps: int) -> list[str]:
+    """The method of each step, for issue.md and a reader (repro.py takes it from the card's source): a driven
+    case's driver plan (its step count the long driver's horizon), a multi-method card's plan, [] for forward."""
+    if case.driver:
+        return drivers.of_case(case, steps).methods
+    return case.card.step_methods(steps) if case.card.multi_method else []
 
 
 def card_record(card: ModelCard, card_file: str) -> dict:
@@ -206,7 +216,10 @@ class BundleWriter:
             "share_mutable_buffers": case.share_mutable_buffers,
             # A multi-method card's plan, the method of each step (repro.py takes it from the card's source;
             # here for issue.md and a reader); [] for a single-method program.
-            "plan": case.card.step_methods(len(outcome.steps)) if case.card.multi_method else [],
+            "plan": _plan(case, len(outcome.steps)),
+            # A driven case's driver (harness/pipeline/drivers.py): repro.py drives the card the same way, its
+            # step count the long driver's horizon; "" for a case run on the card's own steps.
+            "driver": case.driver,
             "card": card_record(case.card, card_file.name),
             "tolerance": TOLERANCES.get(case.dtype),  # the state checks' bound for this dtype (the issue's script)
             "environment": {

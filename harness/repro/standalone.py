@@ -313,10 +313,13 @@ def compiled_runner() -> Path | None:
         return None
 
 
-def write_plan(inputs: Path, methods: list[str]) -> Path:
-    """The compiled runner's plan beside the inputs: a step per input_list.txt line, each running its method."""
+def write_plan(inputs: Path, methods: list[str], reloads: tuple[int, ...] = ()) -> Path:
+    """The compiled runner's plan beside the inputs: a step per input_list.txt line, each running its method,
+    the program loaded again before the steps in reloads (a driver's fresh-load reset)."""
     rows = contract().read_input_list(inputs / "input_list.txt")
-    return importlib.import_module("harness.runner.run").write_plan(list(zip(methods, rows)), inputs / "plan.txt")
+    return importlib.import_module("harness.runner.run").write_plan(
+        list(zip(methods, rows)), inputs / "plan.txt", reloads
+    )
 
 
 def run_compiled(
@@ -327,16 +330,18 @@ def run_compiled(
     env: dict[str, str],
     heap_pattern: int | None,
     methods: list[str],
+    reloads: tuple[int, ...] = (),
 ) -> tuple[int, str]:
     """The suite's compiled runner, as the emulated device runs it: the steps as a plan in one process (each
-    step its method, state crossing methods), on the HTP simulator, with the interposer's trace in
-    outputs/trace.jsonl."""
+    step its method, state crossing methods, the program loaded again before the steps in reloads), on the
+    HTP simulator, with the interposer's trace in outputs/trace.jsonl."""
     terms = contract()
     outputs.mkdir(parents=True, exist_ok=True)
     (outputs / terms.TRACE_NAME).unlink(missing_ok=True)
     env = {**heap_environment(env, heap_pattern), terms.TRACE_VARIABLE: str(outputs / terms.TRACE_NAME)}
     run = importlib.import_module("harness.runner.run")
-    done = run.run_plan(binary, pte, write_plan(inputs, methods), outputs, env, timeout_s=None, methods=methods)
+    plan = write_plan(inputs, methods, reloads)
+    done = run.run_plan(binary, pte, plan, outputs, env, timeout_s=None, methods=methods)
     return done.exit_code, done.stdout + done.stderr
 
 
@@ -679,13 +684,25 @@ def reproduce(args: argparse.Namespace) -> int:
         vocabulary.Mode(case["mode"]),
         case["soc"],
         share_mutable_buffers=bool(case.get("share_mutable_buffers", False)),
+        driver=str(case.get("driver") or ""),
     )
+    driven = driven_plan(case, the_case)
+    if driven is not None:
+        print(
+            f"driver {the_case.driver}: {', '.join(driven.methods)}"
+            + (f"; reload before steps {list(driven.reloads)}" if driven.reloads else "")
+        )
     if args.pte:
         pte, facts = Path(args.pte).resolve(), facts_module.LoweringFacts.read(BUNDLE / "lowering" / "facts.json")
     else:
         pte, facts = lower(case, out, env)
-    steps = card.steps(case["steps"])
-    outcome = outcome_module.CaseOutcome(the_case, steps, BundleLowering(facts, pte), eager.run_steps(card, steps))
+    if driven is not None:
+        drivers = importlib.import_module("harness.pipeline.drivers")
+        steps, reference = driven.inputs(card.drive), drivers.run_eager(card, driven)
+    else:
+        steps = card.steps(case["steps"])
+        reference = eager.run_steps(card, steps)
+    outcome = outcome_module.CaseOutcome(the_case, steps, BundleLowering(facts, pte), reference)
     if outcome.artifact.ok and any(spec.needs_device for spec in specs):
         references = {spec.reference_runner for spec in specs if getattr(spec, "reference_runner", None)}
         run_device(args, case, outcome, out, env, next(iter(references), None))
@@ -699,12 +716,29 @@ def reproduce(args: argparse.Namespace) -> int:
     return report(case, judged, numbers, facts, out)
 
 
-def plan_methods(case: dict, card) -> list[str]:
-    """The method each step runs: a multi-method card's plan (card.step_methods, from the bundle's card
-    source), else the program's method at case.json's method_index every step (@N, as the suite's devices
-    run a single-method program)."""
-    if card.multi_method:
-        return card.step_methods(case["steps"])
+def driven_plan(case: dict, the_case):
+    """A driven case's plan (harness/pipeline/drivers.py, as the suite drove it: case.json's step count is the
+    long driver's horizon); None for a case run on its card's own steps."""
+    if not the_case.driver:
+        return None
+    plan = importlib.import_module("harness.pipeline.drivers").of_case(the_case, case["steps"])
+    if len(plan.chunks) != case["steps"]:
+        raise ReproError(
+            f"driver {the_case.driver} of {the_case.card.name} now makes {len(plan.chunks)} steps where the run "
+            f"made {case['steps']}: the card's drive changed since; make the bundle again"
+        )
+    return plan
+
+
+def plan_methods(case: dict, the_case) -> list[str]:
+    """The method each step runs: a driven case's plan, a multi-method card's plan (card.step_methods, from the
+    bundle's card source), else the program's method at case.json's method_index every step (@N, as the suite's
+    devices run a single-method program)."""
+    driven = driven_plan(case, the_case)
+    if driven is not None:
+        return driven.methods
+    if the_case.card.multi_method:
+        return the_case.card.step_methods(case["steps"])
     return [f"@{int(case.get('method_index', 0))}"] * case["steps"]
 
 
@@ -734,7 +768,15 @@ def run_device(
 def run_steps(args: argparse.Namespace, case: dict, outcome, inputs: Path, outputs: Path, env: dict[str, str]):
     """The steps through the runner the case ran with (the phone's, or on the simulator the suite's compiled
     runner where it builds): (exit status, log, the runner that ran, the device's traits)."""
-    pte, methods = outcome.artifact.pte, plan_methods(case, outcome.case.card)
+    pte, methods = outcome.artifact.pte, plan_methods(case, outcome.case)
+    driven = driven_plan(case, outcome.case)
+    reloads = driven.reloads if driven is not None else ()
+    if reloads and (args.serial or case.get("runner", {}).get("name") != SUITE_RUNNER):
+        raise ReproError(
+            f"driver {outcome.case.driver} loads the program again mid-plan, which only the suite's runner on the "
+            f"HTP simulator does here: run without --serial, or rerun the case with the suite (harness repro "
+            f"{case['case_id']} --run RUN)"
+        )
     if args.serial:
         status, log, runner = run_on_phone(args, case["case_id"], pte, inputs, outputs, methods)
         return status, log, runner, BundleDevice("phone", False, None)
@@ -742,8 +784,16 @@ def run_steps(args: argparse.Namespace, case: dict, outcome, inputs: Path, outpu
     pattern = case.get("heap_pattern")
     if binary is not None:
         runner = SUITE_RUNNER
-        status, log = run_compiled(binary, pte, inputs, outputs, env, pattern, methods)
-    elif outcome.case.card.multi_method:  # upstream's runner runs one method per process: the Python runtime
+        status, log = run_compiled(binary, pte, inputs, outputs, env, pattern, methods, reloads)
+    elif reloads or (outcome.case.driver and len(set(methods)) > 1):
+        raise ReproError(
+            f"driver {outcome.case.driver} runs its own plan ({len(set(methods))} method(s)"
+            + (", the program loaded again mid-plan" if reloads else "")
+            + "), which only the suite's runner does, and it cannot be built here (the reason is above)"
+        )
+    elif (
+        outcome.case.card.multi_method or len(set(methods)) > 1
+    ):  # upstream's runner runs one method per process: the Python runtime
         runner = PYTHON_RUNTIME
         status, log = run_plan_on_simulator(pte, inputs, outputs, env, pattern)
     else:
