@@ -303,8 +303,11 @@ def minimal_script(
     title: str, finding: str, case: dict, module_source: str, failing: Member | None = None
 ) -> str | None:
     """The runnable script of a finding (None when the bundle's card cannot be cut out on its own: its model
-    needs the suite, its arguments are not literals, or it asks for QNN shared buffers, which only a device's
-    runtime allocates). failing: the failing check the script shows (its signature and buffer mode)."""
+    needs the suite, its arguments are not literals, it asks for QNN shared buffers, which only a device's
+    runtime allocates, or its case is driven, whose steps and reloads come from the suite's drivers: its
+    bundle's repro.py drives it). failing: the failing check the script shows (its signature and buffer mode)."""
+    if case.get("driver"):
+        return None
     card = case.get("card") or {}
     model_name = _defined_name(str(card.get("build_source") or ""))
     steps_name = _defined_name(str(card.get("steps_source") or ""))
@@ -535,6 +538,10 @@ def render(finding: str, members: list[Member], script_name: str) -> tuple[str, 
     """(issue.md, the script or None) of one finding."""
     representative = _representative(members)
     case, module_source = _bundle(representative)
+    undriven = [member for member in members if not _bundle(member)[0].get("driver")]
+    if case.get("driver") and undriven:  # a case on its card's own steps, which a script can carry, shows it too
+        representative = _representative(undriven)
+        case, module_source = _bundle(representative)
     environment = representative.document["environment"]
     check = representative.check
     title = _title(finding, representative)

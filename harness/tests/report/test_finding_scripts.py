@@ -23,7 +23,7 @@ import harness.checks  # noqa: F401  checks: registers the check specs
 from harness import check_registry, known_failures
 from harness.numerics import TOLERANCES
 from harness.pipeline import card as cards
-from harness.pipeline.cases import matrix, meta_llama_matrix
+from harness.pipeline.cases import driver_matrix, matrix, meta_llama_matrix
 from harness.record import CheckRecord
 from harness.report.render import writer
 from harness.repro.bundle import card_record
@@ -38,7 +38,11 @@ def _cases() -> list[Case]:
     for module in DEFAULT_CARD_MODULES:
         cards.load_module(module)
     registered = cards.cards()
-    return matrix(registered, DTYPES, [SOC]) + meta_llama_matrix(registered, DTYPES, [SOC])
+    return (
+        matrix(registered, DTYPES, [SOC])
+        + meta_llama_matrix(registered, DTYPES, [SOC])
+        + driver_matrix(registered, DTYPES, [SOC])
+    )
 
 
 def _expected_failures() -> list[tuple[Case, str, known_failures.KnownFailure]]:
@@ -79,6 +83,7 @@ def _bundle(soc_folder: Path, case: Case, check: str, entry: known_failures.Know
             "skip_mutable_buffer": case.skip_mutable_buffer,
             "share_mutable_buffers": case.share_mutable_buffers,
             "plan": case.card.step_methods(STEPS) if case.card.multi_method else [],
+            "driver": case.driver,
             "card": card_record(case.card, module_file.name),
             "tolerance": TOLERANCES.get(case.dtype),
             "environment": {"device_kind": "emulated", "device_config_bridge": True},
