@@ -218,7 +218,12 @@ def check_driver_invariance(outcome: CaseOutcome) -> dict:
             signature,
         )
     worst = max((error.max_abs_error for error in outcome.comparison.errors), default=0.0)
-    return {"driver": plan.driver, "steps": len(plan.chunks), "max_abs_error": worst, **_equivalence(outcome, plan)}
+    return {
+        "driver": plan.driver,
+        "step_count": len(plan.chunks),
+        "max_abs_error": worst,
+        **_equivalence(outcome, plan),
+    }
 
 
 def error_drift(errors: list[float], tolerances: list[float]) -> str | None:
@@ -267,4 +272,4 @@ def check_horizon(outcome: CaseOutcome) -> dict:
     costs = horizon.long_run_verdict(run.step_times_us, run.step_rss_kb, run.step_registrations)
     if not costs.ok:
         raise CheckFailure(f"driver long: {costs.message()}", costs.evidence(), costs.signature)
-    return {"steps": len(series), "max_abs_error": max(series), **costs.evidence()}
+    return {"step_count": len(series), "max_abs_error": max(series), **costs.evidence()}

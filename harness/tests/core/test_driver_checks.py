@@ -5,8 +5,10 @@ emulated runtime's faults are harness/tests/pipeline/test_drivers_device.py's)."
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import jsonschema
 import numpy as np
 import pytest
 
@@ -16,6 +18,7 @@ from harness.checks import driving as driver_checks
 from harness.device import kinds
 from harness.device.execute import DeviceRun
 from harness.outcome import CaseOutcome
+from harness.paths import REPO_ROOT
 from harness.pipeline import card as cards, cases, drivers
 from harness.pipeline.facts import LoweringFacts, QuantizeFacts
 from harness.pipeline.lower import LoweredArtifact
@@ -66,6 +69,7 @@ def _failure(outcome: CaseOutcome) -> CheckFailure:
 def test_eager_driven_alike_passes(card, driver, tmp_path):
     case = _case(card, driver)
     judged = driver_checks.check_driver_invariance(_outcome(case, _as(case), tmp_path))
+    _valid_evidence(judged)
     assert judged["driver"] == driver
 
 
@@ -166,7 +170,8 @@ def test_horizon_catches_a_registration_leak_and_memory_growth_and_not_a_flat_lo
         "times_us": lambda n: [30_000] + [250 + (step * 7) % 40 for step in range(1, n)],
     }
     passed = driver_checks.check_horizon(_long_outcome(tmp_path, **flat))
-    assert passed["steps"] >= 256 and len(passed["horizon"]) == 3
+    assert passed["step_count"] >= 256 and len(passed["horizon"]) == 3
+    _valid_evidence(passed)
     leaking = {**flat, "registrations": lambda n: [2 + step for step in range(n)]}
     with pytest.raises(CheckFailure) as leak:
         driver_checks.check_horizon(_long_outcome(tmp_path, **leaking))
@@ -175,3 +180,13 @@ def test_horizon_catches_a_registration_leak_and_memory_growth_and_not_a_flat_lo
     with pytest.raises(CheckFailure) as rss:
         driver_checks.check_horizon(_long_outcome(tmp_path, **growing))
     assert rss.value.signature == "peak_rss_grows"
+
+
+def _valid_evidence(evidence: dict) -> None:
+    """A check's evidence as report.json's schema takes it (its `steps` are per-step errors): a report the diff,
+    the gate and a baseline refuse is a night lost."""
+    schema = json.loads((REPO_ROOT / "harness" / "report" / "report.schema.json").read_text())
+    jsonschema.validate(
+        json.loads(json.dumps(evidence, default=str)),
+        {"$ref": "#/$defs/check/properties/evidence", "$defs": schema["$defs"]},
+    )
