@@ -104,7 +104,39 @@ def _known_defect(outcome: CaseOutcome, plan: drivers.DrivenPlan) -> tuple[str, 
             computed = drivers.run_eager(outcome.case.card, plan, runtime)
             if not numerics.compare(device, computed, outcome.case.dtype).mismatched:
                 return signature, f"the whole run equals eager where {words}"
+    if pattern is None and outcome.case.dtype == FLOAT_DTYPE and _only_where_the_start_matters(outcome, plan, buffers):
+        return UNINITIALISED, (
+            f"every element that differs is one that depends on where the delegated {', '.join(buffers)} started "
+            "(the device gives no heap pattern to confirm the start it had)"
+        )
     return None
+
+
+# Starts the delegated buffers are given to see which outputs depend on where they start (any two differ).
+PROBE_PATTERNS = (0x40, 0x11)
+
+
+def _only_where_the_start_matters(outcome: CaseOutcome, plan: drivers.DrivenPlan, buffers: tuple[str, ...]) -> bool:
+    """The device differs from eager driven alike, and only in elements that change when the delegated buffers
+    start elsewhere: the standard state check's rule for an unconfirmed uninitialised start, for a device
+    without a heap pattern (a phone), driven."""
+    card, dtype = outcome.case.card, outcome.case.dtype
+    expected = drivers.run_eager(card, plan)
+    differs = numerics.compare(outcome.device_outputs(), expected, dtype).masks
+    depends = [
+        numerics.compare(
+            drivers.run_eager(card, plan, drivers.Runtime(pattern=probe, buffers=buffers)), expected, dtype
+        ).masks
+        for probe in PROBE_PATTERNS
+    ]
+    found = False
+    for step, row in enumerate(differs):
+        for index, mask in enumerate(row):
+            dependent = np.logical_or.reduce([np.asarray(probe[step][index]) for probe in depends])
+            if np.any(np.asarray(mask) & ~dependent):
+                return False
+            found = found or bool(np.any(mask))
+    return found
 
 
 def _how_lost(outcome: CaseOutcome, plan: drivers.DrivenPlan, first: FirstDifference) -> tuple[str, str]:

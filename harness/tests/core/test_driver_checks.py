@@ -190,3 +190,20 @@ def _valid_evidence(evidence: dict) -> None:
         json.loads(json.dumps(evidence, default=str)),
         {"$ref": "#/$defs/check/properties/evidence", "$defs": schema["$defs"]},
     )
+
+
+def test_an_uninitialised_start_is_named_without_a_heap_pattern_only_where_the_start_matters(tmp_path):
+    """A phone gives no heap pattern: a delegated cache that started elsewhere is still the uninitialised start
+    (every differing element is one the start decides), and a device off where the start does not matter (the
+    rows a step wrote) is not."""
+    case = next(
+        case
+        for case in cases.driver_matrix(cards.cards(), ("fp16",), ["SM8650"])
+        if case.id == "kv_index_copy_dim1-fp16-delegate_mutbuf-SM8650-single"
+    )
+    started = _as(case, drivers.Runtime(pattern=0x5A, buffers=("cache",)))
+    outcome = _outcome(case, started, tmp_path)
+    assert outcome.run.heap_pattern is None
+    assert _failure(outcome).signature == driver_checks.UNINITIALISED
+    everywhere = [[np.asarray(out) + 100.0 for out in row] for row in _as(case)]
+    assert _failure(_outcome(case, everywhere, tmp_path)).signature != driver_checks.UNINITIALISED
