@@ -538,10 +538,11 @@ def render(finding: str, members: list[Member], script_name: str) -> tuple[str, 
     """(issue.md, the script or None) of one finding."""
     representative = _representative(members)
     case, module_source = _bundle(representative)
-    undriven = [member for member in members if not _bundle(member)[0].get("driver")]
-    if case.get("driver") and undriven:  # a case on its card's own steps, which a script can carry, shows it too
-        representative = _representative(undriven)
-        case, module_source = _bundle(representative)
+    if case.get("driver"):  # a case on its card's own steps, which a script can carry, shows it too where any
+        undriven = [member for member in members if not _bundle(member)[0].get("driver")]
+        if undriven:
+            representative = _representative(undriven)
+            case, module_source = _bundle(representative)
     environment = representative.document["environment"]
     check = representative.check
     title = _title(finding, representative)
