@@ -153,6 +153,21 @@ def cache_key(compiler: str, install: ExecutorchInstall) -> str:
     return hashlib.sha256("\n\0".join(parts).encode()).hexdigest()[:16]
 
 
+def _compile(command: list[str], partial: Path, output: Path, *, cannot_run: str, failed: str, mismatch: str) -> None:
+    """Runs one compile into `partial` and publishes it as `output` only when it succeeded: a concurrent or
+    interrupted build never leaves a half-written binary where the cache looks."""
+    try:
+        result = subprocess.run(command, check=False, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise RunnerBuildError(f"cannot run {command[0]} ({error}): {cannot_run}") from error
+    if result.returncode != 0:
+        partial.unlink(missing_ok=True)
+        first_error = next((line for line in result.stderr.splitlines() if "error" in line), result.stderr.strip())
+        raise RunnerBuildError(f"{failed}: {first_error[:300]} ({mismatch})")
+    partial.chmod(0o700)
+    partial.rename(output)
+
+
 def build(compiler: str | None = None) -> Path:
     """The runner binary for this executorch: built once, then returned from the cache."""
     compiler = compiler or find_compiler()
@@ -163,23 +178,14 @@ def build(compiler: str | None = None) -> Path:
         return output
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     partial = folder / f"{BINARY_NAME}.{os.getpid()}.partial"
-    command = compile_command(compiler, install, partial)
-    try:
-        result = subprocess.run(command, check=False, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
-    except (OSError, subprocess.TimeoutExpired) as error:
-        raise RunnerBuildError(
-            f"cannot run {compiler} ({error}): check that it is an executable C++ compiler, "
-            f"or install g++ (`apt-get install g++`)"
-        ) from error
-    if result.returncode != 0:
-        partial.unlink(missing_ok=True)
-        first_error = next((line for line in result.stderr.splitlines() if "error" in line), result.stderr.strip())
-        raise RunnerBuildError(
-            f"building the suite's runner with {compiler} against {install.package} failed: "
-            f"{first_error[:300]} (the executorch under test may not match suite_runner.cpp's API)"
-        )
-    partial.chmod(0o700)
-    partial.rename(output)
+    _compile(
+        compile_command(compiler, install, partial),
+        partial,
+        output,
+        cannot_run="check that it is an executable C++ compiler, or install g++ (`apt-get install g++`)",
+        failed=f"building the suite's runner with {compiler} against {install.package} failed",
+        mismatch="the executorch under test may not match suite_runner.cpp's API",
+    )
     return output
 
 
@@ -293,25 +299,12 @@ def build_for_android(clangxx: Path, folder: Path) -> AndroidRunner:
         return runner
     cache.mkdir(parents=True, exist_ok=True, mode=0o700)
     partial = cache / f"{BINARY_NAME}.{os.getpid()}.partial"
-    try:
-        result = subprocess.run(
-            android_compile_command(compiler, folder, torch_include, partial),
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=COMPILE_TIMEOUT_S,
-        )
-    except (OSError, subprocess.TimeoutExpired) as error:
-        raise RunnerBuildError(
-            f"cannot run {compiler} ({error}): pass the root of an Android NDK r23 or newer with --android-ndk"
-        ) from error
-    if result.returncode != 0:
-        partial.unlink(missing_ok=True)
-        first_error = next((line for line in result.stderr.splitlines() if "error" in line), result.stderr.strip())
-        raise RunnerBuildError(
-            f"building the suite's runner for Android with {compiler} against {folder} failed: "
-            f"{first_error[:300]} (the executorch Android build may not match suite_runner.cpp's API)"
-        )
-    partial.chmod(0o700)
-    partial.rename(output)
+    _compile(
+        android_compile_command(compiler, folder, torch_include, partial),
+        partial,
+        output,
+        cannot_run="pass the root of an Android NDK r23 or newer with --android-ndk",
+        failed=f"building the suite's runner for Android with {compiler} against {folder} failed",
+        mismatch="the executorch Android build may not match suite_runner.cpp's API",
+    )
     return runner
