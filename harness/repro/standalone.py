@@ -721,7 +721,7 @@ def driven_plan(case: dict, the_case):
     long driver's horizon); None for a case run on its card's own steps."""
     if not the_case.driver:
         return None
-    plan = importlib.import_module("harness.pipeline.drivers").of_case(the_case, case["steps"])
+    plan = importlib.import_module("harness.pipeline.drivers").of_run(the_case, case["steps"])
     if len(plan.chunks) != case["steps"]:
         raise ReproError(
             f"driver {the_case.driver} of {the_case.card.name} now makes {len(plan.chunks)} steps where the run "

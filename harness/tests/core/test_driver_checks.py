@@ -207,3 +207,66 @@ def test_an_uninitialised_start_is_named_without_a_heap_pattern_only_where_the_s
     assert _failure(outcome).signature == driver_checks.UNINITIALISED
     everywhere = [[np.asarray(out) + 100.0 for out in row] for row in _as(case)]
     assert _failure(_outcome(case, everywhere, tmp_path)).signature != driver_checks.UNINITIALISED
+
+
+def test_the_buffers_are_read_back_at_the_end_of_every_conversation():
+    """Before a reset (the reset method, a rewind, the twin's reload) and at the end of the plan; a long run's
+    record names its plan by its steps, read-back included."""
+    plan = drivers.plan(cards.find(PD).drive, "reset")
+    ends = plan.read_backs
+    assert [plan.chunks[step].turn for step in ends] == [0, 1, 1] and ends[-1] == len(plan.chunks) - 1
+    assert plan.chunks[ends[0] + 1].turn == 1 and ends[1] == plan.twin_from - 1  # before the rewind, the reload
+    counter = drivers.plan(cards.find(COUNTER).drive, "reset")
+    assert counter.chunks[counter.read_backs[0] + 1].method == "reset"
+    long = _case(COUNTER, "long")
+    for horizon in (256, 300):
+        driven = drivers.of_case(long, horizon)
+        assert len(driven.chunks) == horizon + 1 and drivers.of_run(long, len(driven.chunks)) == driven
+    assert not drivers.plan(cards.find(RING).drive, "chunked").read_backs  # a card that exposes none
+
+
+def test_a_read_back_of_the_registered_values_is_the_constant_read(tmp_path):
+    """Every step agrees, but the read-back gives the buffer's registered values (a method that only reads a
+    buffer gets it as a constant: F16's signature), named as a read-back after the last step."""
+    case = _case(COUNTER, "single")
+    last = len(drivers.of_case(case).chunks) - 2
+    failure = _failure(_outcome(case, _as(case, drivers.Runtime(constant_reads=("read_count",))), tmp_path))
+    assert failure.signature == driver_checks.READ_AS_CONSTANT, str(failure)
+    assert f"the buffers read back after step {last} (count, by read_count at step {last + 1}" in str(failure)
+    assert f"steps 0..{last} agree" in str(failure) and failure.evidence["read_back_after"] == last
+
+
+def test_a_read_back_off_eager_is_a_read_back_failure_and_a_step_off_is_not(tmp_path):
+    case = _case(PD, "prefill_decode")
+    plan = drivers.of_case(case)
+    first = plan.read_backs[0]
+
+    def off_at(step: int, by: float) -> list[list[np.ndarray]]:
+        return [
+            [np.asarray(out) + (by if index == step else 0.0) for out in row] for index, row in enumerate(_as(case))
+        ]
+
+    failure = _failure(_outcome(case, off_at(first, 1.0), tmp_path))
+    assert failure.signature == driver_checks.READ_BACK_MISMATCH, str(failure)
+    assert str(failure).startswith(f"driver prefill_decode: the buffers read back after step {first - 1} (kv_cache")
+    step = _failure(_outcome(case, off_at(1, 1.0), tmp_path))
+    assert step.signature == driver_checks.MISMATCH and "read back" not in str(step)
+    assert str(step).startswith("driver prefill_decode: step 1 (step_4 position 4")
+    # within the tolerance (fp16: 1e-2 absolute) the read-back agrees, and a later twin read-back is judged too
+    judged = driver_checks.check_driver_invariance(_outcome(case, off_at(first, 0.004), tmp_path))
+    assert judged["step_count"] == len(plan.chunks)
+    assert _failure(_outcome(case, off_at(plan.read_backs[-1], 1.0), tmp_path)).signature == (
+        driver_checks.READ_BACK_MISMATCH
+    )
+
+
+def test_a_known_defect_of_the_steps_is_not_hidden_by_the_read_back(tmp_path):
+    """The delegated count starts from the heap (F1) and its reader gets the registered values (F16): the steps'
+    known defect names the failure, judged on the steps alone."""
+    case = _case(COUNTER, "single", Mode.DELEGATE)
+    device = _as(case, drivers.Runtime(pattern=0x40, buffers=("count",)))
+    device[-1] = _as(case, drivers.Runtime(constant_reads=("read_count",)))[-1]
+    outcome = _outcome(case, device, tmp_path)
+    outcome.run.heap_pattern = 0x40
+    failure = _failure(outcome)
+    assert failure.signature == driver_checks.UNINITIALISED and "step 0 (step_1 position 0" in str(failure)
