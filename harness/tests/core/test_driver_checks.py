@@ -270,3 +270,29 @@ def test_a_known_defect_of_the_steps_is_not_hidden_by_the_read_back(tmp_path):
     outcome.run.heap_pattern = 0x40
     failure = _failure(outcome)
     assert failure.signature == driver_checks.UNINITIALISED and "step 0 (step_1 position 0" in str(failure)
+
+
+def test_horizon_widens_the_long_driver_to_every_driven_card_and_dtype():
+    """By default the long driver runs on its small subset (the cards that ask for it, fp16); --horizon N
+    (widen_long_driver) runs it on every driven card in every dtype its drive runs in, and changes no other case."""
+    every = ("fp16", "16a8w")
+
+    def matrix() -> list[Case]:
+        return cases.driver_matrix(cards.cards(), every, ["SM8650"])
+
+    default = matrix()
+    try:
+        cases.widen_long_driver(True)
+        widened = matrix()
+    finally:
+        cases.widen_long_driver(False)
+    assert matrix() == default
+
+    def long(cells: list[Case]) -> set[tuple[str, str]]:
+        return {(case.card.name, case.dtype) for case in cells if case.driver == "long"}
+
+    driven = {card.name for card in map(drivers.driven, cards.cards()) if card is not None}
+    assert {dtype for _, dtype in long(default)} == {"fp16"} and {name for name, _ in long(default)} < driven
+    assert {name for name, _ in long(widened)} == driven
+    assert ("drv_prefill_decode_kv", "16a8w") in long(widened) and ("kv_index_copy_dim1", "16a8w") not in long(widened)
+    assert [case for case in widened if case.driver != "long"] == [case for case in default if case.driver != "long"]
