@@ -341,9 +341,16 @@ HORIZON_SIGNATURES = (
 def check_horizon(outcome: CaseOutcome) -> dict:
     """On the long driver, the device's error per step against eager does not drift upward along the run, and
     its registrations, peak RSS and execute time per step do not grow (series the device did not measure are
-    said to be not judged in the evidence, never passed silently)."""
+    said to be not judged in the evidence, never passed silently). A read-back of the buffers at the end is
+    another method's step, judged by driver_invariance: the series are the decode steps'."""
     require_run(outcome)
-    errors = outcome.comparison.errors
+    steps = _state_steps(drivers.of_run(outcome.case, len(outcome.steps)))  # the read-back is no decode step
+
+    def along(values: list) -> list:
+        """A per-step series on the run's decode steps ([] or one the device measured otherwise: as it is)."""
+        return [values[step] for step in steps] if len(values) == len(outcome.steps) else values
+
+    errors = along(outcome.comparison.errors)
     if not errors:
         raise NotApplicable("the run has no steps")
     series = [error.max_abs_error for error in errors]
@@ -352,7 +359,7 @@ def check_horizon(outcome: CaseOutcome) -> dict:
     if why is not None:
         raise CheckFailure(f"driver long: {why}", {"errors": series, "tolerances": tolerances}, ERROR_DRIFT)
     run = outcome.run
-    costs = horizon.long_run_verdict(run.step_times_us, run.step_rss_kb, run.step_registrations)
+    costs = horizon.long_run_verdict(along(run.step_times_us), along(run.step_rss_kb), along(run.step_registrations))
     if not costs.ok:
         raise CheckFailure(f"driver long: {costs.message()}", costs.evidence(), costs.signature)
     return {"step_count": len(series), "max_abs_error": max(series), **costs.evidence()}

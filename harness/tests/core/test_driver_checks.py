@@ -296,3 +296,20 @@ def test_horizon_widens_the_long_driver_to_every_driven_card_and_dtype():
     assert {name for name, _ in long(widened)} == driven
     assert ("drv_prefill_decode_kv", "16a8w") in long(widened) and ("kv_index_copy_dim1", "16a8w") not in long(widened)
     assert [case for case in widened if case.driver != "long"] == [case for case in default if case.driver != "long"]
+
+
+def test_horizon_judges_the_decode_steps_and_not_the_read_back(tmp_path):
+    """The long counter's read-back (its last step, another method) is driver_invariance's to judge: its error and
+    its costs are not part of the horizon's series; the same outlier on a decode step is."""
+    case = _case(COUNTER, "long")
+    device = _as(case, drivers.Runtime(constant_reads=("read_count",)))  # the read-back off (F16), steps right
+    outcome = _outcome(case, device, tmp_path)
+    steps = len(outcome.steps)
+    outcome.run.step_registrations = [2] * (steps - 1) + [40]
+    outcome.run.step_rss_kb, outcome.run.step_times_us = [229_000] * steps, [250 + step % 7 for step in range(steps)]
+    judged = driver_checks.check_horizon(outcome)
+    assert judged["step_count"] == steps - 1 == 256
+    outcome.run.step_registrations = [2] * (steps // 2) + [3] * (steps - steps // 2)
+    with pytest.raises(CheckFailure) as grown:
+        driver_checks.check_horizon(outcome)
+    assert grown.value.signature == "registrations_grow"
