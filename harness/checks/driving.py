@@ -265,7 +265,30 @@ def _equivalence(outcome: CaseOutcome, plan: drivers.DrivenPlan) -> dict:
                 {"driver": outcome.case.driver, "turn": turn, "position": position},
                 DISAGREEMENT,
             )
-    return {"equivalent_rows": len(equal)}
+    return {"equivalent_rows": len(equal), **_equivalent_read_backs(outcome, plan)}
+
+
+def _equivalent_read_backs(outcome: CaseOutcome, plan: drivers.DrivenPlan) -> dict:
+    """The buffers read back after the driver's own steps against those read back after the twin's, on the
+    device, where eager says they are equal (a chunked prefill's cache and single steps' over the same tokens)."""
+    assert plan.twin_from is not None
+    own = [step for step in plan.read_backs if step < plan.twin_from]
+    twin = [step for step in plan.read_backs if step >= plan.twin_from]
+    if not own or not twin:
+        return {}
+    own_step, twin_step = own[-1], twin[-1]
+    eager, device = outcome.reference, outcome.device_outputs()
+    if numerics.compare([eager[own_step]], [eager[twin_step]], "fp16").mismatched:
+        return {"equivalent_read_backs": False}
+    if numerics.compare([device[own_step]], [device[twin_step]], outcome.case.dtype).mismatched:
+        raise CheckFailure(
+            f"driver {outcome.case.driver}: the buffers read back after step {own_step - 1} differ on the device from "
+            f"those read back after single steps over the same tokens (step {twin_step - 1}), which eager says are "
+            "equal",
+            {"driver": outcome.case.driver, "step": own_step, "twin_step": twin_step},
+            DISAGREEMENT,
+        )
+    return {"equivalent_read_backs": True}
 
 
 @check(

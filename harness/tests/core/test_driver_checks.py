@@ -313,3 +313,20 @@ def test_horizon_judges_the_decode_steps_and_not_the_read_back(tmp_path):
     with pytest.raises(CheckFailure) as grown:
         driver_checks.check_horizon(outcome)
     assert grown.value.signature == "registrations_grow"
+
+
+def test_the_read_backs_of_a_driver_and_its_twin_must_agree_on_the_device(tmp_path):
+    """Each within tolerance of eager, but the chunked prefill's cache read back off the single steps' by more
+    than the tolerance: the disagreement eager rules out, named as the buffers'; the same shift on both passes."""
+    case = _case(PD, "chunked")
+    plan = drivers.of_case(case)
+    own, twin = plan.read_backs
+
+    def shifted(by: dict[int, float]) -> list[list[np.ndarray]]:
+        return [[np.asarray(out) + by.get(step, 0.0) for out in row] for step, row in enumerate(_as(case))]
+
+    failure = _failure(_outcome(case, shifted({own: -0.009, twin: 0.009}), tmp_path))
+    assert failure.signature == driver_checks.DISAGREEMENT, str(failure)
+    assert f"the buffers read back after step {own - 1} differ on the device from those read back after" in str(failure)
+    judged = driver_checks.check_driver_invariance(_outcome(case, shifted({own: 0.009, twin: 0.009}), tmp_path))
+    assert judged["equivalent_read_backs"] is True
