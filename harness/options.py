@@ -222,6 +222,7 @@ class RunOptions:
     shard: sharding.Shard | None = None  # --shard: this run's part of the cases
     adb_servers: tuple[adb.AdbServer, ...] = ()  # --adb-server (empty: the local default)
     horizon: int = 256  # --horizon: the long driver's steps (harness/pipeline/drivers.py LONG_STEPS at least)
+    wide_horizon: bool = False  # --horizon given: the long driver on every driven card and dtype (cases.py)
 
     def steps_for(self, tags: frozenset[str]) -> int:
         if self.steps is not None:
@@ -341,6 +342,7 @@ def parse(config: pytest.Config) -> RunOptions:
         dtypes=tuple(config.getoption("--dtype")) or DTYPES,
         steps=steps,
         horizon=horizon or 256,
+        wide_horizon=horizon is not None,
         runner=Path(runner).absolute() if runner else None,  # not resolved: a linked runner keeps its build folder
         qnn_sdk=config.getoption("--qnn-sdk"),
         models=tuple(config.getoption("--models")),

@@ -51,6 +51,7 @@ def _wants_devices(config: pytest.Config) -> bool:
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
     options = config.stash[OPTIONS] = run_options.parse(config)
+    cases.widen_long_driver(options.wide_horizon)
     for module in (*DEFAULT_CARD_MODULES, *options.models):
         try:
             card.load_module(module)

@@ -167,6 +167,10 @@ class Drive:
     drivers: tuple[str, ...] = DRIVERS  # the drivers the card runs under (those its declaration allows)
     long_dtypes: tuple[str, ...] = (FLOAT_DTYPE,)  # the long driver's default subset of the card's dtypes
     dtypes: tuple[str, ...] | None = None  # the card's dtypes the drivers run in (None: all of them)
+    # A method of the card that returns its buffers' contents and changes no state (its inputs from feed, for a
+    # chunk without positions): each driver calls it at the end of every conversation, on the device and in
+    # eager, so the buffers' final contents are compared too. "": the card exposes no read-back.
+    read_back: str = ""
 
     def width(self, method: str) -> int:
         return dict(self.widths)[method]

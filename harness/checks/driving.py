@@ -1,8 +1,8 @@
 """The driver checks: a card's state driven as users drive it (harness/pipeline/drivers.py), judged per driver.
 
-driver_invariance: every output of every step equals eager driven the same way, within the dtype's tolerance
-(harness/numerics.py), and a driver's rows equal the single-step twin's on the device where eager says they are
-equal. A difference names the driver, the first step and position that differ, what still agrees, and how the
+driver_invariance: every output of every step, and the buffers a card exposes read back at the end of every
+conversation, equal eager driven the same way, within the dtype's tolerance (harness/numerics.py), and a
+driver's rows equal the single-step twin's on the device where eager says they are equal. A difference names the driver, the first step and position that differ, what still agrees, and how the
 state was lost where eager driven that way reproduces it (a chunk that lost the chunks before it, a turn that
 forgot the conversation, a reset that did not reset).
 
@@ -32,6 +32,10 @@ NO_RESET, MISMATCH, DISAGREEMENT = "driver_no_reset", "driver_mismatch", "driver
 UNINITIALISED, PER_METHOD = "uninitialised_delegated_buffer", "state_per_method"
 # A lost state the lowering's own facts explain: convert_pt2e folded a buffer's read into a constant (#F7).
 FOLDED = "buffer_reads_folded"
+# A read-back (Drive.read_back) that differs while every step before it agrees: the reading method got the
+# buffers as the constants of their registered values (the cross-method check's signature of #F16), or
+# something else.
+READ_AS_CONSTANT, READ_BACK_MISMATCH = "state_read_as_constant", "driver_read_back_mismatch"
 DRIVER_SIGNATURES = (
     LOST_CHUNK,
     LOST_TURN,
@@ -42,6 +46,8 @@ DRIVER_SIGNATURES = (
     UNINITIALISED,
     PER_METHOD,
     FOLDED,
+    READ_AS_CONSTANT,
+    READ_BACK_MISMATCH,
 )
 ERROR_DRIFT = "error_drift"
 # The error drifts when the last quarter's typical error (in tolerances) is both a real share of the tolerance
@@ -75,9 +81,19 @@ def _matches_at(outcome: CaseOutcome, step: int, other: numerics.Outputs) -> boo
     return not numerics.compare([device[step]], [other[step]], outcome.case.dtype).mismatched
 
 
+def _state_steps(plan: drivers.DrivenPlan) -> list[int]:
+    """The steps that drive the state (all but the read-backs): what the known defects of the state explain."""
+    return [step for step in range(len(plan.chunks)) if step not in plan.read_backs]
+
+
+def _steps_match(outcome: CaseOutcome, plan: drivers.DrivenPlan, other: numerics.Outputs) -> bool:
+    device, steps = outcome.device_outputs(), _state_steps(plan)
+    return not numerics.compare([device[s] for s in steps], [other[s] for s in steps], outcome.case.dtype).mismatched
+
+
 def _known_defect(outcome: CaseOutcome, plan: drivers.DrivenPlan) -> tuple[str, str] | None:
-    """(signature, words) when the whole run equals eager driven alike on a runtime with a known defect of
-    delegated buffers (fp16 only for the heap pattern: a quantized delegate decodes it through an encoding
+    """(signature, words) when every step that drives the state (the read-backs are judged on their own) equals
+    eager driven alike on a runtime with a known defect of delegated buffers (fp16 only for the heap pattern: a quantized delegate decodes it through an encoding
     eager does not know); None otherwise."""
     buffers = outcome.delegated_buffers
     if not buffers:
@@ -98,12 +114,10 @@ def _known_defect(outcome: CaseOutcome, plan: drivers.DrivenPlan) -> tuple[str, 
                 drivers.Runtime(per_method=True, pattern=pattern, buffers=buffers) if pattern is not None else None,
             )
         )
-    device = outcome.device_outputs()
     for signature, words, runtime in candidates:
-        if runtime is not None:
-            computed = drivers.run_eager(outcome.case.card, plan, runtime)
-            if not numerics.compare(device, computed, outcome.case.dtype).mismatched:
-                return signature, f"the whole run equals eager where {words}"
+        if runtime is not None and _steps_match(outcome, plan, drivers.run_eager(outcome.case.card, plan, runtime)):
+            aside = " (its read-backs aside)" if plan.read_backs else ""
+            return signature, f"every step of the run{aside} equals eager where {words}"
     if pattern is None and outcome.case.dtype == FLOAT_DTYPE and _only_where_the_start_matters(outcome, plan, buffers):
         return UNINITIALISED, (
             f"every element that differs is one that depends on where the delegated {', '.join(buffers)} started "
@@ -129,8 +143,8 @@ def _only_where_the_start_matters(outcome: CaseOutcome, plan: drivers.DrivenPlan
         for probe in PROBE_PATTERNS
     ]
     found = False
-    for step, row in enumerate(differs):
-        for index, mask in enumerate(row):
+    for step in _state_steps(plan):
+        for index, mask in enumerate(differs[step]):
             dependent = np.logical_or.reduce([np.asarray(probe[step][index]) for probe in depends])
             if np.any(np.asarray(mask) & ~dependent):
                 return False
@@ -185,6 +199,41 @@ def _step_lost(outcome: CaseOutcome, plan: drivers.DrivenPlan, first: FirstDiffe
     return MISMATCH, "eager driven with the state lost or kept there does not explain it either"
 
 
+def _read_back_differs(outcome: CaseOutcome, plan: drivers.DrivenPlan, first: FirstDifference) -> CheckFailure:
+    """The failure of a read-back that differs while every step before it agrees, named by what eager driven
+    alike says the reading method read: the registered values (a buffer it only reads is a constant: #F16), or
+    its own delegated copy started from the heap (#F15, with #F1's start)."""
+    card, step, method = outcome.case.card, first.step, first.chunk.method
+    buffers = ", ".join(card.mutated_buffers)
+    wrote = f"not what steps 0..{step - 1} wrote" if step else "the registered values"
+    signature, how = READ_BACK_MISMATCH, "eager reading them as constants or as a copy of their own does not explain it"
+    pattern = outcome.run.heap_pattern if outcome.case.dtype == FLOAT_DTYPE else None
+    own_copy = drivers.Runtime(per_method=True, pattern=pattern, buffers=outcome.delegated_buffers)
+    if _matches_at(outcome, step, drivers.run_eager(card, plan, drivers.Runtime(constant_reads=(method,)))):
+        signature, how = READ_AS_CONSTANT, f"{method} read them as the constants of their registered values, {wrote}"
+    elif (
+        pattern is not None
+        and outcome.delegated_buffers
+        and _matches_at(outcome, step, drivers.run_eager(card, plan, own_copy))
+    ):
+        signature, how = PER_METHOD, f"{method} read its own delegated copy, started from the heap pattern, {wrote}"
+    error = outcome.comparison.errors[step]
+    return CheckFailure(
+        f"driver {plan.driver}: the buffers read back after step {step - 1} ({buffers}, by {method} at step {step}, "
+        f"turn {first.chunk.turn}) differ from eager driven alike (max error {error.max_abs_error:.3g}): {how}; "
+        f"{_still_agrees(outcome, plan, step)}",
+        {
+            "driver": plan.driver,
+            "step": step,
+            "method": method,
+            "read_back_after": step - 1,
+            "turn": first.chunk.turn,
+            "max_abs_error": error.max_abs_error,
+        },
+        signature,
+    )
+
+
 def _still_agrees(outcome: CaseOutcome, plan: drivers.DrivenPlan, step: int) -> str:
     """Which simpler driving still agrees with eager: the steps before the first difference, and the single-step
     twin of the same tokens when the plan has one and it agrees."""
@@ -216,7 +265,30 @@ def _equivalence(outcome: CaseOutcome, plan: drivers.DrivenPlan) -> dict:
                 {"driver": outcome.case.driver, "turn": turn, "position": position},
                 DISAGREEMENT,
             )
-    return {"equivalent_rows": len(equal)}
+    return {"equivalent_rows": len(equal), **_equivalent_read_backs(outcome, plan)}
+
+
+def _equivalent_read_backs(outcome: CaseOutcome, plan: drivers.DrivenPlan) -> dict:
+    """The buffers read back after the driver's own steps against those read back after the twin's, on the
+    device, where eager says they are equal (a chunked prefill's cache and single steps' over the same tokens)."""
+    assert plan.twin_from is not None
+    own = [step for step in plan.read_backs if step < plan.twin_from]
+    twin = [step for step in plan.read_backs if step >= plan.twin_from]
+    if not own or not twin:
+        return {}
+    own_step, twin_step = own[-1], twin[-1]
+    eager, device = outcome.reference, outcome.device_outputs()
+    if numerics.compare([eager[own_step]], [eager[twin_step]], "fp16").mismatched:
+        return {"equivalent_read_backs": False}
+    if numerics.compare([device[own_step]], [device[twin_step]], outcome.case.dtype).mismatched:
+        raise CheckFailure(
+            f"driver {outcome.case.driver}: the buffers read back after step {own_step - 1} differ on the device from "
+            f"those read back after single steps over the same tokens (step {twin_step - 1}), which eager says are "
+            "equal",
+            {"driver": outcome.case.driver, "step": own_step, "twin_step": twin_step},
+            DISAGREEMENT,
+        )
+    return {"equivalent_read_backs": True}
 
 
 @check(
@@ -227,10 +299,13 @@ def _equivalence(outcome: CaseOutcome, plan: drivers.DrivenPlan) -> dict:
     matrix=cases.driver_matrix,
 )
 def check_driver_invariance(outcome: CaseOutcome) -> dict:
-    """Every step of a driven case equals eager driven the same way, and drivers eager calls equal agree."""
+    """Every step of a driven case and every read-back of its buffers equal eager driven the same way, and
+    drivers eager calls equal agree."""
     require_run(outcome)
-    plan = drivers.of_case(outcome.case, len(outcome.steps))
+    plan = drivers.of_run(outcome.case, len(outcome.steps))
     first = _first_difference(plan, outcome.comparison)
+    if first is not None and first.step in plan.read_backs:
+        raise _read_back_differs(outcome, plan, first)
     if first is not None:
         signature, how = _how_lost(outcome, plan, first)
         where = f" position {first.position}" if first.position is not None else ""
@@ -289,9 +364,16 @@ HORIZON_SIGNATURES = (
 def check_horizon(outcome: CaseOutcome) -> dict:
     """On the long driver, the device's error per step against eager does not drift upward along the run, and
     its registrations, peak RSS and execute time per step do not grow (series the device did not measure are
-    said to be not judged in the evidence, never passed silently)."""
+    said to be not judged in the evidence, never passed silently). A read-back of the buffers at the end is
+    another method's step, judged by driver_invariance: the series are the decode steps'."""
     require_run(outcome)
-    errors = outcome.comparison.errors
+    steps = _state_steps(drivers.of_run(outcome.case, len(outcome.steps)))  # the read-back is no decode step
+
+    def along(values: list) -> list:
+        """A per-step series on the run's decode steps ([] or one the device measured otherwise: as it is)."""
+        return [values[step] for step in steps] if len(values) == len(outcome.steps) else values
+
+    errors = along(outcome.comparison.errors)
     if not errors:
         raise NotApplicable("the run has no steps")
     series = [error.max_abs_error for error in errors]
@@ -300,7 +382,7 @@ def check_horizon(outcome: CaseOutcome) -> dict:
     if why is not None:
         raise CheckFailure(f"driver long: {why}", {"errors": series, "tolerances": tolerances}, ERROR_DRIFT)
     run = outcome.run
-    costs = horizon.long_run_verdict(run.step_times_us, run.step_rss_kb, run.step_registrations)
+    costs = horizon.long_run_verdict(along(run.step_times_us), along(run.step_rss_kb), along(run.step_registrations))
     if not costs.ok:
         raise CheckFailure(f"driver long: {costs.message()}", costs.evidence(), costs.signature)
     return {"step_count": len(series), "max_abs_error": max(series), **costs.evidence()}

@@ -365,7 +365,7 @@ def _collect(device: Device, request: DeviceRunRequest, remote: str, result: Run
         step_times_us=[step.execute_us for step in measured.steps],
         peak_rss_kb=measured.peak_rss_kb,
         step_rss_kb=measured.step_rss_kb,
-        step_registrations=contract.step_registrations(trace, steps),
+        step_registrations=contract.step_registrations(trace, steps, request.methods),
         io_memory=measured.io_memory,
         etdump=outputs_dir / contract.ETDUMP_NAME if contract.ETDUMP_NAME in present else None,
         reference_us=measured.reference_us,

@@ -14,6 +14,16 @@ HEALTH_CHECK_TAG = "health_check"  # the devices' health check program (harness/
 DRIVEN_TAG = "driven"  # cards run only in the driver matrix (fixtures/drivers.py)
 # A check test's case in its node id: test_x[CASE], and under --dist loadgroup test_x[CASE]@GROUP
 CASE_PARAMETER = re.compile(r"\[([^\[\]]+)\](?:@[^\[\]]*)?$")
+# The long driver's cases: by default a small subset (the driven cards that ask for it, in their long_dtypes);
+# a run given --horizon N widens it to every driven card in every dtype its drive runs in (widen_long_driver).
+_LONG_WIDENED = False
+
+
+def widen_long_driver(widened: bool) -> None:
+    """Whether the run's long driver covers every driven card and dtype (--horizon N given) or its default
+    subset: set once per process (the controller and each worker) from the run's options, before collection."""
+    global _LONG_WIDENED
+    _LONG_WIDENED = widened
 
 
 def matrix(cards: list[ModelCard], dtypes: tuple[str, ...], socs: list[str]) -> list[Case]:
@@ -43,8 +53,9 @@ def multi_method_matrix(cards: list[ModelCard], dtypes: tuple[str, ...], socs: l
 def driver_matrix(cards: list[ModelCard], dtypes: tuple[str, ...], socs: list[str]) -> list[Case]:
     """Every driven card under each driver it allows (harness/pipeline/drivers.py), in both buffer modes (with
     the buffers delegated, each method holds its own copy: docs/FINDINGS.md#F15; kept outside, the driving
-    itself is judged) and each of its dtypes, the long driver in its declared subset of them. A driver
-    changes the run only, so a card/dtype/SoC's drivers share one lowering (Case.lowering)."""
+    itself is judged) and each of its dtypes, the long driver in its declared subset of them (every driven card in
+    every dtype under --horizon N: widen_long_driver). A driver changes the run only, so a card/dtype/SoC's
+    drivers share one lowering (Case.lowering)."""
     from harness.pipeline import drivers  # torch: only where a driver matrix is made
 
     driven = [card for card in map(drivers.driven, cards) if card is not None and HEALTH_CHECK_TAG not in card.tags]
@@ -53,10 +64,16 @@ def driver_matrix(cards: list[ModelCard], dtypes: tuple[str, ...], socs: list[st
         for card in driven
         if card.drive is not None
         for mode in MATRIX_MODES
-        for driver in drivers.available(card.drive)
+        for driver in _with_long(drivers.available(card.drive))
         for case in _card_cases(card, mode, card.drive.dtypes or dtypes, socs)
-        if case.dtype in dtypes and (driver != "long" or case.dtype in card.drive.long_dtypes)
+        if case.dtype in dtypes and (driver != "long" or _LONG_WIDENED or case.dtype in card.drive.long_dtypes)
     ]
+
+
+def _with_long(available: tuple[str, ...]) -> tuple[str, ...]:
+    """A driven card's drivers, with the long one when the run widens it (it needs only the width-1 method every
+    driven card has)."""
+    return available + ("long",) if _LONG_WIDENED and "long" not in available else available
 
 
 def meta_llama_matrix(cards: list[ModelCard], dtypes: tuple[str, ...], socs: list[str]) -> list[Case]:

@@ -5,7 +5,9 @@ steps of one plan, run in one runner process on the device and on ONE eager modu
 steps, methods, turns and resets as the user means it to. Drivers the eager reference says are equivalent
 (a chunked prefill and single steps over the same tokens) are run in the same plan: after the driver's own
 steps the program is loaded again and the same (turn, position) stream is fed one position a step (the
-plan's "twin"), so the check compares them on the device without a second run.
+plan's "twin"), so the check compares them on the device without a second run. A card that exposes its
+buffers (Drive.read_back) has them read back at the end of every conversation: before a reset or reload, and
+at the end of the plan.
 
 What each driver means is in docs/DRIVERS.md.
 """
@@ -26,13 +28,14 @@ EQUIVALENT_TWIN = ("chunked", "prefill_decode", "second_prefill", "reset")  # dr
 
 @dataclass(frozen=True)
 class DrivenPlan:
-    """A driver's steps: the chunk each step consumes, the steps the program is loaded again before, and where
-    the single-step twin starts (None: the driver has none)."""
+    """A driver's steps: the chunk each step consumes, the steps the program is loaded again before, where
+    the single-step twin starts (None: the driver has none) and the card's read-back method ("": none)."""
 
     driver: str
     chunks: tuple[DriveChunk, ...]
     reloads: tuple[int, ...] = ()
     twin_from: int | None = None
+    read_back: str = ""
 
     @property
     def methods(self) -> list[str]:
@@ -40,6 +43,11 @@ class DrivenPlan:
 
     def inputs(self, drive: Drive) -> list[tuple]:
         return [drive.feed(chunk) for chunk in self.chunks]
+
+    @property
+    def read_backs(self) -> list[int]:
+        """The steps that read the buffers back (none when the card exposes no read-back)."""
+        return [index for index, chunk in enumerate(self.chunks) if self.read_back and chunk.method == self.read_back]
 
     @property
     def own(self) -> range:
@@ -109,6 +117,11 @@ def _singles(drive: Drive, chunks: list[DriveChunk]) -> list[DriveChunk]:
     ]
 
 
+def _read_back(drive: Drive, turn: int) -> list[DriveChunk]:
+    """The end of a conversation: the card's buffers read back (nothing when it exposes no read-back)."""
+    return [DriveChunk(drive.read_back, (), turn)] if drive.read_back else []
+
+
 def _conversation(drive: Drive, start: int, turn: int) -> list[DriveChunk]:
     wide = prefill_method(drive) or decode_method(drive)
     return _run(drive, wide, start, drive.prompt, turn) + _run(
@@ -117,8 +130,10 @@ def _conversation(drive: Drive, start: int, turn: int) -> list[DriveChunk]:
 
 
 def _reset(drive: Drive) -> tuple[list[DriveChunk], list[int]]:
-    """Two conversations with the card's reset between them: (chunks, the steps reloaded before)."""
-    first, second = _conversation(drive, 0, 0), _conversation(drive, 0, 1)
+    """Two conversations with the card's reset between them, each read back at its end: (chunks, the steps
+    reloaded before)."""
+    first = _conversation(drive, 0, 0) + _read_back(drive, 0)
+    second = _conversation(drive, 0, 1) + _read_back(drive, 1)
     if drive.reset == RELOAD:
         return first + second, [len(first)]
     if drive.reset == REWIND:
@@ -153,10 +168,13 @@ def plan(drive: Drive, driver: str, horizon: int = LONG_STEPS) -> DrivenPlan:
         own = _run(drive, step, 0, switch) + _run(drive, step, switch, prompt + decode - switch, 0, 1)
     else:  # long
         own = _run(drive, step, 0, max(horizon, LONG_STEPS))
+    if driver != "reset":  # a reset's conversations are read back at their ends already
+        own += _read_back(drive, own[-1].turn)
     if driver not in EQUIVALENT_TWIN:
-        return DrivenPlan(driver, tuple(own), tuple(reloads))
+        return DrivenPlan(driver, tuple(own), tuple(reloads), read_back=drive.read_back)
     twin = _singles(drive, [chunk for chunk in own if chunk.positions and (driver != "reset" or chunk.turn == 1)])
-    return DrivenPlan(driver, tuple(own + twin), (*reloads, len(own)), len(own))
+    twin += _read_back(drive, twin[-1].turn)
+    return DrivenPlan(driver, tuple(own + twin), (*reloads, len(own)), len(own), drive.read_back)
 
 
 def of_case(case: Case, horizon: int = LONG_STEPS) -> DrivenPlan:
@@ -164,6 +182,13 @@ def of_case(case: Case, horizon: int = LONG_STEPS) -> DrivenPlan:
     if drive is None or not case.driver:
         raise ValueError(f"case {case.id} is not a driven case")
     return plan(drive, case.driver, horizon)
+
+
+def of_run(case: Case, step_count: int) -> DrivenPlan:
+    """The case's plan that a run of step_count steps drove (a run's record, a bundle's case.json): the long
+    driver's horizon is its steps less its read-backs, which do not depend on the horizon."""
+    read_backs = len(of_case(case).read_backs) if case.driver == "long" else 0
+    return of_case(case, step_count - read_backs)
 
 
 _EAGER: dict[tuple, eager.Outputs] = {}
@@ -175,13 +200,16 @@ class Runtime:
     is left alone (one module, a fresh one at each reload); else a way to lose it, which the driver check
     names when the device equals it. fresh_at: steps the state is lost before; ignore: reloads not made (no
     reset); per_method: each method on its own copy of the state (docs/FINDINGS.md#F15); pattern: the byte the
-    named buffers start from instead of their registered values (uninitialised: docs/FINDINGS.md#F1)."""
+    named buffers start from instead of their registered values (uninitialised: docs/FINDINGS.md#F1);
+    constant_reads: methods that read the buffers as the constants of their registered values whatever the
+    others wrote (a method that only reads a buffer: docs/FINDINGS.md#F16)."""
 
     fresh_at: tuple[int, ...] = ()
     ignore: tuple[int, ...] = ()
     per_method: bool = False
     pattern: int | None = None
     buffers: tuple[str, ...] = ()
+    constant_reads: tuple[str, ...] = ()
 
 
 def run_eager(card: ModelCard, driven: DrivenPlan, runtime: Runtime = Runtime()) -> eager.Outputs:
@@ -202,7 +230,8 @@ def run_eager(card: ModelCard, driven: DrivenPlan, runtime: Runtime = Runtime())
                 owner = chunk.method if runtime.per_method else ""
                 if owner not in modules:
                     modules[owner] = _fresh(card, initial)
-                result = getattr(modules[owner], chunk.method)(*inputs)
+                module = _fresh(card, {}) if chunk.method in runtime.constant_reads else modules[owner]
+                result = getattr(module, chunk.method)(*inputs)
                 flat = [result] if isinstance(result, torch.Tensor) else list(result)
                 outputs.append([tensor.detach().clone().numpy() for tensor in flat])
         _EAGER[key] = eager.read_only(outputs)

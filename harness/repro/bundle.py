@@ -88,7 +88,7 @@ def _plan(case: Case, steps: int) -> list[str]:
     """The method of each step, for issue.md and a reader (repro.py takes it from the card's source): a driven
     case's driver plan (its step count the long driver's horizon), a multi-method card's plan, [] for forward."""
     if case.driver:
-        return drivers.of_case(case, steps).methods
+        return drivers.of_run(case, steps).methods
     return case.card.step_methods(steps) if case.card.multi_method else []
 
 

@@ -721,7 +721,7 @@ def driven_plan(case: dict, the_case):
     long driver's horizon); None for a case run on its card's own steps."""
     if not the_case.driver:
         return None
-    plan = importlib.import_module("harness.pipeline.drivers").of_case(the_case, case["steps"])
+    plan = importlib.import_module("harness.pipeline.drivers").of_run(the_case, case["steps"])
     if len(plan.chunks) != case["steps"]:
         raise ReproError(
             f"driver {the_case.driver} of {the_case.card.name} now makes {len(plan.chunks)} steps where the run "
@@ -752,7 +752,8 @@ def run_device(
     write_inputs(outcome.steps, inputs)
     status, log, runner, device = run_steps(args, case, outcome, inputs, out / "outputs", env)
     outcome.device_kind, outcome.device = device.name, device
-    outcome.run, outcome.run_error = bundle_run(status, log, runner, out / "outputs", outcome.reference)
+    methods = plan_methods(case, outcome.case)
+    outcome.run, outcome.run_error = bundle_run(status, log, runner, out / "outputs", outcome.reference, methods)
     feedable = not args.serial and not outcome.case.card.multi_method  # one method per process, on the host
     if outcome.run is None or reference_runner != REFERENCE_RUNNER or runner == REFERENCE_RUNNER or not feedable:
         return  # a check with nothing to compare says it was not measured
@@ -802,9 +803,10 @@ def run_steps(args: argparse.Namespace, case: dict, outcome, inputs: Path, outpu
     return status, log, runner, BundleDevice("emulated", True, pattern)
 
 
-def bundle_run(status: int, log: str, runner: str, outputs: Path, reference: list[list]):
+def bundle_run(status: int, log: str, runner: str, outputs: Path, reference: list[list], methods=None):
     """What one runner process came to, as the outcome holds it: (BundleRun, None), or (None, why not); its
-    log is kept beside its outputs folder (runner.log)."""
+    log is kept beside its outputs folder (runner.log). methods: the method each step ran (its trace's
+    registrations are split by them)."""
     log_file = outputs.parent / ("runner.log" if outputs.name == "outputs" else f"{outputs.name}.log")
     log_file.write_text(log)
     if status != 0:
@@ -815,7 +817,7 @@ def bundle_run(status: int, log: str, runner: str, outputs: Path, reference: lis
         return None, missing
     measured = importlib.import_module("harness.runner.run").parse(status, log, "")
     trace, steps = contract().trace_of(outputs), [step.execute_us for step in measured.steps]
-    registrations = contract().step_registrations(trace, len(reference))
+    registrations = contract().step_registrations(trace, len(reference), methods)
     run = BundleRun(raw, trace, measured.heap_pattern, runner, steps, measured.peak_rss_kb)
     run.step_rss_kb, run.step_registrations = measured.step_rss_kb, registrations
     return run, None

@@ -14,6 +14,7 @@ command imports it at every start.
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 SUITE_RUNNER = "suite_runner"  # the payload command names (harness/device/payload.py spells them too)
@@ -292,6 +293,48 @@ def per_step(per_execute: list[int], steps: int) -> list[int]:
     return [per_execute[(step + 1) * width - 1] for step in range(steps)]
 
 
-def step_registrations(trace: Path | None, steps: int) -> list[int]:
-    """The registrations held at each runner step's execute, from a run's trace ([] without one or its counts)."""
-    return per_step(held_registrations(read_trace(trace)), steps) if trace is not None else []
+def executes_per_step(graphs: list[str], methods: list[str]) -> list[int] | None:
+    """How many graph executes each step made, from the executed graphs' names in order and the method each step
+    ran: the one split of the executes in which every step of a method executes the same graphs in the same
+    order and no graph is two methods' (a method of k graphs executes k times a step, another method another
+    number). None when no split fits or more than one does (graphs whose names cannot tell them apart), and
+    for a method that executes no graph (a step without an execute could be any step's)."""
+    found: list[list[int]] = []
+
+    def split(step: int, at: int, owned: dict[str, tuple[str, ...]], counts: list[int]) -> None:
+        # the steps whose method's graphs are known already follow without a choice
+        while step < len(methods) and methods[step] in owned:
+            known = owned[methods[step]]
+            if tuple(graphs[at : at + len(known)]) != known:
+                return
+            step, at, counts = step + 1, at + len(known), [*counts, len(known)]
+        if step == len(methods):
+            if at == len(graphs):
+                found.append(counts)
+            return
+        others = {graph for names in owned.values() for graph in names}
+        for count in range(1, len(graphs) - at + 1):
+            names = tuple(graphs[at : at + count])
+            if others & set(names) or len(found) > 1:
+                return  # a longer run of this method's graphs would hold another's graph too
+            split(step, at, {**owned, methods[step]: names}, counts)
+
+    split(0, 0, {}, [])
+    return found[0] if len(found) == 1 else None
+
+
+def step_registrations(trace: Path | None, steps: int, methods: list[str] | None = None) -> list[int]:
+    """The registrations held at each runner step's execute, from a run's trace ([] without one or its counts,
+    or when its executes cannot be told apart by step). methods: the method each step ran (None: one method):
+    a plan whose methods execute different numbers of graphs is split by the graphs' names."""
+    if trace is None:
+        return []
+    records = read_trace(trace)
+    held = held_registrations(records)
+    if not methods or len(set(methods)) == 1 or not held:
+        return per_step(held, steps)
+    graphs = [str(record.get("graph", "")) for record in records if record.get("event") == "execute"]
+    counts = executes_per_step(graphs, methods) if len(methods) == steps else None
+    if counts is None:
+        return []
+    return [held[end - 1] for end in itertools.accumulate(counts)]  # at each step's last execute

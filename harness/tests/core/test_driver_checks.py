@@ -207,3 +207,126 @@ def test_an_uninitialised_start_is_named_without_a_heap_pattern_only_where_the_s
     assert _failure(outcome).signature == driver_checks.UNINITIALISED
     everywhere = [[np.asarray(out) + 100.0 for out in row] for row in _as(case)]
     assert _failure(_outcome(case, everywhere, tmp_path)).signature != driver_checks.UNINITIALISED
+
+
+def test_the_buffers_are_read_back_at_the_end_of_every_conversation():
+    """Before a reset (the reset method, a rewind, the twin's reload) and at the end of the plan; a long run's
+    record names its plan by its steps, read-back included."""
+    plan = drivers.plan(cards.find(PD).drive, "reset")
+    ends = plan.read_backs
+    assert [plan.chunks[step].turn for step in ends] == [0, 1, 1] and ends[-1] == len(plan.chunks) - 1
+    assert plan.chunks[ends[0] + 1].turn == 1 and ends[1] == plan.twin_from - 1  # before the rewind, the reload
+    counter = drivers.plan(cards.find(COUNTER).drive, "reset")
+    assert counter.chunks[counter.read_backs[0] + 1].method == "reset"
+    long = _case(COUNTER, "long")
+    for horizon in (256, 300):
+        driven = drivers.of_case(long, horizon)
+        assert len(driven.chunks) == horizon + 1 and drivers.of_run(long, len(driven.chunks)) == driven
+    assert not drivers.plan(cards.find(RING).drive, "chunked").read_backs  # a card that exposes none
+
+
+def test_a_read_back_of_the_registered_values_is_the_constant_read(tmp_path):
+    """Every step agrees, but the read-back gives the buffer's registered values (a method that only reads a
+    buffer gets it as a constant: F16's signature), named as a read-back after the last step."""
+    case = _case(COUNTER, "single")
+    last = len(drivers.of_case(case).chunks) - 2
+    failure = _failure(_outcome(case, _as(case, drivers.Runtime(constant_reads=("read_count",))), tmp_path))
+    assert failure.signature == driver_checks.READ_AS_CONSTANT, str(failure)
+    assert f"the buffers read back after step {last} (count, by read_count at step {last + 1}" in str(failure)
+    assert f"steps 0..{last} agree" in str(failure) and failure.evidence["read_back_after"] == last
+
+
+def test_a_read_back_off_eager_is_a_read_back_failure_and_a_step_off_is_not(tmp_path):
+    case = _case(PD, "prefill_decode")
+    plan = drivers.of_case(case)
+    first = plan.read_backs[0]
+
+    def off_at(step: int, by: float) -> list[list[np.ndarray]]:
+        return [
+            [np.asarray(out) + (by if index == step else 0.0) for out in row] for index, row in enumerate(_as(case))
+        ]
+
+    failure = _failure(_outcome(case, off_at(first, 1.0), tmp_path))
+    assert failure.signature == driver_checks.READ_BACK_MISMATCH, str(failure)
+    assert str(failure).startswith(f"driver prefill_decode: the buffers read back after step {first - 1} (kv_cache")
+    step = _failure(_outcome(case, off_at(1, 1.0), tmp_path))
+    assert step.signature == driver_checks.MISMATCH and "read back" not in str(step)
+    assert str(step).startswith("driver prefill_decode: step 1 (step_4 position 4")
+    # within the tolerance (fp16: 1e-2 absolute) the read-back agrees, and a later twin read-back is judged too
+    judged = driver_checks.check_driver_invariance(_outcome(case, off_at(first, 0.004), tmp_path))
+    assert judged["step_count"] == len(plan.chunks)
+    assert _failure(_outcome(case, off_at(plan.read_backs[-1], 1.0), tmp_path)).signature == (
+        driver_checks.READ_BACK_MISMATCH
+    )
+
+
+def test_a_known_defect_of_the_steps_is_not_hidden_by_the_read_back(tmp_path):
+    """The delegated count starts from the heap (F1) and its reader gets the registered values (F16): the steps'
+    known defect names the failure, judged on the steps alone."""
+    case = _case(COUNTER, "single", Mode.DELEGATE)
+    device = _as(case, drivers.Runtime(pattern=0x40, buffers=("count",)))
+    device[-1] = _as(case, drivers.Runtime(constant_reads=("read_count",)))[-1]
+    outcome = _outcome(case, device, tmp_path)
+    outcome.run.heap_pattern = 0x40
+    failure = _failure(outcome)
+    assert failure.signature == driver_checks.UNINITIALISED and "step 0 (step_1 position 0" in str(failure)
+
+
+def test_horizon_widens_the_long_driver_to_every_driven_card_and_dtype():
+    """By default the long driver runs on its small subset (the cards that ask for it, fp16); --horizon N
+    (widen_long_driver) runs it on every driven card in every dtype its drive runs in, and changes no other case."""
+    every = ("fp16", "16a8w")
+
+    def matrix() -> list[Case]:
+        return cases.driver_matrix(cards.cards(), every, ["SM8650"])
+
+    default = matrix()
+    try:
+        cases.widen_long_driver(True)
+        widened = matrix()
+    finally:
+        cases.widen_long_driver(False)
+    assert matrix() == default
+
+    def long(cells: list[Case]) -> set[tuple[str, str]]:
+        return {(case.card.name, case.dtype) for case in cells if case.driver == "long"}
+
+    driven = {card.name for card in map(drivers.driven, cards.cards()) if card is not None}
+    assert {dtype for _, dtype in long(default)} == {"fp16"} and {name for name, _ in long(default)} < driven
+    assert {name for name, _ in long(widened)} == driven
+    assert ("drv_prefill_decode_kv", "16a8w") in long(widened) and ("kv_index_copy_dim1", "16a8w") not in long(widened)
+    assert [case for case in widened if case.driver != "long"] == [case for case in default if case.driver != "long"]
+
+
+def test_horizon_judges_the_decode_steps_and_not_the_read_back(tmp_path):
+    """The long counter's read-back (its last step, another method) is driver_invariance's to judge: its error and
+    its costs are not part of the horizon's series; the same outlier on a decode step is."""
+    case = _case(COUNTER, "long")
+    device = _as(case, drivers.Runtime(constant_reads=("read_count",)))  # the read-back off (F16), steps right
+    outcome = _outcome(case, device, tmp_path)
+    steps = len(outcome.steps)
+    outcome.run.step_registrations = [2] * (steps - 1) + [40]
+    outcome.run.step_rss_kb, outcome.run.step_times_us = [229_000] * steps, [250 + step % 7 for step in range(steps)]
+    judged = driver_checks.check_horizon(outcome)
+    assert judged["step_count"] == steps - 1 == 256
+    outcome.run.step_registrations = [2] * (steps // 2) + [3] * (steps - steps // 2)
+    with pytest.raises(CheckFailure) as grown:
+        driver_checks.check_horizon(outcome)
+    assert grown.value.signature == "registrations_grow"
+
+
+def test_the_read_backs_of_a_driver_and_its_twin_must_agree_on_the_device(tmp_path):
+    """Each within tolerance of eager, but the chunked prefill's cache read back off the single steps' by more
+    than the tolerance: the disagreement eager rules out, named as the buffers'; the same shift on both passes."""
+    case = _case(PD, "chunked")
+    plan = drivers.of_case(case)
+    own, twin = plan.read_backs
+
+    def shifted(by: dict[int, float]) -> list[list[np.ndarray]]:
+        return [[np.asarray(out) + by.get(step, 0.0) for out in row] for step, row in enumerate(_as(case))]
+
+    failure = _failure(_outcome(case, shifted({own: -0.009, twin: 0.009}), tmp_path))
+    assert failure.signature == driver_checks.DISAGREEMENT, str(failure)
+    assert f"the buffers read back after step {own - 1} differ on the device from those read back after" in str(failure)
+    judged = driver_checks.check_driver_invariance(_outcome(case, shifted({own: 0.009, twin: 0.009}), tmp_path))
+    assert judged["equivalent_read_backs"] is True

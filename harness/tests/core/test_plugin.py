@@ -76,6 +76,23 @@ def test_matrix_collects_every_card_dtype_mode_and_soc_and_extra_models():
     assert "health check" not in completed.stderr, "collecting runs nothing on the devices"
 
 
+def test_horizon_widens_the_long_driver_s_cases_and_its_absence_keeps_the_default_subset():
+    """--horizon N reaches collection (the controller's, as each worker's): the long driver's cases grow from
+    its default subset (fp16, the cards that ask for it) to every driven card and dtype."""
+
+    def long_cases(*args: str) -> set[str]:
+        completed = _pytest("--collect-only", "--emulate", "SM8650", *args, targets=("suites/test_horizon.py",))
+        assert completed.returncode == 0, completed.stderr
+        return {
+            line.split("[", 1)[1].split("]")[0] for line in completed.stdout.splitlines() if "::test_horizon[" in line
+        }
+
+    default, widened = long_cases(), long_cases("--horizon", "300")
+    assert default and default < widened
+    assert not any("-16a8w-" in case for case in default)
+    assert "drv_prefill_decode_kv-16a8w-skip_mutbuf-SM8650-long" in widened
+
+
 def test_known_failure_patterns_treat_brackets_literally():
     entry = known_failures.load()[0]
     name = entry.pattern.replace("*", "x").replace("?", "x")

@@ -172,6 +172,26 @@ def test_registrations_per_execute_and_held_per_step_are_read_from_the_traces_co
     assert contract.step_registrations(None, 4) == []
 
 
+def test_a_plan_whose_methods_execute_different_numbers_of_graphs_is_split_per_method(tmp_path):
+    """A prefill method of two graphs and a decode method of one (a phone's multi-method program): the executes
+    are split by the graphs' names, each step's count read at its own last execute; names that cannot tell the
+    methods apart give nothing, never a wrong series."""
+    methods = ["prefill", "decode", "decode", "prefill", "decode"]
+    graphs = ["prefill_0", "prefill_1", "decode_0", "decode_0", "prefill_0", "prefill_1", "decode_0"]
+    assert contract.executes_per_step(graphs, methods) == [2, 1, 1, 2, 1]
+    trace = tmp_path / contract.TRACE_NAME
+    leaking = [{**_execute(5, 2 + n, 2 + n), "graph": graph} for n, graph in enumerate(graphs)]  # one more a graph
+    trace.write_text("".join(json.dumps(r) + "\n" for r in leaking))
+    assert contract.step_registrations(trace, 5) == [], "7 executes over 5 steps: not by count alone"
+    assert contract.step_registrations(trace, 5, methods) == [3, 4, 5, 7, 8]
+    assert contract.executes_per_step(["g"] * 7, methods) is None, "every graph named alike: no split"
+    assert contract.executes_per_step(graphs[:-1], methods) is None, "a step's graphs missing"
+    assert contract.executes_per_step(["a", "b"], ["one", "other"]) == [1, 1]
+    # a method that executes no graph (all on the CPU): its step could be any step's executes
+    assert contract.executes_per_step(["a", "a"], ["step", "read", "step"]) is None
+    assert contract.step_registrations(trace, 5, ["decode"] * 5) == [], "one method: the uniform rule"
+
+
 def test_a_trace_without_counts_gives_no_registrations():
     """An older interposer's trace (no `registrations`), or one with a record lacking it: nothing, never zeros."""
     bare = {"event": "execute", "pid": 5, "inputs": [], "outputs": []}
