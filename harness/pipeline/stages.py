@@ -48,12 +48,17 @@ def quantize(
     cache), as a user's calibration loop runs prefill and then decode. Nothing in executorch's flow makes the
     methods agree on a shared buffer's encoding, which cross_method_state then weighs.
 
-    Calibration runs the model, which mutates its buffers; they are reset to their registered values
-    afterwards so calibration never leaks into the initial state the device starts from. Returns the
-    converted methods, their facts (merged, each entry naming its method, when there are several) and a
-    multi-method card's buffer encodings by method.
+    Calibration runs the model, which mutates its state (the card's mutated buffers); the state is reset to
+    its registered values around it so calibration never leaks into the initial state the device starts
+    from. Only the state: QnnQuantizer's prepare rewrites constant buffers in place (an additive causal
+    mask's -inf becomes -65535, the quantizer's range), and a mask given its -inf back is observed as -inf,
+    an infinite scale QNN refuses ("Output def has a bad scale"). Returns the converted methods, their facts
+    (merged, each entry naming its method, when there are several) and a multi-method card's buffer
+    encodings by method.
     """
-    initial = {name: buffer.detach().clone() for name, buffer in model.named_buffers()}
+    initial = {
+        name: buffer.detach().clone() for name, buffer in model.named_buffers() if name in card.mutated_buffers
+    }
     per_method = method_calibration(card, calibration)
     prepared, before = {}, {}
     for method, rows in per_method.items():
