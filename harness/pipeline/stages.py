@@ -56,9 +56,7 @@ def quantize(
     (merged, each entry naming its method, when there are several) and a multi-method card's buffer
     encodings by method.
     """
-    initial = {
-        name: buffer.detach().clone() for name, buffer in model.named_buffers() if name in card.mutated_buffers
-    }
+    initial = {name: buffer.detach().clone() for name, buffer in model.named_buffers() if name in card.mutated_buffers}
     per_method = method_calibration(card, calibration)
     prepared, before = {}, {}
     for method, rows in per_method.items():
