@@ -216,6 +216,11 @@ class ModelCard:
     def multi_method(self) -> bool:
         return bool(self.methods)
 
+    @property
+    def method_names(self) -> tuple[str, ...]:
+        """The methods its program has: a single-method card is a plan of one method, forward."""
+        return self.methods or ("forward",)
+
     def step_methods(self, n: int) -> list[str]:
         """The method each of n steps runs (forward for a single-method card); ValueError for a plan that
         names a method the card does not declare, or has another length."""

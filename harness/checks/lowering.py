@@ -47,13 +47,13 @@ def check_annotation(outcome: CaseOutcome) -> dict:
     if facts is None:
         require_lowered(outcome)
         raise CheckFailure("quantization facts missing although lowering succeeded", signature="lowering_failed")
-    if outcome.case.card.multi_method:  # each method's quantized graph (harness/pipeline/stages.py quantize_multi)
+    if outcome.case.card.multi_method:  # each method's quantized graph (harness/pipeline/stages.py quantize)
         return per_method(outcome, lambda method: _annotation(_method_quantize_facts(facts, method)))
     return _annotation(facts)
 
 
 def _method_quantize_facts(facts: QuantizeFacts, method: str) -> QuantizeFacts:
-    """One method's entries of a multi-method program's merged quantization facts, which quantize_multi
+    """One method's entries of a multi-method program's merged quantization facts, which stages.quantize
     prefixes with "METHOD: " (the op of an annotation or q/dq entry, the buffer of a folded read)."""
     prefix = f"{method}: "
 

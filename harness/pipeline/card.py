@@ -8,16 +8,18 @@ and passing `--models MODULE`; nothing in the suite changes.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import re
+from typing import Any
 
 from harness.vocabulary import ModelCard
 
 # A card name becomes a test id, a folder on the device and a report cell: plain characters only.
 CARD_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
-__all__ = ["ModelCard", "cards", "find", "load_module", "register"]
+__all__ = ["ModelCard", "cards", "find", "load_module", "register", "variant"]
 
 _REGISTRY: dict[str, ModelCard] = {}
 
@@ -33,6 +35,13 @@ def register(card: ModelCard) -> ModelCard:
         raise ValueError(f"two model cards are named {card.name!r} ({_REGISTRY[card.name].module} and {card.module})")
     _REGISTRY[card.name] = card
     return card
+
+
+def variant(card: ModelCard, name: str, module: str, tags: frozenset[str] = frozenset(), **changes: Any) -> ModelCard:
+    """The card lowered or judged another way (e.g. online_prepare=True, fewer dtypes) under a name of its own
+    from `module` (where a child process finds it), with `tags` added: the same model and steps, not a copy of
+    them, so a difference between the two cards' results is the change's alone. Register it like any card."""
+    return dataclasses.replace(card, name=name, module=module, tags=card.tags | tags, **changes)
 
 
 def cards() -> list[ModelCard]:

@@ -252,16 +252,15 @@ class ExportedFacts:
 
 @dataclass(frozen=True)
 class PreparedFacts:
-    """A card x dtype's quantization, shared by its lowerings for every SoC and mode: its facts and program
-    (program.pt2, checked against program before use), or the error it failed with (error; neither of the
-    others), so a quantizer defect is met once per card and dtype and reported alike by all its cases."""
+    """A card x dtype's quantization, shared by its lowerings for every SoC and mode: its facts and each
+    method's program (<method>.pt2, checked against its ProgramFacts before use; forward alone for a
+    single-method card), or the error it failed with (error; neither of the others), so a quantizer defect is
+    met once per card and dtype and reported alike by all its cases."""
 
     quantize: QuantizeFacts | None
-    program: ProgramFacts | None
-    error: LoweringError | None = None
-    # A multi-method card's entry: each method's program (<method>.pt2; program is None) and encodings of each
-    # mutated buffer (LoweringFacts.buffer_encodings).
     methods: dict[str, ProgramFacts] = field(default_factory=dict)
+    error: LoweringError | None = None
+    # A multi-method card's encodings of each mutated buffer (LoweringFacts.buffer_encodings).
     buffer_encodings: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)
     modelled: dict[str, list[list[list[float]]]] = field(default_factory=dict)  # LoweringFacts.modelled
     schema_version: int = SCHEMA_VERSION
@@ -275,14 +274,13 @@ class PreparedFacts:
         def build(data: dict) -> PreparedFacts:
             facts = cls(
                 quantize=QuantizeFacts(**data["quantize"]) if data["quantize"] else None,
-                program=ProgramFacts(**data["program"]) if data["program"] else None,
+                methods={str(name): ProgramFacts(**program) for name, program in data["methods"].items()},
                 error=LoweringError(**data["error"]) if data.get("error") else None,
-                methods={str(name): ProgramFacts(**program) for name, program in data.get("methods", {}).items()},
                 buffer_encodings=dict(data.get("buffer_encodings", {})),
                 modelled=dict(data.get("modelled", {})),
             )
-            if facts.error is None and (facts.quantize is None or (facts.program is None) == (not facts.methods)):
-                raise KeyError("quantize or program")
+            if facts.error is None and (facts.quantize is None or not facts.methods):
+                raise KeyError("quantize or methods")
             return facts
 
         return _read(path, "prepared facts", build)

@@ -45,47 +45,15 @@ def main(argv: list[str]) -> int:
         started = now
 
     try:
-        from harness.pipeline import card as card_registry, prepared, stages
+        from harness.pipeline import card as card_registry
         from harness.pipeline.eager import build_model
 
         card = card_registry.find(request.card)
         model = build_model(card)
         calibration = card.steps(request.steps)
-        example = calibration[0]
         stage_done("import_and_build")
         recorder.start()
-        if card.multi_method:
-            _lower_multi(request, card, model, calibration, facts, stage_done, recorder)
-        else:
-            facts.export, facts.exported = prepared.export_facts(
-                _path(request.exported_dir), card, model, example, stage_done
-            )
-            if quantizes(request.dtype, request.mode):
-                shared = prepared.quantized(
-                    _path(request.prepared_dir), card, model, request.dtype, calibration, stage_done
-                )
-                facts.quantize, facts.quantized, model = shared.facts, shared.made, shared.module
-            if request.mode is Mode.META_LLAMA:
-                _lower_meta_llama(request, card, len(model.layers), facts, recorder)
-                stage_done("export_llama")
-            else:
-                edge = stages.lower(
-                    model,
-                    example,
-                    request.soc,
-                    request.dtype,
-                    request.mode.skip_mutable_buffer,
-                    online_prepare=card.online_prepare,
-                    profile_level=request.profile_level,
-                    shared_buffer=card.shared_buffer,
-                )
-                facts.partitions = PartitionFacts.of(stages.partition_facts(edge, card.mutated_buffers))
-                graphs = graphs_of(edge, ("forward",), recorder)
-                stage_done("lower")
-                executorch = edge.to_executorch(stages.backend_config(card))
-                write_bytes_atomically(out_dir / "model.pte", executorch.buffer)
-                facts.structure = structure_of(graphs, executorch)
-                stage_done("serialize")
+        _lower_plan(request, card, model, calibration, facts, stage_done, recorder)
         program = (out_dir / "model.pte").read_bytes()  # every path: what the cache checks before serving it
         facts.program = ProgramFacts(hashlib.sha256(program).hexdigest(), len(program))
     except QuantizationFailed as failed:  # here, or in the case that made the card and dtype's entry
@@ -98,19 +66,18 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _lower_multi(
+def _lower_plan(
     request: LoweringRequest, card, model, calibration: list[tuple], facts: LoweringFacts, stage_done, recorder
 ) -> None:
-    """A multi-method card: every method exported, quantized as its own program calibrated along
-    the plan (as users do, which is where two encodings of one buffer come from) and lowered together with a dict, then
-    serialized with share_mutable_buffers as the case says. The export facts and the quantized methods are
-    the card's and the card x dtype's shared entries, as a single-method card's (prepared.py)."""
+    """The card's methods (forward alone for a single-method card) exported, quantized as a program each
+    calibrated along the plan (as users do, which is where two encodings of one buffer come from) and lowered
+    together, then serialized with share_mutable_buffers as the case says. The export facts and the quantized
+    methods are the card's and the card x dtype's shared entries (prepared.py)."""
     from harness.pipeline import prepared, stages
 
-    per_method = stages.method_calibration(card, calibration)
-    examples = {method: rows[0] for method, rows in per_method.items()}
+    examples = {method: rows[0] for method, rows in stages.method_calibration(card, calibration).items()}
     facts.export, facts.exported = prepared.export_facts(_path(request.exported_dir), card, model, examples, stage_done)
-    methods = {method: stages.method_view(model, method) for method in card.methods}
+    methods = {method: stages.method_view(model, method) for method in card.method_names}
     if quantizes(request.dtype, request.mode):
         shared = prepared.quantized(
             _path(request.prepared_dir),
@@ -123,7 +90,11 @@ def _lower_multi(
         )
         facts.quantize, facts.quantized, methods = shared.facts, shared.made, shared.module
         facts.buffer_encodings, facts.modelled = shared.buffer_encodings, shared.modelled
-    edge = stages.lower_multi(
+    if request.mode is Mode.META_LLAMA:
+        _lower_meta_llama(request, card, len(model.layers), facts, recorder)
+        stage_done("export_llama")
+        return
+    edge = stages.lower(
         methods,
         examples,
         request.soc,
@@ -133,11 +104,12 @@ def _lower_multi(
         profile_level=request.profile_level,
         shared_buffer=card.shared_buffer,
     )
-    facts.partitions = PartitionFacts.of(stages.partition_facts_multi(edge, card.methods, card.mutated_buffers))
-    graphs = graphs_of(edge, tuple(card.methods), recorder)
+    facts.partitions = PartitionFacts.of(stages.partition_facts(edge, card))
+    graphs = graphs_of(edge, card.method_names, recorder)
     stage_done("lower")
-    program = edge.to_executorch(stages.backend_config_multi(card, request.share_mutable_buffers))
-    facts.methods = [plan.name for plan in program.executorch_program.execution_plan]
+    program = edge.to_executorch(stages.backend_config(card, request.share_mutable_buffers))
+    if card.multi_method:  # a single-method program's facts name no methods
+        facts.methods = [plan.name for plan in program.executorch_program.execution_plan]
     write_bytes_atomically(Path(request.out_dir) / "model.pte", program.buffer)
     facts.structure = structure_of(graphs, program)
     stage_done("serialize")
@@ -207,14 +179,12 @@ def _lower_meta_llama(request: LoweringRequest, card, n_layers: int, facts: Lowe
     out_dir = Path(request.out_dir)
     try:
         without = meta_llama.export(n_layers, request.dtype, request.soc, out_dir / "without_convert_bmm", False)
-        facts.partitions_without_convert_bmm = PartitionFacts.of(
-            stages.partition_facts(without.edge_manager, card.mutated_buffers)
-        )
+        facts.partitions_without_convert_bmm = PartitionFacts.of(stages.partition_facts(without.edge_manager, card))
     except Exception as error:
         text = str(error).strip()
         facts.without_convert_bmm_error = f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
     builder = meta_llama.export(n_layers, request.dtype, request.soc, out_dir)
-    facts.partitions = PartitionFacts.of(stages.partition_facts(builder.edge_manager, card.mutated_buffers))
+    facts.partitions = PartitionFacts.of(stages.partition_facts(builder.edge_manager, card))
     methods = [plan.name for plan in builder.export_program.executorch_program.execution_plan]
     facts.method_index = methods.index("forward")  # the runtime numbers methods in this order
     graphs = graphs_of(builder.edge_manager, ("forward",), recorder)  # serialized already: out variants included

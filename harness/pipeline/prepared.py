@@ -5,17 +5,14 @@ Runs inside the lowering child (harness.pipeline.lower_job). Neither stage depen
 mode (stages.export_facts and stages.quantize take neither; the QnnQuantizer has no per-SoC config), and the
 export facts not on the dtype either (every dtype lowers the same eager model), so a cold run did the export
 sixteen times and each quantization four times over. Each entry is a folder keyed by content
-(harness/pipeline/cache.py exported_key and prepared_key): export.json for a card; program.pt2 (the
-quantized program, torch.export.save) and prepared.json (its facts, or the error quantizing failed with,
-written last) for a card x dtype. Each
-is made under a file lock, so workers needing the same entry wait for the one that makes it.
-
-A multi-method card shares the same way, its entry holding a program per method: export.json has
-the union of what its methods mutate (stages.export_facts_multi), and the card x dtype's entry <method>.pt2
-for each method (each quantized with its own calibration: stages.quantize_multi) and, in prepared.json, their
-facts and each method's encodings of the shared buffers. Its cases (two buffer modes, with and without
-share_mutable_buffers, each SoC) differ only in how the methods are lowered and serialized, yet each case
-exported and quantized both methods again before (measured: about 11 s a case, 4-5 times a zoo case's).
+(harness/pipeline/cache.py exported_key and prepared_key): export.json for a card (the union of what its
+methods mutate); <method>.pt2 for each of the card's methods (forward.pt2 for a single-method card: the
+quantized programs, torch.export.save, each quantized with its own calibration) and prepared.json (their
+facts, a multi-method card's encodings of the shared buffers, or the error quantizing failed with, written
+last) for a card x dtype. Each is made under a file lock, so workers needing the same entry wait for the one
+that makes it. A multi-method card's cases (two buffer modes, with and without share_mutable_buffers, each
+SoC) differ only in how the methods are lowered and serialized, yet each case exported and quantized both
+methods again before (measured: about 11 s a case, 4-5 times a zoo case's).
 
 Why on disk rather than kept in a process that forks the lowerings: the quantized module exists only after
 calibration ran tensor ops, and a fork server must not run any (its children would inherit a torch thread
@@ -70,9 +67,7 @@ from harness.user_state import (
 )
 
 T = TypeVar("T")
-PROGRAM = "program.pt2"
-SEAL_SUFFIX = ".hmac"
-SEAL = PROGRAM + SEAL_SUFFIX  # HMAC-SHA256 of the program under this user's key: only programs this user made are read
+SEAL_SUFFIX = ".hmac"  # <method>.pt2.hmac: HMAC-SHA256 of the program under this user's key: only programs this user made are read
 KEY_FILE = "cache-hmac.key"  # in the user's private state folder (harness/user_state.py)
 FACTS = "prepared.json"
 EXPORT_FACTS = "export.json"
@@ -80,33 +75,34 @@ EXPORT_FACTS = "export.json"
 _PRELOADED: dict[str, torch.nn.Module] = {}
 
 
-Example = tuple | dict[str, tuple]  # a multi-method card's: one per method
-Program = torch.nn.Module | dict[str, torch.nn.Module]  # a multi-method card's: one per method
+Programs = dict[str, torch.nn.Module]  # by method, in the card's order (forward alone for a single-method card)
 
 
 @dataclass
 class Quantized:
     facts: QuantizeFacts
-    module: Program  # the quantized program to lower (a multi-method card's: a dict, as stages.lower takes)
+    module: Programs  # the quantized methods to lower, as stages.lower takes them
     made: bool  # quantized here, not read from the card and dtype's entry
     buffer_encodings: dict[str, dict[str, dict[str, str]]]  # a multi-method card's (stages.buffer_encodings)
     modelled: dict[str, list[list[list[float]]]]  # a multi-method card's (stages.quantized_models)
 
 
-def _exported(card: ModelCard, model: torch.nn.Module, example: Example) -> ExportFacts:
-    if card.multi_method:
-        return ExportFacts(**stages.export_facts_multi(card, model, example))
-    return ExportFacts(**stages.export_facts(card, model, example))
+def _exported(card: ModelCard, model: torch.nn.Module, examples: dict[str, tuple]) -> ExportFacts:
+    return ExportFacts(**stages.export_facts(card, model, examples))
 
 
 def export_facts(
-    directory: Path | None, card: ModelCard, model: torch.nn.Module, example: Example, stage_done: Callable[[str], None]
+    directory: Path | None,
+    card: ModelCard,
+    model: torch.nn.Module,
+    examples: dict[str, tuple],
+    stage_done: Callable[[str], None],
 ) -> tuple[ExportFacts, bool]:
     """The card's export facts from its entry, computed now (and written) if missing or damaged, and whether
     they were computed here; directory None: this case's own. Asked before quantizing, so a quantization
-    that fails leaves the export check its facts. example: a multi-method card's is a dict, one per method."""
+    that fails leaves the export check its facts. examples: one per method."""
     if directory is None:
-        facts = _exported(card, model, example)
+        facts = _exported(card, model, examples)
         stage_done("export")
         return facts, True
     with _locked(directory):
@@ -120,7 +116,7 @@ def export_facts(
                 print(
                     f"qnnsuite: export facts {directory.name} are damaged ({error}); exporting again", file=sys.stderr
                 )
-        facts = _exported(card, model, example)
+        facts = _exported(card, model, examples)
         ExportedFacts(facts).write(path)
         stage_done("export")
         return facts, True
@@ -138,9 +134,8 @@ def quantized(
     """The card's quantized program in dtype from its entry, made now if missing or damaged; directory None:
     this case's own, in memory (the quantized module lowered itself, as every case was before entries
     were shared). QuantizationFailed if it failed, now or when the entry was made (a failure of the
-    machine is raised as it is and not kept). A multi-method card's program is a dict of its methods', and
-    its entry keeps the quantized programs run on the plan (stages.quantized_models; writes: what each method
-    writes, the export facts' methods)."""
+    machine is raised as it is and not kept). A multi-method card's entry also keeps the quantized programs
+    run on the plan (stages.quantized_models; writes: what each method writes, the export facts' methods)."""
     if directory is None:
         converted, facts, encodings, modelled = _failing_once(
             None, lambda: _quantized_now(card, model, dtype, calibration, writes)
@@ -164,15 +159,12 @@ def quantized(
 def _quantized_now(
     card: ModelCard, model: torch.nn.Module, dtype: str, calibration: list[tuple], writes: dict[str, list[str]] | None
 ) -> tuple[dict[str, tuple[torch.nn.Module, tuple]], dict, dict[str, dict[str, dict[str, str]]], dict]:
-    """The card quantized now: its programs by their file in the entry (program.pt2, or <method>.pt2 each),
-    each with its example (what it is exported with to be saved); its facts; its methods' buffer encodings;
-    a multi-method card's quantized programs run on the plan (stages.quantized_models)."""
-    if not card.multi_method:
-        converted, facts = stages.quantize(card, model, dtype, calibration)
-        return {PROGRAM: (converted, calibration[0])}, facts, {}, {}
+    """The card quantized now: its programs by their file in the entry (<method>.pt2 each), each with its
+    example (what it is exported with to be saved); its facts; a multi-method card's buffer encodings and
+    quantized programs run on the plan (stages.quantized_models: a lone method has no other to hand state to)."""
     per_method = stages.method_calibration(card, calibration)
-    converted, facts, encodings = stages.quantize_multi(card, model, dtype, calibration)
-    modelled = stages.quantized_models(card, converted, calibration, writes)
+    converted, facts, encodings = stages.quantize(card, model, dtype, calibration)
+    modelled = stages.quantized_models(card, converted, calibration, writes) if card.multi_method else {}
     files = {_file(method): (module, per_method[method][0]) for method, module in converted.items()}
     return files, facts, encodings, modelled
 
@@ -187,20 +179,16 @@ def _file(method: str) -> str:
 
 def _wanted(card: ModelCard) -> frozenset[str]:
     """The files of the card's programs in its entries."""
-    return frozenset(_file(method) for method in card.methods) if card.multi_method else frozenset({PROGRAM})
+    return frozenset(_file(method) for method in card.method_names)
 
 
-def _program(card: ModelCard, modules: dict[str, torch.nn.Module]) -> Program:
-    """The modules by file, as the lowering takes them: one, or a dict by method in the card's order."""
-    if not card.multi_method:
-        return modules[PROGRAM]
-    return {method: modules[_file(method)] for method in card.methods}
+def _program(card: ModelCard, modules: dict[str, torch.nn.Module]) -> Programs:
+    """The modules by file, as the lowering takes them: by method in the card's order."""
+    return {method: modules[_file(method)] for method in card.method_names}
 
 
 def _files(facts: PreparedFacts) -> dict[str, ProgramFacts]:
     """A complete entry's programs by file."""
-    if facts.program is not None:
-        return {PROGRAM: facts.program}
     return {_file(method): program for method, program in facts.methods.items()}
 
 
@@ -214,7 +202,7 @@ def _failing_once(directory: Path | None, quantize: Callable[[], T]) -> T:
     except Exception as error:
         failed = lowering_error(error, traceback.format_exc())
         if directory is not None:
-            PreparedFacts(None, None, failed).write(directory / FACTS)
+            PreparedFacts(None, error=failed).write(directory / FACTS)
         raise QuantizationFailed(failed, made=True) from error
 
 
@@ -246,13 +234,8 @@ def _quantize(
         write_bytes_atomically(directory / name, data)
         write_bytes_atomically(directory / _seal_file(name), _seal(data).encode())
         programs[name], modules[name] = ProgramFacts(hashlib.sha256(data).hexdigest(), len(data)), _load(data)
-    if card.multi_method:
-        by_method = {name.removesuffix(".pt2"): program for name, program in programs.items()}
-        facts = PreparedFacts(
-            QuantizeFacts(**quantize_facts), None, methods=by_method, buffer_encodings=encodings, modelled=modelled
-        )
-    else:
-        facts = PreparedFacts(QuantizeFacts(**quantize_facts), programs[PROGRAM])
+    by_method = {name.removesuffix(".pt2"): program for name, program in programs.items()}
+    facts = PreparedFacts(QuantizeFacts(**quantize_facts), by_method, buffer_encodings=encodings, modelled=modelled)
     facts.write(directory / FACTS)
     return facts, modules
 
@@ -273,11 +256,9 @@ def preload(directory: Path) -> None:
         return  # not made yet, damaged or not sealed: the child makes it, or says why and makes it again
 
 
-def _read_entry(
-    directory: Path, wanted: frozenset[str] = frozenset({PROGRAM})
-) -> tuple[PreparedFacts, dict[str, torch.nn.Module]] | None:
-    """The entry if it is complete (a failed one has no program), holds the programs wanted (by file: the
-    card's one, or one per method) and each is the one its facts describe; None (said in the lowering's log)
+def _read_entry(directory: Path, wanted: frozenset[str]) -> tuple[PreparedFacts, dict[str, torch.nn.Module]] | None:
+    """The entry if it is complete (a failed one has no program), holds the programs wanted (by file: one
+    per method of the card) and each is the one its facts describe; None (said in the lowering's log)
     if it must be made again."""
     if not (directory / FACTS).exists():
         return None
@@ -308,7 +289,7 @@ def _program_bytes(directory: Path, name: str, program: ProgramFacts) -> bytes:
     """The entry's program in file `name`, if it is the one its facts describe and this user sealed it (else
     FactsError).
 
-    torch.export.load unpickles: a program.pt2 planted with a matching prepared.json would run code in the
+    torch.export.load unpickles: a <method>.pt2 planted with a matching prepared.json would run code in the
     lowering server. The sha256 in the facts only says the files agree; the seal, an HMAC under a key only
     this user can read, says this user's suite wrote them."""
     data = (directory / name).read_bytes()

@@ -23,26 +23,74 @@ from harness.vocabulary import BLOCK_DTYPE, QUANT_DTYPES
 WEIGHT_BLOCK = 16
 
 
-def export_facts(card: ModelCard, model: torch.nn.Module, example: tuple) -> dict[str, Any]:
-    """buffers_to_mutate appear only after run_decompositions() (torch.export alone lists none)."""
-    program = torch.export.export(copy.deepcopy(model), example).run_decompositions({})
-    mutated = dict(program.graph_signature.buffers_to_mutate)
-    return {"buffers_to_mutate": sorted(set(mutated.values())), "expected": sorted(card.mutated_buffers)}
+def export_facts(card: ModelCard, model: torch.nn.Module, examples: dict[str, tuple]) -> dict[str, Any]:
+    """What the methods mutate, as their union: buffers_to_mutate appear only after run_decompositions()
+    (torch.export alone lists none), and a buffer written by one method and read by another is mutated in the
+    writer's program only. A multi-method card's also say what each method writes (the per-method checks'
+    expectation)."""
+    per_method: dict[str, list[str]] = {}
+    for method, example in examples.items():
+        program = torch.export.export(copy.deepcopy(method_view(model, method)), example).run_decompositions({})
+        per_method[method] = sorted(set(program.graph_signature.buffers_to_mutate.values()))
+    facts: dict[str, Any] = {
+        "buffers_to_mutate": sorted({name for names in per_method.values() for name in names}),
+        "expected": sorted(card.mutated_buffers),
+    }
+    return {**facts, "methods": per_method} if card.multi_method else facts
 
 
 def quantize(
     card: ModelCard, model: torch.nn.Module, dtype: str, calibration: list[tuple]
-) -> tuple[torch.nn.Module, dict]:
-    """PTQ with QnnQuantizer; MinMaxObserver so state that grows step by step is not clipped.
+) -> tuple[dict[str, torch.nn.Module], dict, dict[str, dict[str, dict[str, str]]]]:
+    """PTQ with QnnQuantizer, each method as its own program; MinMaxObserver so state that grows step by step
+    is not clipped. Calibrated as users calibrate: the card's plan run on the prepared methods with the state
+    carried from one method to the next (decode calibrated on the cache prefill leaves, not on the zero
+    cache), as a user's calibration loop runs prefill and then decode. Nothing in executorch's flow makes the
+    methods agree on a shared buffer's encoding, which cross_method_state then weighs.
 
-    Calibration runs the model, which mutates its buffers; they are reset to their registered values
-    afterwards so calibration never leaks into the initial state the device starts from.
+    Calibration runs the model, which mutates its state (the card's mutated buffers); the state is reset to
+    its registered values around it so calibration never leaks into the initial state the device starts
+    from. Only the state: QnnQuantizer's prepare rewrites constant buffers in place (an additive causal
+    mask's -inf becomes -65535, the quantizer's range), and a mask given its -inf back is observed as -inf,
+    an infinite scale QNN refuses ("Output def has a bad scale"). Returns the converted methods, their facts
+    (merged, each entry naming its method, when there are several) and a multi-method card's buffer
+    encodings by method.
     """
-    initial = {name: buffer.detach().clone() for name, buffer in model.named_buffers()}
-    prepared, before = _prepare(card, model, dtype, calibration[0])
-    for inputs in calibration:
-        prepared(*inputs)
-    return _convert(card, prepared, before, initial)
+    initial = {name: buffer.detach().clone() for name, buffer in model.named_buffers() if name in card.mutated_buffers}
+    per_method = method_calibration(card, calibration)
+    prepared, before = {}, {}
+    for method, rows in per_method.items():
+        _restore_buffers(model, initial)
+        prepared[method], before[method] = _prepare(card, method_view(model, method), dtype, rows[0])
+        _restore_buffers(prepared[method], initial)
+    plan = card.step_methods(len(calibration))
+    eager.run_plan_as(prepared.__getitem__, _call_method, plan, calibration, "carried", card.mutated_buffers)
+    converted, merged, encodings = {}, _JoinedQuantizeFacts(), {}
+    for method in card.method_names:
+        converted[method], facts = _convert(card, prepared[method], before[method], initial)
+        merged.add(facts, f"{method}: " if card.multi_method else "")
+        if card.multi_method:
+            encodings[method] = buffer_encodings(converted[method], card.mutated_buffers)
+    _restore_buffers(model, initial)
+    return converted, merged.facts, encodings
+
+
+class _JoinedQuantizeFacts:
+    """The methods' quantization facts joined, each entry named by its method's prefix ("" for forward alone)."""
+
+    def __init__(self) -> None:
+        self.facts: dict[str, Any] = {
+            "annotated_buffer_inputs": [],
+            "qdq_around_buffers": [],
+            "folded_buffer_reads": {},
+        }
+
+    def add(self, facts: dict[str, Any], prefix: str) -> None:
+        for key in ("annotated_buffer_inputs", "qdq_around_buffers"):
+            self.facts[key] += [{**entry, "op": f"{prefix}{entry['op']}"} for entry in facts[key]]
+        self.facts["folded_buffer_reads"].update(
+            {f"{prefix}{name}": counts for name, counts in facts["folded_buffer_reads"].items()}
+        )
 
 
 def _prepare(card: ModelCard, model: torch.nn.Module, dtype: str, example: tuple) -> tuple[torch.fx.GraphModule, dict]:
@@ -168,8 +216,8 @@ def qdq_around_buffers(converted: torch.fx.GraphModule, buffers: tuple[str, ...]
 
 
 def lower(
-    model: torch.nn.Module | dict[str, torch.nn.Module],
-    example: tuple | dict[str, tuple],
+    methods: dict[str, torch.nn.Module],
+    examples: dict[str, tuple],
     soc_name: str,
     dtype: str,
     skip_mutable_buffer: bool,
@@ -177,7 +225,9 @@ def lower(
     profile_level: int = 0,
     shared_buffer: bool = False,
 ):
-    """online_prepare: the card's ModelCard.online_prepare (the device composes the graph from QNN IR at load);
+    """All methods lowered together, as one program (a dict of modules and inputs, one compiler spec, which
+    to_edge_transform_and_lower_to_qnn takes as a method each; a lone module is its {"forward": module}).
+    online_prepare: the card's ModelCard.online_prepare (the device composes the graph from QNN IR at load);
     shared_buffer: the card's ModelCard.shared_buffer (graph I/O in memory the application shares with QNN);
     profile_level: executorch's QNN profiling (--profile-level; 0 off), a program of its own (cached apart)."""
     from executorch.backends.qualcomm.utils.utils import (
@@ -195,7 +245,7 @@ def lower(
         shared_buffer=shared_buffer,
     )
     with private_working_folder() if online_prepare else contextlib.nullcontext():
-        return to_edge_transform_and_lower_to_qnn(model, example, specs, skip_mutable_buffer=skip_mutable_buffer)
+        return to_edge_transform_and_lower_to_qnn(methods, examples, specs, skip_mutable_buffer=skip_mutable_buffer)
 
 
 @contextlib.contextmanager
@@ -211,9 +261,26 @@ def private_working_folder() -> Iterator[None]:
         yield
 
 
-def partition_facts(edge_manager, buffers: tuple[str, ...]) -> dict[str, Any]:
-    """Delegates in the lowered top-level graph, and which mutated buffers stayed outside them."""
-    return _partition_facts_of(edge_manager.exported_program(), buffers)
+def partition_facts(edge_manager, card: ModelCard) -> dict[str, Any]:
+    """Delegates in each method's lowered top-level graph, and which mutated buffers stayed outside them. A
+    multi-method card's joined: delegates named by method, ops and buffers outside as unions, each method's
+    own under "methods" (what the partitions check judges per method)."""
+    per_method = {
+        method: _partition_facts_of(edge_manager.exported_program(method), card.mutated_buffers)
+        for method in card.method_names
+    }
+    if not card.multi_method:
+        return per_method["forward"]
+    return {
+        "delegates": [
+            {**delegate, "name": f"{method}.{delegate['name']}"}
+            for method, facts in per_method.items()
+            for delegate in facts["delegates"]
+        ],
+        "ops_outside": sorted({op for facts in per_method.values() for op in facts["ops_outside"]}),
+        "buffers_outside": sorted({name for facts in per_method.values() for name in facts["buffers_outside"]}),
+        "methods": per_method,
+    }
 
 
 def _partition_facts_of(program, buffers: tuple[str, ...]) -> dict[str, Any]:
@@ -236,8 +303,10 @@ def _partition_facts_of(program, buffers: tuple[str, ...]) -> dict[str, Any]:
     return {"delegates": delegates, "ops_outside": outside_ops, "buffers_outside": buffers_outside}
 
 
-def backend_config(card: ModelCard):
-    """Serialize with the card's buffers marked as initialised.
+def backend_config(card: ModelCard, share_mutable_buffers: bool = False):
+    """Serialize with the card's buffers marked as initialised, and memory planned as the case says
+    (share_mutable_buffers: one allocation per mutable buffer for every method, as executorch's LLM export
+    builder passes MemoryPlanningPass(share_mutable_buffers=True)).
 
     ExecuTorch leaves mutable buffers uninitialised unless InitializedMutableBufferPass names them
     (measured: without it even the portable runtime starts an arange buffer at zeros). A stateful
@@ -250,11 +319,12 @@ def backend_config(card: ModelCard):
     # The pass matches placeholder names, where an FQN's dots are underscores (b_layers_0_..._k_cache).
     patterns = [name.replace(".", "_") for name in card.mutated_buffers]
     return ExecutorchBackendConfig(
-        passes=[InitializedMutableBufferPass(patterns)], memory_planning_pass=memory_planning(card)
+        passes=[InitializedMutableBufferPass(patterns)],
+        memory_planning_pass=memory_planning(card, share_mutable_buffers),
     )
 
 
-def memory_planning(card: ModelCard, share_mutable_buffers: bool = False):
+def memory_planning(card: ModelCard, share_mutable_buffers: bool):
     """executorch's MemoryPlanningPass as the card's program needs it: a shared-buffer card's graph inputs and
     outputs unplanned, so the application supplies their memory (what upstream's export_utils.py does for
     shared_buffer); share_mutable_buffers: one allocation per mutable buffer for every method."""
@@ -267,11 +337,12 @@ def memory_planning(card: ModelCard, share_mutable_buffers: bool = False):
     )
 
 
-# Multi-method cards ----------------------------------------------------------------------------
 def method_view(model: torch.nn.Module, method: str) -> torch.nn.Module:
     """The model with `method` as its forward, sharing the model's state (its __dict__: parameters and
     buffers are the same tensors, under the same names), so every method exports the buffer under one FQN,
-    which is what share_mutable_buffers pairs across methods."""
+    which is what share_mutable_buffers pairs across methods. forward is the model itself."""
+    if method == "forward":
+        return model
     cls = type(model)
     view_class = type(f"{cls.__name__}_{method}", (cls,), {"forward": getattr(cls, method)})
     view = view_class.__new__(view_class)
@@ -283,7 +354,7 @@ def method_calibration(card: ModelCard, calibration: list[tuple]) -> dict[str, l
     """Each method's inputs from the card's plan, in the card's method order; the first is its example."""
     plan = card.step_methods(len(calibration))
     per_method = {
-        method: [inputs for name, inputs in zip(plan, calibration) if name == method] for method in card.methods
+        method: [inputs for name, inputs in zip(plan, calibration) if name == method] for method in card.method_names
     }
     missing = [method for method, rows in per_method.items() if not rows]
     if missing:
@@ -292,18 +363,6 @@ def method_calibration(card: ModelCard, calibration: list[tuple]) -> dict[str, l
             f"a plan must run every declared method"
         )
     return per_method
-
-
-def export_facts_multi(card: ModelCard, model: torch.nn.Module, examples: dict[str, tuple]) -> dict[str, Any]:
-    """The union of what the methods mutate (a buffer written by one method and read by another is mutated
-    in the writer's program only)."""
-    mutated: set[str] = set()
-    per_method: dict[str, list[str]] = {}  # what each method writes: the per-method checks' expectation
-    for method, example in examples.items():
-        program = torch.export.export(copy.deepcopy(method_view(model, method)), example).run_decompositions({})
-        per_method[method] = sorted(set(program.graph_signature.buffers_to_mutate.values()))
-        mutated |= set(per_method[method])
-    return {"buffers_to_mutate": sorted(mutated), "expected": sorted(card.mutated_buffers), "methods": per_method}
 
 
 def _encoding(node: torch.fx.Node) -> str:
@@ -327,46 +386,6 @@ def buffer_encodings(converted: torch.fx.GraphModule, buffers: tuple[str, ...]) 
             if isinstance(source, torch.fx.Node) and "dequantize_per_tensor" in str(source.target):
                 found.setdefault(nodes[node.args[0]], {})["write"] = _encoding(source)
     return found
-
-
-def quantize_multi(
-    card: ModelCard, model: torch.nn.Module, dtype: str, calibration: list[tuple]
-) -> tuple[dict[str, torch.nn.Module], dict, dict[str, dict[str, dict[str, str]]]]:
-    """Each method quantized as its own program, calibrated as users calibrate: the card's plan run on the
-    prepared methods with the state carried from one method to the next (decode calibrated on the cache
-    prefill leaves, not on the zero cache), as a user's calibration loop runs prefill and then decode.
-    Nothing in executorch's flow makes the methods agree on a shared buffer's encoding, which
-    cross_method_state then weighs. Returns the converted methods, their facts merged (each entry names its
-    method) and each method's buffer encodings."""
-    initial = {name: buffer.detach().clone() for name, buffer in model.named_buffers()}
-    per_method = method_calibration(card, calibration)
-    prepared, before = {}, {}
-    for method, rows in per_method.items():
-        _restore_buffers(model, initial)
-        prepared[method], before[method] = _prepare(card, method_view(model, method), dtype, rows[0])
-        _restore_buffers(prepared[method], initial)
-    plan = card.step_methods(len(calibration))
-    eager.run_plan_as(prepared.__getitem__, _call_method, plan, calibration, "carried", card.mutated_buffers)
-    converted, merged, encodings = (
-        {},
-        {"annotated_buffer_inputs": [], "qdq_around_buffers": [], "folded_buffer_reads": {}},
-        {},
-    )
-    for method in card.methods:
-        module, facts = _convert(card, prepared[method], before[method], initial)
-        converted[method] = module
-        merged["annotated_buffer_inputs"] += [
-            {**entry, "op": f"{method}: {entry['op']}"} for entry in facts["annotated_buffer_inputs"]
-        ]
-        merged["qdq_around_buffers"] += [
-            {**entry, "op": f"{method}: {entry['op']}"} for entry in facts["qdq_around_buffers"]
-        ]
-        merged["folded_buffer_reads"].update(
-            {f"{method}: {name}": counts for name, counts in facts["folded_buffer_reads"].items()}
-        )
-        encodings[method] = buffer_encodings(module, card.mutated_buffers)
-    _restore_buffers(model, initial)
-    return converted, merged, encodings
 
 
 def _call_method(module: torch.nn.Module, method: str, inputs: tuple) -> object:
@@ -406,40 +425,3 @@ def quantized_models(
         models[model] = [[array.astype("float64").reshape(-1).tolist() for array in row] for row in outputs]
     size = sum(len(values) for outputs in models.values() for row in outputs for values in row)
     return models if size <= MODELLED_ELEMENTS_MAX else {}
-
-
-def lower_multi(
-    methods: dict[str, torch.nn.Module],
-    examples: dict[str, tuple],
-    soc_name: str,
-    dtype: str,
-    skip_mutable_buffer: bool,
-    online_prepare: bool = False,
-    profile_level: int = 0,
-    shared_buffer: bool = False,
-):
-    """All methods lowered together, as one program (a dict of modules and inputs, one compiler spec): lower()
-    with dicts, which to_edge_transform_and_lower_to_qnn takes as a method each."""
-    return lower(methods, examples, soc_name, dtype, skip_mutable_buffer, online_prepare, profile_level, shared_buffer)
-
-
-def partition_facts_multi(edge_manager, methods: tuple[str, ...], buffers: tuple[str, ...]) -> dict[str, Any]:
-    """partition_facts of every method, joined: delegates named by method, ops and buffers outside as unions;
-    each method's own under "methods"."""
-    joined: dict[str, Any] = {"delegates": [], "ops_outside": set(), "buffers_outside": set(), "methods": {}}
-    for method in methods:
-        program = edge_manager.exported_program(method)
-        facts = _partition_facts_of(program, buffers)
-        joined["methods"][method] = facts  # each method's own, what the partitions check judges per method
-        joined["delegates"] += [{**d, "name": f"{method}.{d['name']}"} for d in facts["delegates"]]
-        joined["ops_outside"] |= set(facts["ops_outside"])
-        joined["buffers_outside"] |= set(facts["buffers_outside"])
-    return {key: sorted(value) if isinstance(value, set) else value for key, value in joined.items()}
-
-
-def backend_config_multi(card: ModelCard, share_mutable_buffers: bool):
-    """backend_config, with memory planning sharing mutable buffers across methods when asked (executorch's
-    MemoryPlanningPass(share_mutable_buffers=True), as its LLM export builder passes it)."""
-    config = backend_config(card)
-    config.memory_planning_pass = memory_planning(card, share_mutable_buffers)
-    return config

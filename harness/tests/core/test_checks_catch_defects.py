@@ -94,7 +94,9 @@ def _run_on_simulator(outcome: CaseOutcome, toolchain, directory: Path, faults: 
 def test_export_check_catches_a_misdeclared_buffer():
     for card, should_pass in ((broken_cards.MISDECLARED, False), (cards.find("fixtures.zoo:counter_add"), True)):
         steps = card.steps(1)
-        facts = LoweringFacts(export=ExportFacts(**stages.export_facts(card, eager.build_model(card), steps[0])))
+        facts = LoweringFacts(
+            export=ExportFacts(**stages.export_facts(card, eager.build_model(card), {"forward": steps[0]}))
+        )
         outcome = _outcome(Case(card, "fp16", Mode.DELEGATE, "SM8650"), facts, steps)
         if should_pass:
             lowering.check_export(outcome)

@@ -94,8 +94,8 @@ def test_the_block_dtype_quantizes_linear_weights_to_4_bits_with_a_scale_per_blo
         "scale": (OUT_FEATURES, IN_FEATURES // stages.WEIGHT_BLOCK),
         "range": (-7, 7),
     }
-    assert _weight_dequantizations(quantized[BLOCK_DTYPE][0]) == [expected]
-    plain = _weight_dequantizations(quantized["16a4w"][0])
+    assert _weight_dequantizations(quantized[BLOCK_DTYPE][0]["forward"]) == [expected]
+    plain = _weight_dequantizations(quantized["16a4w"][0]["forward"])
     assert plain == [{"op": "quantized_decomposed.dequantize_per_tensor.default", "range": (-7, 7)}], plain
     assert quantized[BLOCK_DTYPE][1] == quantized["16a4w"][1]
 

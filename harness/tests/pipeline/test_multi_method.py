@@ -52,7 +52,7 @@ def test_plan_runs_every_method_and_state_crosses_them(card: ModelCard):
 def test_methods_together_mutate_exactly_the_declared_buffers(card: ModelCard):
     per_method = stages.method_calibration(card, card.steps(STEPS))
     examples = {method: rows[0] for method, rows in per_method.items()}
-    facts = stages.export_facts_multi(card, eager.build_model(card), examples)
+    facts = stages.export_facts(card, eager.build_model(card), examples)
     assert facts["buffers_to_mutate"] == sorted(card.mutated_buffers)
 
 

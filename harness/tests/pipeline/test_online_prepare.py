@@ -60,6 +60,26 @@ def test_the_family_is_in_the_default_matrix_online_prepared_and_narrowed():
     assert not any(card.online_prepare for card in cards.cards() if card.module != online_prepare.__name__)
 
 
+@pytest.mark.parametrize(
+    ("name", "offline"), [("online_prepare_counter", "counter_add"), ("online_prepare_kv_write", "kv_gather_written")]
+)
+def test_each_card_is_a_zoo_card_prepared_online(name, offline):
+    """A variant, not a copy: the zoo card's model, steps and buffers, so a difference from its offline results
+    is the prepare path's alone; only the name, module, tags, dtypes and online_prepare differ."""
+    card, zoo_card = cards.find(f"{online_prepare.__name__}:{name}"), cards.find(f"fixtures.zoo:{offline}")
+    assert (card.build, card.steps, card.mutated_buffers) == (zoo_card.build, zoo_card.steps, zoo_card.mutated_buffers)
+    assert card.online_prepare and not zoo_card.online_prepare and card.tags == zoo_card.tags | {"online_prepare"}
+    assert card.module == online_prepare.__name__ and zoo_card.module == "fixtures.zoo"
+
+
+def test_a_variant_leaves_its_card_as_it_was():
+    zoo_card = cards.find("fixtures.zoo:counter_add")
+    changed = cards.variant(zoo_card, "counter_add_online", "my.cards", tags=frozenset({"x"}), online_prepare=True)
+    assert (changed.name, changed.module, changed.online_prepare) == ("counter_add_online", "my.cards", True)
+    assert changed.tags == zoo_card.tags | {"x"} and changed.build is zoo_card.build
+    assert (zoo_card.name, zoo_card.online_prepare, zoo_card.tags) == ("counter_add", False, frozenset({"counter"}))
+
+
 @pytest.mark.parametrize("option", ["online_prepare", "shared_buffer"])  # ModelCard's compiler-spec options
 @pytest.mark.parametrize("value", [False, True])
 def test_lower_puts_the_cards_option_in_the_compiler_spec(monkeypatch, option, value):
@@ -73,11 +93,9 @@ def test_lower_puts_the_cards_option_in_the_compiler_spec(monkeypatch, option, v
 
     monkeypatch.setattr(utils, "generate_qnn_executorch_compiler_spec", spec)
     monkeypatch.setattr(utils, "to_edge_transform_and_lower_to_qnn", lambda model, example, specs, **kw: specs)
-    assert stages.lower(object(), (), "SM8650", "fp16", False, **{option: value}) == ["spec"]
+    assert stages.lower({"forward": object()}, {"forward": ()}, "SM8650", "fp16", False, **{option: value}) == ["spec"]
     assert seen.pop(option) is value
-    assert stages.lower_multi({"prefill": object()}, {"prefill": ()}, "SM8650", "fp16", False, **{option: value}) == [
-        "spec"
-    ]
+    assert stages.lower({"prefill": object()}, {"prefill": ()}, "SM8650", "fp16", False, **{option: value}) == ["spec"]
     assert seen.pop(option) is value, "a multi-method card's option reaches its one compiler spec too"
 
 
@@ -100,7 +118,7 @@ def test_an_online_prepared_lowering_writes_and_reads_its_dlc_in_a_private_folde
     monkeypatch.setattr(utils, "generate_qnn_executorch_compiler_spec", lambda **options: [options])
     monkeypatch.setattr(utils, "to_edge_transform_and_lower_to_qnn", lower_like_qnn_ir)
     monkeypatch.chdir(tmp_path)
-    stages.lower(object(), (), "SM8650", "fp16", False, online_prepare=True)
+    stages.lower({"forward": object()}, {"forward": ()}, "SM8650", "fp16", False, online_prepare=True)
     ((folder, mode, read),) = seen
     assert folder != tmp_path and mode == 0o700 and read == "composed"
     assert not folder.exists(), "the private folder goes with the lowering"

@@ -20,7 +20,7 @@ from harness.case_store import CaseStore
 from harness.pipeline import cache, card as cards, lower_job, prepared
 from harness.pipeline.facts import ExportFacts, LoweringFacts, LoweringRequest, PreparedFacts
 from harness.pipeline.lower import lower_case
-from harness.pipeline.prepared import EXPORT_FACTS, FACTS, PROGRAM
+from harness.pipeline.prepared import EXPORT_FACTS, FACTS
 from harness.tests import broken_cards
 from harness.tests.child_suite import run_suite
 from harness.tests.device.test_reliability import SuiteRun
@@ -28,6 +28,7 @@ from harness.tests.pipeline.test_lower_server import _comparable, _without_signa
 from harness.vocabulary import Case, Mode
 
 pytestmark = pytest.mark.qnn
+PROGRAM = "forward.pt2"  # a single-method card's program in its prepared entry
 CARD, DTYPE, SOCS, STEPS = "counter_add", "8a8w", ("SM8650", "SM8750"), 4
 CASES = [
     Case(cards.find(f"fixtures.zoo:{CARD}"), DTYPE, mode, soc) for soc in SOCS for mode in (Mode.DELEGATE, Mode.SKIP)
@@ -108,7 +109,7 @@ def test_shared_programs_are_the_per_case_ones(cold, toolchain, tmp_path):
 
 @pytest.mark.child_suite
 def test_a_damaged_prepared_program_is_made_again(cold, toolchain, tmp_path):
-    """A truncated program.pt2 is not lowered from: the lowering says so and quantizes again."""
+    """A truncated forward.pt2 is not lowered from: the lowering says so and quantizes again."""
     _, cache_dir = cold
     case = CASES[0]
     entry = cache_dir / "prepared" / cache.prepared_key(case, STEPS)
@@ -136,7 +137,7 @@ def test_the_lowering_server_reads_a_program_once_for_its_lowerings(cold, tmp_pa
     damaged.mkdir(parents=True)
     (damaged / FACTS).write_bytes((entry / FACTS).read_bytes())
     (damaged / PROGRAM).write_bytes((entry / PROGRAM).read_bytes()[:1000])
-    sha256 = PreparedFacts.read(entry / FACTS).program.sha256
+    sha256 = PreparedFacts.read(entry / FACTS).methods["forward"].sha256
     for where, read in ((damaged, False), (entry, True)):
         request = tmp_path / f"request-{read}.json"
         LoweringRequest(
@@ -147,7 +148,7 @@ def test_the_lowering_server_reads_a_program_once_for_its_lowerings(cold, tmp_pa
         assert (sha256 in prepared._PRELOADED) == read, where
     module = prepared._PRELOADED[sha256]
     taken = prepared.quantized(entry, case.card, None, DTYPE, [], lambda stage: None)
-    assert taken.module is module and not taken.made and not prepared._PRELOADED, "taken once, by the child"
+    assert taken.module["forward"] is module and not taken.made and not prepared._PRELOADED, "taken once, by the child"
 
 
 @pytest.mark.child_suite

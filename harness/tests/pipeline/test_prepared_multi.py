@@ -76,7 +76,7 @@ def _entry(folder: Path, methods: dict[str, str]) -> Path:
         data = path.read_bytes()
         (folder / (file + prepared.SEAL_SUFFIX)).write_text(prepared._seal(data))
         programs[method] = ProgramFacts(hashlib.sha256(data).hexdigest(), len(data))
-    PreparedFacts(QuantizeFacts([], [], {}), None, methods=programs).write(folder / prepared.FACTS)
+    PreparedFacts(QuantizeFacts([], [], {}), programs).write(folder / prepared.FACTS)
     return folder
 
 
@@ -95,10 +95,10 @@ def test_an_entry_of_the_cards_methods_is_read_and_preloaded_whole(tmp_path):
 
 
 def test_an_entry_of_other_programs_is_made_again(tmp_path, capfd):
-    """An entry holding other methods than the card's (or a single-method program) is not lowered from."""
+    """An entry holding other methods than the card's (or a single-method card's forward) is not lowered from."""
     entry = _entry(tmp_path / "entry", {"prefill": "prefill.pt2"})
     assert prepared._read_entry(entry, prepared._wanted(CARD)) is None
-    assert prepared._read_entry(entry) is None, "a single-method card's entry is program.pt2"
+    assert prepared._read_entry(entry, frozenset({"forward.pt2"})) is None, "a single-method card's is forward.pt2"
     err = capfd.readouterr().err
     assert (
         "qnnsuite: prepared program entry is damaged (it holds ['prefill.pt2'], the card's programs are "
@@ -118,14 +118,11 @@ def test_a_method_name_that_is_not_an_identifier_names_no_file(tmp_path, capfd):
         prepared._file("a/b")
 
 
-def test_prepared_facts_hold_a_program_or_methods_not_both_nor_neither(tmp_path):
+def test_prepared_facts_hold_a_program_per_method(tmp_path):
+    """A sound entry names at least one method's program; one that names none (nor an error) is not an entry."""
     program = ProgramFacts("0" * 64, 1)
-    for name, facts in (
-        ("both", PreparedFacts(QuantizeFacts([], [], {}), program, methods={"prefill": program})),
-        ("neither", PreparedFacts(QuantizeFacts([], [], {}), None)),
-    ):
-        facts.write(tmp_path / name)
-        with pytest.raises(FactsError):
-            PreparedFacts.read(tmp_path / name)
-    PreparedFacts(QuantizeFacts([], [], {}), None, methods={"prefill": program}).write(tmp_path / "methods")
+    PreparedFacts(QuantizeFacts([], [], {})).write(tmp_path / "neither")
+    with pytest.raises(FactsError):
+        PreparedFacts.read(tmp_path / "neither")
+    PreparedFacts(QuantizeFacts([], [], {}), {"prefill": program}).write(tmp_path / "methods")
     assert PreparedFacts.read(tmp_path / "methods").methods == {"prefill": program}

@@ -39,7 +39,8 @@ def test_memory_plan_leaves_io_unplanned_only_for_a_shared_buffer_card(shared):
     card = dataclasses.replace(cards.find(KV), shared_buffer=shared)
     for planning in (stages.backend_config(card).memory_planning_pass, stages.memory_planning(card, True)):
         assert (planning.alloc_graph_input, planning.alloc_graph_output) == (not shared, not shared)
-    assert stages.backend_config_multi(card, True).memory_planning_pass.share_mutable_buffers is True
+    assert stages.backend_config(card, True).memory_planning_pass.share_mutable_buffers is True
+    assert stages.backend_config(card).memory_planning_pass.share_mutable_buffers is False
 
 
 @pytest.mark.qnn

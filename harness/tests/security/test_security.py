@@ -512,42 +512,45 @@ def _program(evil_marker: Path | None = None) -> bytes:
     return crafted.getvalue()
 
 
+PROGRAM = "forward.pt2"  # a single-method card's program in its prepared entry
+SEAL = PROGRAM + ".hmac"
+FORWARD = frozenset({PROGRAM})
+
+
 def _prepared_entry(folder: Path, program: bytes, sealed: bool) -> Path:
     """A prepared entry as an attacker plants it: the program and facts that describe it exactly."""
     folder.mkdir(parents=True)
-    (folder / prepared.PROGRAM).write_bytes(program)
-    PreparedFacts(QuantizeFacts([], [], {}), ProgramFacts(hashlib.sha256(program).hexdigest(), len(program))).write(
-        folder / prepared.FACTS
-    )
+    (folder / PROGRAM).write_bytes(program)
+    PreparedFacts(
+        QuantizeFacts([], [], {}), {"forward": ProgramFacts(hashlib.sha256(program).hexdigest(), len(program))}
+    ).write(folder / prepared.FACTS)
     if sealed:
-        (folder / prepared.SEAL).write_text(prepared._seal(program))
+        (folder / SEAL).write_text(prepared._seal(program))
     return folder
 
 
 def test_planted_prepared_program_is_never_unpickled(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
-    """Attack: a program.pt2 whose pickled weight runs code, planted in the cache with its matching prepared.json."""
+    """Attack: a forward.pt2 whose pickled weight runs code, planted in the cache with its matching prepared.json."""
     marker = tmp_path / "pwned"
     entry = _prepared_entry(tmp_path / "cache" / "prepared" / "counter_add-8a8w-0123", _program(marker), sealed=False)
     prepared._PRELOADED.clear()
     prepared.preload(entry)  # what the lowering server does before it forks a lowering
     assert not prepared._PRELOADED and not marker.exists()
-    assert prepared._read_entry(entry) is None, "an unsealed entry is missing: it is made again"
+    assert prepared._read_entry(entry, FORWARD) is None, "an unsealed entry is missing: it is made again"
     assert not marker.exists(), "the planted pickle ran"
     lines = [line for line in capfd.readouterr().err.splitlines() if line.strip()]
     assert lines == [
-        f"qnnsuite: prepared program {entry.name} is damaged ({prepared.PROGRAM} is not sealed by this "
+        f"qnnsuite: prepared program {entry.name} is damaged ({PROGRAM} is not sealed by this "
         f"user's key (made elsewhere, or planted): not read); preparing it again"
     ]
     forged = tmp_path / "forged"  # a seal made with another key does not pass either
     _prepared_entry(forged, _program(marker), sealed=False)
-    (forged / prepared.SEAL).write_text(
-        hashlib.sha256(b"another key" + (forged / prepared.PROGRAM).read_bytes()).hexdigest()
-    )
-    assert prepared._read_entry(forged) is None and not marker.exists()
+    (forged / SEAL).write_text(hashlib.sha256(b"another key" + (forged / PROGRAM).read_bytes()).hexdigest())
+    assert prepared._read_entry(forged, FORWARD) is None and not marker.exists()
     import torch  # the payload is live: loaded the way the cache used to, it runs
 
     with pytest.raises(Exception):  # noqa: B017 - whatever the payload's pickle raises once it has run
-        torch.export.load(io.BytesIO((entry / prepared.PROGRAM).read_bytes()))
+        torch.export.load(io.BytesIO((entry / PROGRAM).read_bytes()))
     assert marker.exists()
 
 
@@ -555,8 +558,12 @@ def test_an_entry_this_user_sealed_is_read(tmp_path: Path) -> None:
     """Not an attack: the seal check must not refuse the entries the suite makes itself."""
     program = _program()
     entry = _prepared_entry(tmp_path / "prepared" / "layer-fp16-0", program, sealed=True)
-    found = prepared._read_entry(entry)
-    assert found is not None and found[1] is not None and found[0].program.sha256 == hashlib.sha256(program).hexdigest()
+    found = prepared._read_entry(entry, FORWARD)
+    assert (
+        found is not None
+        and found[1] is not None
+        and found[0].methods["forward"].sha256 == hashlib.sha256(program).hexdigest()
+    )
     key_file = base_dir() / prepared.KEY_FILE
     info = os.lstat(key_file)
     assert len(prepared._key()) == prepared.KEY_BYTES and prepared._key() == key_file.read_bytes()
