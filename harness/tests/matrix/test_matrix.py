@@ -294,6 +294,7 @@ def test_cli_splits_pytest_arguments_and_builds_the_product():
     assert [c.qnn_wheel for c in cli.combinations(args)] == [cli.pinned_qnn_wheel()]
 
 
+@pytest.mark.child_python
 def test_cli_bad_arguments_are_one_line_and_exit_2():
     for argv in (["matrix"], ["matrix", "--executorch", "1.5.1", "--id", "../x"], ["matrix", "--executorch", "one"]):
         completed = subprocess.run(
