@@ -3,7 +3,7 @@
 The markers (pytest.ini says what each means) are given at collection from a test's fixtures, directly or through
 another fixture, so a new test of the same kind is classified without anyone remembering a marker: asking for
 `toolchain` (the host QNN toolchain) makes it `qnn`, asking for `fleet` (emulated devices behind their own adb
-server) makes it `device`. A test that starts such things in its own body carries the marker itself, and
+server) makes it `device`, asking for `runner_binary` (the suite's runner, compiled) makes it `build`. A test that starts such things in its own body carries the marker itself, and
 starting emulated devices from a test not marked `device` fails at once (harness/tests/conftest.py), as a suite
 run from a test not marked child_suite does (harness/tests/child_suite.py): the fast tier cannot start either by
 mistake.
