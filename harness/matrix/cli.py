@@ -23,6 +23,7 @@ from harness.matrix import render, runner, side_by_side
 from harness.matrix.environments import MATRIX_HOME, REQUIREMENTS, MatrixSetupError, release
 from harness.matrix.layout import COMMAND_FILE, Combination
 from harness.paths import REPO_ROOT
+from harness.report.intake import ReportDataError
 
 MATRIX_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
@@ -96,9 +97,18 @@ def flaky_reasons() -> frozenset[str]:
     return frozenset(entry.describe() for entry in known_failures.load(registered=False) if entry.flaky)
 
 
+MALFORMED_REPORT = 4  # a combination's report.json is not a valid one: bad input, as `python -m harness.report` exits
+
+
+def _unreadable_report(error: ReportDataError, folder: Path) -> int:
+    print(f"matrix: no page: {error}; fix or remove it, then --rebuild {folder}", file=sys.stderr)
+    return MALFORMED_REPORT
+
+
 def write_side_by_side(folder: Path, fallback_command: str) -> Path:
     """matrix.{json,md,html} of `folder`, naming every command recorded in its command.txt (the runs
-    and re-runs that made it), or `fallback_command` for a folder made before that file existed."""
+    and re-runs that made it), or `fallback_command` for a folder made before that file existed.
+    ReportDataError when a combination's report.json is not a valid one (nothing is written then)."""
     recorded = folder / COMMAND_FILE
     command = recorded.read_text().strip() if recorded.is_file() else fallback_command
     document = side_by_side.build(
@@ -148,7 +158,10 @@ def main(argv: list[str]) -> int:
                 f"matrix: --rebuild {args.rebuild}: no such folder; pass a reports/matrix-<id>/ folder", file=sys.stderr
             )
             return 2
-        print(f"matrix: {write_side_by_side(args.rebuild, command)}")
+        try:
+            print(f"matrix: {write_side_by_side(args.rebuild, command)}")
+        except ReportDataError as error:
+            return _unreadable_report(error, args.rebuild)
         return 0
     try:
         wanted = combinations(args)
@@ -163,7 +176,10 @@ def main(argv: list[str]) -> int:
         wanted, runner.RealSteps(args.home, pytest_args), folder, progress=lambda line: print(line, flush=True)
     )
     crossed = write_cross(folder, args, command) if args.cross else 0
-    page = write_side_by_side(folder, command)
+    try:
+        page = write_side_by_side(folder, command)
+    except ReportDataError as error:
+        return _unreadable_report(error, folder)
     ran = sum(run.status == "ran" for run in runs)
     print(f"matrix: {ran} of {len(runs)} combinations ran -> {page} (also matrix.md, matrix.json)")
     return 0 if ran == len(runs) and crossed == 0 else 1

@@ -1,9 +1,10 @@
 """The side-by-side document of a matrix run (what matrix.json holds, and what both renderers read).
 
 Rows are (SoC, case, check), columns are combinations, a cell per verdict, read from the per-SoC
-report.json files of each combination (reports/README.md). Rows whose verdict changes across the
-columns that ran come first, each labelled with what changed and since which version, worked out
-from the verdicts alone: "fails from executorch 1.5.0 on", "fixed in QAIRT 2.51".
+report.json files of each combination (reports/README.md) through the one report reader,
+harness/report/intake.py. Rows whose verdict changes across the columns that ran come first, each
+labelled with what changed and since which version, worked out from the verdicts alone: "fails from
+executorch 1.5.0 on", "fixed in QAIRT 2.51".
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from packaging.version import InvalidVersion, Version
 from harness.matrix.layout import COMBINATION_FILE, Combination, report_files
 from harness.qnn import qairt
 from harness.report.document import check_order as document_check_order, rank
+from harness.report.intake import read_report
 from harness.vocabulary import Verdict
 
 MATRIX_SCHEMA_VERSION = 1
@@ -271,13 +273,15 @@ def _findings(columns: list[Column], cells: list[dict]) -> list[dict]:
 
 
 def load_columns(folder: Path) -> list[Column]:
-    """Every combination folder of a matrix run: its combination.json and the report.json files beside it."""
+    """Every combination folder of a matrix run: its combination.json and the report.json files beside it,
+    each read as data through harness/report/intake.py (bounded, schema-validated); a report that is not a
+    valid report.json raises ReportDataError, one line naming the file and the problem."""
     columns = []
     for entry in sorted(path for path in folder.glob(f"*/{COMBINATION_FILE}")):
         run = json.loads(entry.read_text())
         latest: dict[str, dict] = {}
         for path in report_files(entry.parent):  # sorted by run id: a later run of the same SoC wins
-            document = json.loads(path.read_text())
+            document = read_report(path)
             latest[str(document.get("soc", path.parent.name))] = document
         columns.append(
             Column(

@@ -1,10 +1,11 @@
 """The one way a harness test starts the suite in a child process (`python -m pytest suites ...` from the
 repository root), so the argv that every such test shares is written once.
 
-A test that makes the child run cases (anything but --collect-only) is marked `child_suite`: the fast tier,
-`pytest harness/tests -m "not child_suite"`, leaves it out (docs/ARCHITECTURE.md, "Testing"). The marker is
-kept honest here: run_suite and start_suite refuse to start a suite run from a test that is not marked
-(harness/tests/conftest.py tells this module which test is running).
+A test that starts the suite in a child process, a run or only a collection (a collection imports torch,
+executorch and every card: seconds under load), is marked `child_suite`: the fast tier leaves it out
+(docs/ARCHITECTURE.md, "The fast inner loop"). The marker is kept honest here: suite_command, and so run_suite
+and start_suite, refuse a test that is not marked (harness/tests/conftest.py tells this module which test is
+running).
 """
 
 from __future__ import annotations
@@ -25,11 +26,12 @@ running_test_is_marked: bool | None = None
 def suite_command(*args: str, targets: Sequence[str] = SUITES) -> list[str]:
     """The argv of a child suite run: pytest on `targets` (the suite, or some of its files), quiet, with no
     cache folder of pytest's own, then `args`."""
+    _require_marker()
     return [sys.executable, "-m", "pytest", *targets, "-p", "no:cacheprovider", "-q", *args]
 
 
-def _require_marker(args: Sequence[str]) -> None:
-    if "--collect-only" not in args and running_test_is_marked is False:
+def _require_marker() -> None:
+    if running_test_is_marked is False:
         raise AssertionError(
             f"this test starts a child suite run: mark it @pytest.mark.{MARKER} (the fast tier leaves it out)"
         )
@@ -43,7 +45,6 @@ def run_suite(
 ) -> subprocess.CompletedProcess[str]:
     """Run the suite in a child process from the repository root and wait for it (bounded by `timeout`);
     its stdout and stderr are captured as text."""
-    _require_marker(args)
     return subprocess.run(
         suite_command(*args, targets=targets),
         cwd=REPO_ROOT,
@@ -57,5 +58,4 @@ def run_suite(
 def start_suite(*args: str, targets: Sequence[str] = SUITES, **popen: object) -> subprocess.Popen:
     """Start the suite in a child process from the repository root, for a test that acts on it while it
     runs (a signal, a lost device); `popen` as subprocess.Popen takes it (stdout, env, ...)."""
-    _require_marker(args)
     return subprocess.Popen(suite_command(*args, targets=targets), cwd=REPO_ROOT, **popen)

@@ -1,5 +1,5 @@
 """The one helper that starts the suite in a child process (harness/tests/child_suite.py) keeps the
-child_suite marker honest: the fast tier (`-m "not child_suite"`) can leave out every suite run only if a
+child_suite marker honest: the fast tier can leave out every child suite, a run or a collection, only if a
 test that starts one and is not marked fails."""
 
 from __future__ import annotations
@@ -35,7 +35,13 @@ def test_an_unmarked_test_cannot_start_a_suite_run(started):
     assert started == [], "refused before anything started"
 
 
-def test_a_collection_is_no_suite_run(started):
+def test_a_collection_is_a_child_suite_too(started, monkeypatch):
+    """A collection imports torch, executorch and every card (seconds under load): the fast tier leaves it out."""
+    with pytest.raises(AssertionError, match=r"mark it @pytest.mark.child_suite"):
+        child_suite.run_suite("--collect-only", "--emulate", "SM8650", timeout=5)
+    with pytest.raises(AssertionError, match=r"mark it @pytest.mark.child_suite"):
+        child_suite.suite_command("--collect-only")  # the argv alone, as a test wrapping it in unshare uses it
+    monkeypatch.setattr(child_suite, "running_test_is_marked", True)  # as conftest sets it for a marked test
     child_suite.run_suite("--collect-only", "--emulate", "SM8650", timeout=5)
     (call,) = started
     assert call["argv"] == [sys.executable, "-m", "pytest", "suites", "-p", "no:cacheprovider", "-q"] + [

@@ -23,6 +23,7 @@ def _pytest(
         return run_suite(*args, targets=targets, env=environment, timeout=600)
 
 
+@pytest.mark.child_suite
 @pytest.mark.parametrize(
     "args, expected",
     [
@@ -43,6 +44,8 @@ def test_bad_option_is_one_line(args, expected):
     assert len(lines) == 1 and lines[0].startswith(expected), completed.stderr
 
 
+@pytest.mark.device
+@pytest.mark.child_suite
 def test_unknown_device_serial_is_one_line(tmp_path):
     from harness.emulator.launcher import EmulatorFleet
 
@@ -55,6 +58,7 @@ def test_unknown_device_serial_is_one_line(tmp_path):
     )
 
 
+@pytest.mark.child_suite
 def test_matrix_collects_every_card_dtype_mode_and_soc_and_extra_models():
     completed = _pytest(
         *("--collect-only", "--emulate", "SM8650,SM8750", "--models", "harness.tests.broken_cards"),

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from collections import defaultdict
 
+import pytest
+
 MARKED_TESTS = """
 import json, os, pytest
 @pytest.mark.xdist_group("a")
@@ -26,6 +28,7 @@ def test_b(index):
 """
 
 
+@pytest.mark.child_python
 def test_loadgroup_keeps_each_group_on_one_worker(tmp_path):
     (tmp_path / "test_groups.py").write_text(MARKED_TESTS)
     log = tmp_path / "groups.jsonl"

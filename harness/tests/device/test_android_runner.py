@@ -59,6 +59,7 @@ def test_the_option_is_a_usage_error_without_an_ndk_or_with_a_bad_folder(tmp_pat
     assert options._executorch_android_build(str(build), ndk) == build.resolve()
 
 
+@pytest.mark.build
 def test_the_stand_in_ndk_builds_the_runner_once(stand_in):
     ndk, build = stand_in
     built = kinds.build_android_runner(ndk, build)
@@ -83,6 +84,7 @@ def test_a_failing_compiler_is_one_line(tmp_path, stand_in):
     assert str(error.value).startswith("building the suite's runner for Android with ")
 
 
+@pytest.mark.build
 def test_a_phone_payload_carries_the_suite_runner_and_its_libraries(tmp_path, stand_in):
     ndk, build = stand_in
     runner, sdk = _build(tmp_path / "user-build"), _sdk(tmp_path / "sdk", 75)

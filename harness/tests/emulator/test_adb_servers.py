@@ -134,6 +134,7 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return {**os.environ, "COLUMNS": "300", **(extra or {})}
 
 
+@pytest.mark.child_suite
 @pytest.mark.parametrize(
     "args, expected",
     [
@@ -157,6 +158,7 @@ def test_bad_host_and_shard_options_are_one_line(args, expected):
     assert len(lines) == 1 and lines[0].startswith(expected), completed.stderr
 
 
+@pytest.mark.child_suite
 def test_an_unreachable_server_alone_is_one_line():
     port = free_port()
     completed = run_suite("--collect-only", "--adb-server", f"127.0.0.1:{port}", env=_env(), timeout=300)

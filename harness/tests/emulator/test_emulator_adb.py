@@ -268,6 +268,7 @@ def test_stopped_device_vanishes_with_its_commands(fleet: EmulatorFleet, client:
     assert client.device(fleet.devices[0].serial).shell("echo alive") == "alive"
 
 
+@pytest.mark.device
 def test_stop_leaves_no_process_and_closes_the_server_port(tmp_path: Path) -> None:
     fleet = EmulatorFleet(["SM8650"], tmp_path).start()
     pids, server_socket = fleet.started_pids, fleet.server.path
@@ -279,6 +280,7 @@ def test_stop_leaves_no_process_and_closes_the_server_port(tmp_path: Path) -> No
         sock.connect(server_socket)
 
 
+@pytest.mark.device
 def test_failed_start_stops_what_it_started(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def properties_or_failure(soc: str, name: str, as_phone: bool = False, index: int = 0) -> dict[str, str]:
         if soc == "BROKEN":
@@ -292,6 +294,7 @@ def test_failed_start_stops_what_it_started(tmp_path: Path, monkeypatch: pytest.
     assert len(fleet.started_pids) == 2 and not any(is_alive(pid) for pid in fleet.started_pids)
 
 
+@pytest.mark.device
 def test_launcher_command_line_serves_until_sigterm(tmp_path: Path) -> None:
     process = subprocess.Popen(
         [sys.executable, "-m", "harness.emulator.launcher", "--soc", "SM8750", "--workdir", str(tmp_path)],

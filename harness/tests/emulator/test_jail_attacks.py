@@ -91,6 +91,7 @@ def _reaches(device: Device, path: Path) -> str:
     return probe.strip()
 
 
+@pytest.mark.device
 def test_a_device_command_reaches_no_socket_or_key_of_the_run(run: Run) -> None:
     """Attack: with TMPDIR outside /tmp, a device command connects to the run's lowering server (which ran
     its requests as the suite's user), to the run's adb server, or reads the run's adb key."""
@@ -103,6 +104,7 @@ def test_a_device_command_reaches_no_socket_or_key_of_the_run(run: Run) -> None:
     assert device.shell("echo ok").output == "ok\n", "the device itself still works"
 
 
+@pytest.mark.device
 def test_a_device_command_reaches_no_unix_socket_under_a_home_folder(run: Run) -> None:
     """Attack: a device command uses an ssh ControlMaster or a gpg agent socket in the user's home."""
     home = Path.home()
@@ -120,6 +122,7 @@ def test_a_device_command_reaches_no_unix_socket_under_a_home_folder(run: Run) -
         shutil.rmtree(folder)
 
 
+@pytest.mark.device
 def test_a_device_command_signals_no_host_process(run: Run) -> None:
     """Attack: a device command kills a process of the suite's user (a host `sleep` here) by its pid."""
     host = subprocess.Popen(["sleep", "300"])
@@ -153,6 +156,7 @@ def _gone(word: str) -> bool:
     return True
 
 
+@pytest.mark.device
 def test_a_daemon_started_on_a_device_does_not_outlive_it(run: Run) -> None:
     """Attack: `setsid env -i sleep N &` on a device, a daemon that would outlive the device and the run."""
     seconds = str(900000 + os.getpid() % 1000)
@@ -189,6 +193,7 @@ exec "$@"
 """
 
 
+@pytest.mark.child_suite
 def test_a_full_tmp_stops_the_run_with_one_line(tmp_path: Path) -> None:
     """Attack (by the host): /tmp is full, so tempfile would make the run's work folder in /var/tmp, silently;
     the run must stop with one line instead (here /tmp is a full tmpfs in a mount namespace of the run's own)."""

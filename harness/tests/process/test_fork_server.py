@@ -99,6 +99,7 @@ PREPARING = textwrap.dedent("""
 """)
 
 
+@pytest.mark.child_python
 @pytest.mark.parametrize("elements, refused", [(8, False), (1 << 22, True)], ids=["tiny-op", "thread-pool"])
 def test_a_preparation_that_starts_a_thread_breaks_the_server(elements, refused):
     """In a fresh Python, whose torch has no thread pool yet: a preparation whose tensor op is below the

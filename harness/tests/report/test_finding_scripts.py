@@ -19,6 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import harness.checks  # noqa: F401  checks: registers the check specs
 from harness import check_registry, known_failures
 from harness.numerics import TOLERANCES
@@ -141,6 +143,7 @@ def _run(root: Path) -> tuple[Path, set[str]]:
     return root / "run", findings
 
 
+@pytest.mark.child_python
 def test_every_finding_of_the_manifest_gets_a_script_and_every_script_runs_eager_only(tmp_path):
     run, findings = _run(tmp_path)
     completed = _cli("issues", run)

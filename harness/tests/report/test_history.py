@@ -110,6 +110,7 @@ def _check(document: dict, key: tuple[str, str, str]) -> dict:
     return found
 
 
+@pytest.mark.child_python
 def test_history_names_the_regressions_first_night_the_flaky_check_and_the_missing_card(store):
     completed = _cli("history", store)
     assert completed.returncode == 0, completed.stderr
@@ -164,6 +165,7 @@ class _Page(HTMLParser):
             self._row.append(data.strip())
 
 
+@pytest.mark.child_python
 def test_history_page_shows_the_same_and_escapes_report_text(store):
     history.write(store)
     text = (store / "history.html").read_text()
@@ -180,6 +182,7 @@ def test_history_page_shows_the_same_and_escapes_report_text(store):
     assert "&lt;b&gt;" in text and "<script" not in text and "http" not in text.replace("http://www.w3.org", "")
 
 
+@pytest.mark.child_python
 def test_a_night_that_cannot_be_read_is_named_not_fatal(tmp_path, store):
     copy = tmp_path / "store"
     subprocess.run(["cp", "-r", str(store), str(copy)], check=True)
@@ -191,6 +194,7 @@ def test_a_night_that_cannot_be_read_is_named_not_fatal(tmp_path, store):
     assert "Traceback" not in completed.stderr
 
 
+@pytest.mark.child_python
 def test_history_refuses_a_folder_that_is_not_a_store(tmp_path):
     completed = _cli("history", tmp_path)
     assert completed.returncode == 2
@@ -228,6 +232,7 @@ def test_a_phone_that_went_missing_is_named_by_its_serial(tmp_path):
     ]
 
 
+@pytest.mark.child_python
 def test_findings_sort_numerically_with_deltas_and_verdicts_each_have_their_colour(store):
     assert sorted(["F11", "new-state", "F2", "F1"], key=history.finding_order) == ["F1", "F2", "F11", "new-state"]
     assert history._deltas([0, 1, 3, 3, 1]) == [(0, ""), (1, "+1"), (3, "+2"), (3, ""), (1, "-2")]

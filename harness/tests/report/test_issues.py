@@ -161,6 +161,7 @@ def _run(root: Path) -> Path:
     return root / "reports" / "run1"
 
 
+@pytest.mark.child_python
 def test_one_issue_per_finding_with_a_script_that_runs(tmp_path):
     run = _run(tmp_path)
     completed = _cli("issues", run)

@@ -149,6 +149,7 @@ def nights(tmp_path_factory) -> tuple[Path, list]:
     return tmp_path / "artifacts" / "nightly-store", results
 
 
+@pytest.mark.child_python
 def test_the_workflow_stores_every_night_with_its_gate_and_gates_against_the_newest_that_passed(nights):
     store, results = nights
     assert 'QNNSUITE_STORE_KEY: "${{ secrets.QNNSUITE_STORE_KEY }}"' in WORKFLOW
@@ -172,6 +173,7 @@ def test_the_workflow_stores_every_night_with_its_gate_and_gates_against_the_new
     assert night4["missing"] == 0 and night4["excluded"] == 0
 
 
+@pytest.mark.child_python
 def test_the_history_dates_the_regression_shows_the_xpass_and_links_rows_to_existing_pages(nights):
     store, results = nights
     stored = promote.nights(store)
@@ -214,6 +216,7 @@ def test_the_history_dates_the_regression_shows_the_xpass_and_links_rows_to_exis
     assert not [p for p in store.rglob("*") if stat.S_ISLNK(p.lstat().st_mode)]
 
 
+@pytest.mark.child_python
 def test_the_one_host_nightly_stores_every_night_and_gates_against_the_last_that_passed(tmp_path, monkeypatch):
     """docs/ci.md's one-host night, from `night=` on (the line before it is the plain whole-matrix run), as
     written, on three nights (`date` answers each night's day): the third brings the regression."""

@@ -420,6 +420,7 @@ def test_infrastructure(): assert False, "device stopped answering"
 """
 
 
+@pytest.mark.child_python
 def test_the_terminal_ends_with_the_conformance_block_naming_what_pytest_counted_as_skipped(tmp_path: Path):
     addopts = configparser.ConfigParser()
     addopts.read(REPO_ROOT / "pytest.ini")

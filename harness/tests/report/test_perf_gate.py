@@ -213,6 +213,7 @@ def test_the_slowdown_switch_slows_only_the_cases_it_names(fault, folder, expect
     assert slowdown(fault, folder) == expected
 
 
+@pytest.mark.child_suite
 @pytest.mark.parametrize(
     ("argv", "line"),
     [
@@ -227,6 +228,7 @@ def test_a_bad_perf_option_is_one_line_naming_the_fix(argv, line):
     assert completed.returncode == 4 and line in output and "Traceback" not in output, output[-2000:]
 
 
+@pytest.mark.child_suite
 def test_good_perf_options_are_accepted():
     completed = run_suite(
         *("--collect-only", "--perf-repeats", "3", "--perf-budget", "0", "--perf-gate", "--compile-only"),

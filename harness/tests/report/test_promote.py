@@ -17,6 +17,7 @@ from harness.report.nightly import history, promote
 from harness.tests.report.test_history import _cli, _run
 
 
+@pytest.mark.child_python
 def test_promote_keeps_n_nights_and_the_newest_is_the_baseline(tmp_path):
     store = tmp_path / "nightly"
     for night in (1, 2, 3):
@@ -42,6 +43,7 @@ def test_promote_keeps_n_nights_and_the_newest_is_the_baseline(tmp_path):
     assert promote.baseline_path(tmp_path / "reports") == tmp_path / "reports"  # not a store: as given
 
 
+@pytest.mark.child_python
 def test_promoting_the_newest_night_again_is_refused(tmp_path):
     run = _run(tmp_path / "reports", 1)
     assert _cli("promote", run, "--to", tmp_path / "store").returncode == 0
@@ -49,6 +51,7 @@ def test_promoting_the_newest_night_again_is_refused(tmp_path):
     assert completed.returncode == 2 and "already the newest night" in completed.stderr
 
 
+@pytest.mark.child_python
 @pytest.mark.parametrize(
     "damage, words",
     [
@@ -71,6 +74,7 @@ def test_the_check_does_not_refuse_a_finished_run(tmp_path):
     assert promote.check_complete(_run(tmp_path / "reports", 1)) == "20261201-020000-1"
 
 
+@pytest.mark.child_python
 def test_a_folder_that_is_not_a_store_is_never_filled(tmp_path):
     other = tmp_path / "other"
     other.mkdir()
@@ -80,6 +84,7 @@ def test_a_folder_that_is_not_a_store_is_never_filled(tmp_path):
     assert [p.name for p in other.iterdir()] == ["notes.txt"]
 
 
+@pytest.mark.child_python
 def test_store_contents_are_data_a_planted_link_is_neither_a_night_nor_copied(tmp_path):
     outside = _run(tmp_path / "elsewhere", 4)
     run = _run(tmp_path / "reports", 1)
@@ -93,6 +98,7 @@ def test_store_contents_are_data_a_planted_link_is_neither_a_night_nor_copied(tm
     assert not (newest.folder / "SM8650" / "repro" / "passwd").exists()
 
 
+@pytest.mark.child_python
 def test_an_empty_store_as_baseline_is_one_line(tmp_path):
     store = tmp_path / "store"
     store.mkdir()
@@ -103,6 +109,7 @@ def test_an_empty_store_as_baseline_is_one_line(tmp_path):
     assert completed.returncode == 2 and "no night yet" in completed.stderr and "Traceback" not in completed.stderr
 
 
+@pytest.mark.child_python
 def test_pytest_baseline_option_resolves_a_store(tmp_path, monkeypatch):
     from harness import options
 
@@ -139,6 +146,7 @@ def test_pytest_baseline_option_resolves_a_store(tmp_path, monkeypatch):
         options.parse(Config())
 
 
+@pytest.mark.child_python
 def test_no_bundles_leaves_out_only_the_bundles(tmp_path):
     run = _run(tmp_path / "reports", 1)
     (run / "SM8650" / "repro" / "case-a").mkdir(parents=True)
@@ -160,6 +168,7 @@ def _merge_gate(tmp_path, store):
     return _cli("merge", _run(tmp_path / "next", 3), "--out", tmp_path / "merged", "--baseline", store)
 
 
+@pytest.mark.child_python
 def test_a_store_another_account_owns_or_may_write_is_refused(tmp_path):
     """Attack: a store (or a folder above it) that another account controls could hold nights it forged, or
     swap a folder during a promotion; promote, the gate and history refuse it in one line."""
@@ -192,6 +201,7 @@ def test_a_store_another_account_owns_or_may_write_is_refused(tmp_path):
     assert len(promote.nights(store)) == 2
 
 
+@pytest.mark.child_python
 def test_a_forged_night_is_not_accepted_as_baseline(tmp_path, capfd):
     """Attack: a night added to the store by hand (its reports edited to hide a regression, or sealed with
     another key) is newer than the real one; the gate skips it and history does not read it."""

@@ -473,6 +473,7 @@ def _diff(before: Path, after: Path) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.child_python
 def test_diff_cli_exit_codes(run, tmp_path: Path):
     records, root, _ = run
     same = _diff(root / "run1", root / "latest")

@@ -145,6 +145,7 @@ def _merge_cli(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.child_python
 def test_merge_refuses_a_version_mix_in_one_line(tmp_path: Path):
     folders = _write_shards(tmp_path, make_records(), 2, versions={"executorch": "1.6.0"})
     refused = _merge_cli(*map(str, folders), "--out", str(tmp_path / "merged"))
@@ -182,6 +183,7 @@ def test_merge_refuses_overlapping_cases_and_shards_that_do_not_fit(tmp_path: Pa
         merging.merge([one, two], tmp_path / "out")
 
 
+@pytest.mark.child_python
 def test_a_merged_report_gates_and_diffs_like_a_run(tmp_path: Path):
     records = make_records()
     clean = [r for r in records if r["verdict"] not in ("failed", "xpassed")]
@@ -298,6 +300,7 @@ def test_shards_of_a_slice_merge_into_the_unsharded_run(tmp_path: Path):
 
 
 # --- the merged run's id, its links, and a narrowed run's gate ----------------------------------------------------
+@pytest.mark.child_python
 def test_a_merge_keeps_its_parts_run_id_or_takes_one_and_links_its_own_findings(tmp_path: Path):
     """The run id is the parts' (never the --out folder's name, which a CI job reuses every night), and the
     pages link the merged folder's own FINDINGS.md (or --docs-url), never this machine's checkout."""
@@ -335,6 +338,7 @@ def test_a_merge_keeps_its_parts_run_id_or_takes_one_and_links_its_own_findings(
         assert bad.returncode == 2 and words in bad.stderr and bad.stderr.count("\n") == 1, bad.stderr
 
 
+@pytest.mark.child_python
 def test_a_narrowed_run_is_gated_on_what_it_selected_and_gate_json_stays_small(tmp_path: Path):
     """A one-case run against the whole matrix: with its selection recorded (-k), the rest of the baseline
     is counted as left out and the gate passes; without it, the missing checks fail the gate, the first

@@ -58,6 +58,7 @@ def test_a_tampered_module_is_refused_before_it_runs(tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.child_python
 def test_an_intact_bundle_gets_past_the_check(tmp_path):
     """The counterpart: the same bundle untouched imports every carried module; it stops later, at the card
     its case.json names (made up here, so that nothing is lowered), never at a sha256."""

@@ -250,6 +250,7 @@ def test_repro_with_a_python_lacking_torch_is_one_line_and_exit_2(runs, tmp_path
     assert "has no module 'torch'" in completed.stderr and not completed.stdout
 
 
+@pytest.mark.device
 @pytest.mark.child_suite
 def test_failing_bundle_reproduces_on_a_device_through_adb(runs, tmp_path):
     """--serial: the program and inputs go over a real adb server to a device whose runner is in --device-dir

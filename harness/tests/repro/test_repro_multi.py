@@ -29,7 +29,7 @@ from harness.repro import issue, layout
 from harness.runner import build as runner_build
 from harness.tests.child_suite import run_suite
 
-pytestmark = [pytest.mark.qnn, pytest.mark.child_suite]
+pytestmark = [pytest.mark.qnn, pytest.mark.child_suite, pytest.mark.device]
 
 DELEGATED = "mm_counter-fp16-delegate_mutbuf-SM8650"  # cross_method_mismatch (F16 with F1)
 KEPT_OUT = "mm_counter-fp16-skip_mutbuf-SM8650"  # state_per_method (F16)

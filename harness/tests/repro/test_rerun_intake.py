@@ -13,6 +13,7 @@ from harness.paths import REPO_ROOT
 CASE = "kv_arange_init-fp16-delegate_mutbuf-SM8650"
 
 
+@pytest.mark.child_python
 def test_a_fifo_planted_as_report_json_does_not_hang_repro(tmp_path):
     """The attack: report.json read with read_text() waited forever on a FIFO nobody writes; through intake it
     is refused (not a regular file) in one line, exit 4 (a malformed report file, as for diff and merge)."""

@@ -68,6 +68,7 @@ def _raw_inputs(steps: list[tuple], folder: Path) -> list[list[Path]]:
 # --- (a) build from a clean state folder, then a cache hit ---------------------------------------------------
 
 
+@pytest.mark.build
 def test_build_from_clean_state_then_cache_hit(tmp_path, monkeypatch):
     monkeypatch.setenv("QNNSUITE_HOME", str(tmp_path / "home"))
     started = time.perf_counter()

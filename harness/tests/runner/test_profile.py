@@ -92,6 +92,7 @@ def test_without_the_option_there_is_no_profile(plain):
     assert "QNN profile" not in summary and "QNN profile" not in page
 
 
+@pytest.mark.child_suite
 @pytest.mark.parametrize(
     ("value", "line"),
     [

@@ -263,6 +263,7 @@ def test_path_check_refuses_host_paths_and_passes_device_ones() -> None:
     assert shell_paths.refusal("LD_LIBRARY_PATH=/data/x:/vendor/lib64 ./r", root) is None
 
 
+@pytest.mark.device
 @pytest.mark.parametrize("mode", MODES)
 def test_tmpdir_with_space_quote_semicolon_and_command_substitution(mode: str, tmp_path: Path) -> None:
     """Attack: the sandbox lies under a TMPDIR holding a space, a quote, `;` and `$()`; end-of-run rm -rf."""
@@ -594,6 +595,7 @@ def test_group_writable_cache_dir_is_refused(tmp_path: Path) -> None:
     assert run_options.trusted_cache_dir(fresh) == fresh and (fresh.stat().st_mode & 0o777) == 0o700
 
 
+@pytest.mark.child_suite
 def test_cache_dir_owned_by_another_uid_is_refused_by_a_run(tmp_path: Path) -> None:
     """Attack: another account made the cache folder first (or owns it), as in a shared /tmp."""
     if os.getuid() != 0:
@@ -651,6 +653,7 @@ def _hostile_report(part: Path, change) -> Path:
     return path
 
 
+@pytest.mark.child_python
 @pytest.mark.parametrize("soc", ["../../../x", "/tmp/qnnsuite-escape-{uid}"])
 def test_merge_never_writes_outside_out_for_a_climbing_or_absolute_soc(tmp_path: Path, soc: str) -> None:
     """Attack: a part whose report.json says soc `../../../x` (or an absolute path), to make merge write there."""
@@ -747,6 +750,7 @@ def _malformed(part: Path, kind: str) -> Path:
     return path
 
 
+@pytest.mark.child_python
 @pytest.mark.parametrize("kind", list(MALFORMED))
 @pytest.mark.parametrize("command", ["merge", "diff"])
 def test_malformed_report_is_one_line_and_exit_4(tmp_path: Path, command: str, kind: str) -> None:
@@ -783,6 +787,7 @@ def test_huge_or_special_report_file_is_refused_before_it_is_read(
         load_reports(path)
 
 
+@pytest.mark.child_suite
 @pytest.mark.parametrize("option", ["--baseline", "--shard-timings"])
 def test_malformed_baseline_or_shard_timings_is_a_usage_line_before_the_run(tmp_path: Path, option: str) -> None:
     """Attack: `--baseline` / `--shard-timings` pointing at a 100000-deep (or key-less) report.json."""
@@ -838,6 +843,7 @@ CARD_MODULES = {
 }
 
 
+@pytest.mark.child_suite
 @pytest.mark.parametrize("kind", list(CARD_MODULES))
 def test_card_module_that_fails_to_import_is_one_usage_line(tmp_path: Path, kind: str) -> None:
     """Attack: `--models` naming a card module that raises, has a syntax error or calls sys.exit."""
@@ -864,6 +870,7 @@ def _manifest(tmp_path: Path, message: str) -> Path:
     return path
 
 
+@pytest.mark.child_suite
 def test_manifest_with_an_invalid_regex_is_one_usage_line(tmp_path: Path) -> None:
     """Attack: --known-failures with an entry whose message is not a regular expression."""
     import harness.checks  # noqa: F401  (registers the signatures the manifest names)
@@ -962,6 +969,7 @@ def test_another_account_reaches_no_device_on_any_port_or_socket_of_the_run(
     assert harness_device(fleet).shell("id").output.startswith("uid=")  # the run's own client still gets in
 
 
+@pytest.mark.device
 def test_a_fleet_in_a_deep_folder_listens_in_the_users_state_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1030,6 +1038,7 @@ def test_an_output_file_planted_as_a_link_is_replaced_not_followed(tmp_path: Pat
     assert not (outputs / "output_0_0.raw").is_symlink() and (outputs / "output_0_0.raw").stat().st_size == 8
 
 
+@pytest.mark.device
 def test_a_device_shell_sees_none_of_the_runs_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Attack: a device shell prints its environment while the run holds a CI credential in its own."""
     monkeypatch.setenv("CI_SECRET_TOKEN", "hunter2-do-not-leak")
@@ -1079,6 +1088,7 @@ def _emulate(*arguments: str, timeout: float = 300) -> subprocess.CompletedProce
     )
 
 
+@pytest.mark.device
 def test_emulate_serves_on_a_private_socket_no_other_account_can_use(tmp_path: Path) -> None:
     """Attack: another account uses the server `python -m harness emulate` starts by default."""
     process = subprocess.Popen(
