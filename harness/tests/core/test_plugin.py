@@ -80,6 +80,7 @@ def test_matrix_collects_every_card_dtype_mode_and_soc_and_extra_models():
     assert "health check" not in completed.stderr, "collecting runs nothing on the devices"
 
 
+@pytest.mark.child_suite
 def test_horizon_widens_the_long_driver_s_cases_and_its_absence_keeps_the_default_subset():
     """--horizon N reaches collection (the controller's, as each worker's): the long driver's cases grow from
     its default subset (fp16, the cards that ask for it) to every driven card and dtype."""
