@@ -140,7 +140,7 @@ def write_cross(folder: Path, args: argparse.Namespace, command: str) -> int:
 
     try:
         found = cross.cross_matrix(folder, args.home, command, progress=lambda line: print(line, flush=True))
-    except MatrixSetupError as error:
+    except (MatrixSetupError, ReportDataError) as error:
         print(f"matrix: cross-version programs: {error}", file=sys.stderr)
         return 1
     path = cross.write(found, folder)

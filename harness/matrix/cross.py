@@ -37,6 +37,7 @@ from harness.files import write_atomically
 from harness.matrix.environments import MATRIX_HOME, MatrixSetupError, PythonEnv, QnnTree
 from harness.matrix.layout import Combination, report_files
 from harness.paths import REPO_ROOT
+from harness.report import intake
 from harness.runner import contract
 
 CROSS_SCHEMA_VERSION = 1
@@ -243,10 +244,11 @@ class RealCrossSteps:
 
 
 def case_ids_ran(folder: Path) -> dict[str, dict]:
-    """The cases a combination's suite reported: case id -> {card, dtype, mode, soc}."""
+    """The cases a combination's suite reported: case id -> {card, dtype, mode, soc}. Each report is read through
+    the one report reader (schema-validated: ReportDataError, one line, for one that is not a report.json)."""
     cases = {}
     for path in report_files(folder):
-        for case in json.loads(path.read_text()).get("cases", []):
+        for case in intake.read_report(path)["cases"]:
             cases[str(case["case_id"])] = {name: str(case.get(name, "")) for name in ("card", "dtype", "mode", "soc")}
     return cases
 

@@ -22,6 +22,7 @@ from typing import Protocol
 from harness.matrix.environments import MATRIX_HOME, MatrixSetupError, PythonEnv, QnnTree, ensure_qnn_tree, ensure_venv
 from harness.matrix.layout import COMBINATION_FILE, SUITE_LOG, Combination, report_files
 from harness.paths import REPO_ROOT
+from harness.report import intake
 
 DEFAULT_WORKERS = ("-n", "2")  # the machines this runs on have 2 cores; a user's own -n wins
 SUITE_TIMEOUT_S = 6 * 3600
@@ -213,9 +214,15 @@ def run_matrix(
 
 
 def _summary(folder: Path) -> str:
+    """The combination's verdict counts for its progress line, each report read through the one report reader; a
+    report it refuses is named there (the side-by-side page then refuses it with the same line)."""
     totals: dict[str, int] = {}
     for path in report_files(folder):
-        for verdict, count in json.loads(path.read_text()).get("summary", {}).items():
+        try:
+            summary = intake.read_report(path)["summary"]
+        except intake.ReportDataError as error:
+            return f"no counts: {error}"
+        for verdict, count in summary.items():
             if verdict != "total":
                 totals[verdict] = totals.get(verdict, 0) + count
     return ", ".join(f"{count} {verdict}" for verdict, count in totals.items() if count) or "no checks"

@@ -18,10 +18,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.matrix import cli, cross, render
+from harness.matrix import cli, cross, render, runner
 from harness.matrix.environments import MATRIX_HOME, PythonEnv, QnnTree
 from harness.matrix.layout import Combination
 from harness.paths import REPO_ROOT
+from harness.report.intake import ReportDataError
+from harness.tests.matrix import reports
 
 CASE = "counter_add-fp16-delegate_mutbuf-SM8650"
 EAGER = [[np.array([1.0, 1.0, 1.0, 1.0], dtype=np.float32) * (step + 1)] for step in range(3)]
@@ -105,8 +107,8 @@ class FakeSteps:
 def _reported(tmp_path: Path, release: str) -> tuple[Combination, Path]:
     folder = tmp_path / release
     (folder / "run" / "SM8650").mkdir(parents=True)
-    case = {"case_id": CASE, "card": "counter_add", "dtype": "fp16", "mode": "delegate_mutbuf", "soc": "SM8650"}
-    (folder / "run" / "SM8650" / "report.json").write_text(json.dumps({"cases": [case]}))
+    report = reports.document({(CASE, "state"): ("passed", "")}, "v2.51.0.260929181845")
+    (folder / "run" / "SM8650" / "report.json").write_text(json.dumps(report))
     return Combination(release, "2.7.0"), folder
 
 
@@ -253,3 +255,18 @@ def test_real_programs_of_two_releases_on_each_others_runtime(tmp_path):
     result = steps.run(env, tree, answer, broken, 0, files, tmp_path / "broken")
     decided = cross.classify(result, cross.real_feed("fixtures.zoo:counter_add", 4)[1], "fp16", None)
     assert decided["outcome"] == cross.REFUSES and "runner: cannot load" in decided["detail"], decided
+
+
+def test_a_combinations_report_the_schema_refuses_is_one_line_for_the_pairing_and_the_progress(tmp_path):
+    """Both readers of a combination's report.json (the cross pairing, the progress line's counts) go through the
+    one report reader: a report without its cases' tags is refused with one line naming the file, never read."""
+    combination, folder = _reported(tmp_path, "1.5.1")
+    assert list(cross.case_ids_ran(folder)) == [CASE] and runner._summary(folder) == "1 passed"
+    report = folder / "run" / "SM8650" / "report.json"
+    broken = json.loads(report.read_text())
+    del broken["cases"][0]["tags"]
+    report.write_text(json.dumps(broken))
+    with pytest.raises(ReportDataError, match="'tags' is a required property") as raised:
+        cross.case_ids_ran(folder)
+    assert "\n" not in str(raised.value) and str(report) in str(raised.value)
+    assert runner._summary(folder) == f"no counts: {raised.value}"

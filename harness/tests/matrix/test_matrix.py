@@ -21,59 +21,14 @@ from harness.matrix.layout import COMBINATION_FILE, Combination
 from harness.matrix.side_by_side import Column
 from harness.paths import REPO_ROOT
 from harness.report.intake import ReportDataError
+from harness.tests.matrix import reports
 from harness.vocabulary import Verdict
 
 BUILD = {"2.47": "v2.47.0.260601114230", "2.51": "v2.51.0.260929181845"}
-TAGS = {"kv_arange_init": ["kv", "nonzero_init"]}  # the card's tags as the suite writes them (sorted); others none
-
-
-def _case(case_id: str, soc: str) -> dict:
-    card, dtype, mode = case_id.split("-")[:3]
-    return {
-        "case_id": case_id,
-        "card": card,
-        "tags": TAGS.get(card, []),
-        "dtype": dtype,
-        "mode": mode,
-        "soc": soc,
-        "device_serial": "127.0.0.1:5037/emulator-5554",
-        "delegates": 1,
-        "timings_s": {},
-        "checks": {},
-    }
-
-
-def _document(verdicts: dict[tuple[str, str], tuple[str, str]], build_id: str, soc: str = "SM8650") -> dict:
-    """A report.json (reports/README.md) with the given {(case_id, check): (verdict, message)}: one the schema
-    accepts (harness/report/report.schema.json), as the matrix reads it through the one report reader."""
-    cases: dict[str, dict] = {}
-    for (case_id, check), (verdict, message) in verdicts.items():
-        case = cases.setdefault(case_id, _case(case_id, soc))
-        known = f"known failure [{message}]: a reason" if verdict in ("xfailed", "xpassed") else ""
-        case["checks"][check] = {
-            "verdict": verdict,
-            "message": "" if known else message,
-            "known_failure": known,
-            "evidence": {},
-            "duration_s": 0.5,
-            "nodeid": f"suites/test_{check}.py::test_{check}[{case_id}]",
-        }
-    summary = {
-        v: sum(c["verdict"] == v for case in cases.values() for c in case["checks"].values())
-        for v in ("passed", "failed", "xpassed", "xfailed", "skipped")
-    }
-    return {
-        "schema_version": 1,
-        "soc": soc,
-        "run_id": "r",
-        "environment": {"qnn_build_id": build_id, "bridge": "on"},
-        "summary": {**summary, "total": sum(summary.values())},
-        "cases": list(cases.values()),
-    }
 
 
 def _column(executorch: str, qairt: str, verdicts: dict, status: str = "ran", reason: str = "") -> Column:
-    documents = (_document(verdicts, BUILD[qairt]),) if status == "ran" else ()
+    documents = (reports.document(verdicts, BUILD[qairt]),) if status == "ran" else ()
     wheel = {"2.47": "2.3.0", "2.51": "2.7.0"}[qairt]
     return Column(Combination(executorch, wheel), BUILD[qairt], status, reason, "on", documents)
 
@@ -196,7 +151,7 @@ def _fake_report(folder: Path, verdicts: dict, build_id: str) -> None:
     run = len(list(folder.glob("2026*")))  # a fresh run id per run, as a real suite run makes
     path = folder / f"20261201-00000{run}-1" / "SM8650" / "report.json"
     path.parent.mkdir(parents=True)
-    path.write_text(json.dumps(_document(verdicts, build_id)))
+    path.write_text(json.dumps(reports.document(verdicts, build_id)))
 
 
 class FakeSteps:
