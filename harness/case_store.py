@@ -212,13 +212,16 @@ class CaseStore:
             shared_buffer=case.card.shared_buffer,
             timeout_s=self._runner_timeout_s,
             reloads=plan.reloads if plan is not None else (),
+            # the long driver's run timed beside the reference, for the horizon check's execute time (its
+            # outputs are the same, harness/tests/runner/test_reference_program.py)
+            reference=self._reference_program(case.soc) if case.driver == "long" else None,
         )
         return CaseRuns(request, self._perf_repeats - 1, self._profile_level, self._reference_runner(case))
 
     def _reference_program(self, soc: str) -> Path | None:
-        """The repeats' reference program, timed after each step in the runner's process (the performance gate's
-        drift meter): the health check's one-op program for soc (a cache hit after the health check); None
-        when it did not lower (the repeats then run without one)."""
+        """The repeats' and the long driver's reference program, timed after each step in the runner's process
+        (the performance gate's and the horizon check's drift meter): the health check's one-op program for soc
+        (a cache hit after the health check); None when it did not lower (the runs then go without one)."""
         artifact = self._lower_once(health_card.health_case(soc), health_card.STEPS)
         return artifact.pte if artifact.ok else None
 
@@ -290,7 +293,7 @@ class CaseStore:
         if not artifact.ok:
             outcome.profile_note = f"--profile-level: the profiled lowering failed: {artifact.failure}"
             return
-        attempt = self._attempt(runs.run, ".profile", program=artifact.pte, etdump=True)
+        attempt = self._attempt(runs.run, ".profile", program=artifact.pte, etdump=True, reference=None)
         if attempt.run is None or attempt.run.etdump is None:
             why = attempt.error if attempt.run is None else "the runner wrote no ETDump (a runner without ETDump?)"
             outcome.profile_note = f"--profile-level: the profiled run failed: {why}"
@@ -305,7 +308,7 @@ class CaseStore:
     def _reference(self, outcome: CaseOutcome, runs: CaseRuns) -> None:
         """The case's program and inputs through the reference runner on a device of its SoC (runner_parity)."""
         runner = runs.reference_runner
-        attempt = self._attempt(runs.run, f".{runner}", runner=runner)
+        attempt = self._attempt(runs.run, f".{runner}", runner=runner, reference=None)
         outcome.reference_run = OtherRun(
             attempt.run,
             attempt.error,

@@ -22,6 +22,14 @@ step_registrations; optionally a per-step error) and says, per series, whether i
     within a run is not growth; for peak RSS 0.2% of it and at least 256 KB.
   The second half, because warm-up (caches, the allocator growing its arenas, the simulator's first slow
   executes: 30 ms for 5 steps, then 0.2 ms, measured on counter_add) settles in the first.
+- Execute time is judged against the reference program where the run timed one after each step (the health
+  check's one-op program in a Module of its own, in the same process: DeviceRun.reference_us): the series
+  judged is step time / reference time, floored at 25% of that ratio's level (and 50 us in the reference's
+  terms). What slows the whole machine during the run (a host's load rising, a phone's thermal throttling)
+  slows both alike and leaves the ratio flat; a program whose own cost grows raises it. Measured in
+  bench/horizon_sensitivity.py: on a loaded host the raw series rose by a third within clean runs. A run
+  without the reference (a runner that cannot time one, a reference that did not lower) is judged raw, and
+  its message says so.
 
 Theil-Sen is written here with numpy (a few lines) rather than taken from scipy.stats.theilslopes: scipy is
 not a requirement of the suite (it reaches the venv only through another package's dependencies, and a swapped
@@ -33,7 +41,7 @@ CheckFailure (its message(), evidence() and signature).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -62,6 +70,9 @@ REGISTRATIONS = Series("QNN memory registrations held", "", "registrations_grow"
 ERROR = Series(
     "error", "", "error_grows", 0.0, 0.0
 )  # the floor: the caller's tolerance (long_run_verdict's error_floor)
+# Execute time over the reference program's, step by step: EXECUTE_TIME's relative floor; its absolute floor is
+# EXECUTE_TIME's in the reference's terms (execute_time_verdict).
+EXECUTE_RATIO = replace(EXECUTE_TIME, name="execute time per reference execute", unit="", absolute_floor=0.0)
 
 
 @dataclass(frozen=True)
@@ -75,6 +86,7 @@ class SeriesVerdict:
     last_step: int
     slope: float  # per step (0.0 when not judged)
     message: str
+    basis: str = ""  # execute time only: "reference" (judged as its ratio to the reference's) or "raw"
 
     def evidence(self) -> dict:
         return {
@@ -84,6 +96,7 @@ class SeriesVerdict:
             "steps": [self.first_step, self.last_step],
             "slope_per_step": round(self.slope, 6),
             "message": self.message,
+            **({"judged_against": self.basis} if self.basis else {}),
         }
 
 
@@ -146,6 +159,35 @@ def registrations_verdict(counts: list[int]) -> SeriesVerdict:
     return SeriesVerdict(series, True, True, 1, last, slope, message)
 
 
+@dataclass(frozen=True)
+class _Fit:
+    """The Theil-Sen line over a series' second half and the rise it may take (growth_verdict's rule)."""
+
+    start: int  # the half's first step
+    slope: float
+    intercept: float  # the line at step start
+    rise: float  # the line's rise across the half
+    spread: float  # sigma of the residuals around the line
+    allowed: float
+
+    @property
+    def grows(self) -> bool:
+        return self.rise > self.allowed
+
+
+def _fit(series: Series, values: list[float], floor: float | None) -> _Fit:
+    start = len(values) // 2
+    half = np.asarray(values[start:], dtype=np.float64)
+    slope, intercept = theil_sen(half)
+    spread = MAD_TO_SIGMA * float(np.median(np.abs(half - (intercept + slope * np.arange(len(half))))))
+    allowed = max(
+        NOISE_FACTOR * spread * np.sqrt(12 / len(half)),
+        series.relative_floor * abs(float(np.median(half))),
+        series.absolute_floor if floor is None else floor,
+    )
+    return _Fit(start, slope, intercept, slope * (len(half) - 1), spread, float(allowed))
+
+
 def growth_verdict(series: Series, values: list[float], floor: float | None = None) -> SeriesVerdict:
     """A noisy series grows when its Theil-Sen line over the second half rises across that half by more than
     NOISE_FACTOR x the uncertainty its spread around the line gives that rise (sigma x sqrt(12 / n)) and more
@@ -153,27 +195,70 @@ def growth_verdict(series: Series, values: list[float], floor: float | None = No
     if len(values) < MIN_STEPS:
         why = f"{len(values)} steps, fewer than {MIN_STEPS}" if values else "not measured"
         return _not_judged(series, len(values), why)
-    start = len(values) // 2
-    half = np.asarray(values[start:], dtype=np.float64)
-    slope, intercept = theil_sen(half)
-    rise = slope * (len(half) - 1)
-    spread = MAD_TO_SIGMA * float(np.median(np.abs(half - (intercept + slope * np.arange(len(half))))))
-    level = float(np.median(half))
-    least = max(
-        NOISE_FACTOR * spread * np.sqrt(12 / len(half)),
-        series.relative_floor * abs(level),
-        series.absolute_floor if floor is None else floor,
+    fit = _fit(series, values, floor)
+    start, last, unit = fit.start, len(values) - 1, series.unit
+    fitted = (
+        f"{_amount(fit.intercept, unit)} at step {start} -> {_amount(fit.intercept + fit.rise, unit)} at step {last}"
     )
-    last, unit = len(values) - 1, series.unit
-    fitted = f"{_amount(intercept, unit)} at step {start} -> {_amount(intercept + rise, unit)} at step {last}"
-    if rise > least:
+    if fit.grows:
         message = (
-            f"{series.name} grows by {_amount(slope, unit)} per step over steps {start}-{last} ({fitted} on the "
-            f"Theil-Sen line; spread ±{_amount(spread, unit)}, growth allowed {_amount(least, unit)})"
+            f"{series.name} grows by {_amount(fit.slope, unit)} per step over steps {start}-{last} ({fitted} on the "
+            f"Theil-Sen line; spread ±{_amount(fit.spread, unit)}, growth allowed {_amount(fit.allowed, unit)})"
         )
-        return SeriesVerdict(series, True, True, start, last, slope, message)
-    message = f"{series.name} flat over steps {start}-{last} ({fitted}; allowed {_amount(least, unit)})"
-    return SeriesVerdict(series, True, False, start, last, slope, message)
+        return SeriesVerdict(series, True, True, start, last, fit.slope, message)
+    message = f"{series.name} flat over steps {start}-{last} ({fitted}; allowed {_amount(fit.allowed, unit)})"
+    return SeriesVerdict(series, True, False, start, last, fit.slope, message)
+
+
+def _no_reference(step_times_us: list[float], reference_us: list[float]) -> str | None:
+    """Why a run's execute time cannot be judged against its reference (None: it can): the reference must be
+    timed after every step the case was (a runner that stopped timing it midway leaves nothing to pair)."""
+    if not reference_us:
+        return "no reference timing"
+    if len(reference_us) != len(step_times_us):
+        return f"reference timing for {len(reference_us)} of {len(step_times_us)} steps"
+    if min(reference_us) <= 0:
+        return "a reference execute timed at 0 us"
+    return None
+
+
+def _line_ends(values: list[float]) -> str:
+    """The Theil-Sen line's ends over values, in us ("260 us -> 362 us")."""
+    slope, intercept = theil_sen(np.asarray(values, dtype=np.float64))
+    return f"{_amount(intercept, 'us')} -> {_amount(intercept + slope * (len(values) - 1), 'us')}"
+
+
+def execute_time_verdict(step_times_us: list[float], reference_us: list[float]) -> SeriesVerdict:
+    """Execute time judged as its ratio to the reference program's, step by step (the module's docstring: what
+    slows the machine slows both), by growth_verdict's rule; its message in the case's us beside the
+    reference's, so that a reader sees whether the reference slowed alike. Without a reference timed at every
+    step: judged raw, and the message says so."""
+    if len(step_times_us) < MIN_STEPS:  # not judged either way (growth_verdict says why)
+        return growth_verdict(EXECUTE_TIME, step_times_us)
+    missing = _no_reference(step_times_us, reference_us)
+    if missing is not None:
+        raw = growth_verdict(EXECUTE_TIME, step_times_us)
+        return replace(raw, message=f"execute time judged raw: {missing}; {raw.message}", basis="raw")
+    ratio = [step / reference for step, reference in zip(step_times_us, reference_us)]
+    start, last = len(ratio) // 2, len(ratio) - 1
+    reference_level = float(np.median(reference_us[start:]))
+    fit = _fit(EXECUTE_RATIO, ratio, EXECUTE_TIME.absolute_floor / reference_level)
+    slope_us = fit.slope * reference_level  # the ratio's growth in the case's us, at the reference's level
+    measured = (
+        f"the case {_line_ends(step_times_us[start:])}, the reference {_line_ends(reference_us[start:])} on "
+        f"Theil-Sen lines; the ratio {fit.intercept:.3g} -> {fit.intercept + fit.rise:.3g}"
+    )
+    if fit.grows:
+        message = (
+            f"execute time grows by {_amount(slope_us, 'us')} per step against the reference program over steps "
+            f"{start}-{last} ({measured}, spread ±{fit.spread:.3g}, growth allowed {fit.allowed:.3g})"
+        )
+    else:
+        message = (
+            f"execute time flat against the reference program over steps {start}-{last} ({measured}, "
+            f"allowed {fit.allowed:.3g})"
+        )
+    return SeriesVerdict(EXECUTE_TIME, True, fit.grows, start, last, slope_us, message, "reference")
 
 
 def long_run_verdict(
@@ -182,14 +267,16 @@ def long_run_verdict(
     step_registrations: list[int],
     step_errors: list[float] | None = None,
     error_floor: float = 0.0,
+    step_reference_us: list[int] = (),
 ) -> HorizonVerdict:
     """Every measured series of one long run judged ([] for a series the run did not measure: not judged).
     step_errors: e.g. each step's worst absolute error against eager; error_floor: the rise it may take
-    across the second half (the dtype's tolerance, as the caller decides)."""
+    across the second half (the dtype's tolerance, as the caller decides); step_reference_us: the reference
+    program's execute after each step (empty: execute time judged raw, and said so)."""
     verdicts = [
         registrations_verdict(list(step_registrations)),
         growth_verdict(PEAK_RSS, [float(kb) for kb in step_rss_kb]),
-        growth_verdict(EXECUTE_TIME, [float(us) for us in step_times_us]),
+        execute_time_verdict([float(us) for us in step_times_us], [float(us) for us in step_reference_us]),
     ]
     if step_errors is not None:
         verdicts.append(growth_verdict(ERROR, [float(error) for error in step_errors], floor=error_floor))

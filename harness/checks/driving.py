@@ -9,7 +9,8 @@ forgot the conversation, a reset that did not reset).
 horizon: on the long driver, the error per step does not drift upward along the run (each step inside the
 tolerance is driver_invariance's; this judges the trend of the error series), and what a step costs does not
 grow with the step count: QNN memory registrations held, peak RSS and execute time, judged by harness/horizon.py
-(the first execute may differ; the 2nd..Nth must not).
+(the first execute may differ; the 2nd..Nth must not; execute time against the reference program timed after
+each step, which the case store asks for on the long driver's run).
 """
 
 from __future__ import annotations
@@ -382,7 +383,12 @@ def check_horizon(outcome: CaseOutcome) -> dict:
     if why is not None:
         raise CheckFailure(f"driver long: {why}", {"errors": series, "tolerances": tolerances}, ERROR_DRIFT)
     run = outcome.run
-    costs = horizon.long_run_verdict(along(run.step_times_us), along(run.step_rss_kb), along(run.step_registrations))
+    costs = horizon.long_run_verdict(
+        along(run.step_times_us),
+        along(run.step_rss_kb),
+        along(run.step_registrations),
+        step_reference_us=along(run.reference_us),
+    )
     if not costs.ok:
         raise CheckFailure(f"driver long: {costs.message()}", costs.evidence(), costs.signature)
     return {"step_count": len(series), "max_abs_error": max(series), **costs.evidence()}

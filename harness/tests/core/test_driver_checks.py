@@ -182,6 +182,27 @@ def test_horizon_catches_a_registration_leak_and_memory_growth_and_not_a_flat_lo
     assert rss.value.signature == "peak_rss_grows"
 
 
+def test_horizon_judges_execute_time_against_the_reference_and_raw_without_it(tmp_path):
+    """The long run's reference program (timed after each step, DeviceRun.reference_us) slowed alike with the
+    case: the machine, not the program, and the check passes; the case slowing alone fails; the same run
+    without the reference is judged raw, and its failure says so."""
+    case_us = lambda n: [30_000] + [250 + step + (step * 7) % 40 for step in range(1, n)]  # noqa: E731
+    alike = {"registrations": lambda n: [2] * n, "rss_kb": lambda n: [229_000] * n, "times_us": case_us}
+    outcome = _long_outcome(tmp_path, **alike)
+    outcome.run.reference_us = [200 + 4 * step // 5 for step in range(len(outcome.steps))]
+    passed = driver_checks.check_horizon(outcome)
+    assert passed["horizon"][2]["judged_against"] == "reference" and not passed["horizon"][2]["grows"]
+    _valid_evidence(passed)
+    outcome.run.reference_us = [200] * len(outcome.steps)
+    with pytest.raises(CheckFailure) as alone:
+        driver_checks.check_horizon(outcome)
+    assert alone.value.signature == "execute_time_grows" and "against the reference program" in str(alone.value)
+    outcome.run.reference_us = []
+    with pytest.raises(CheckFailure) as raw:
+        driver_checks.check_horizon(outcome)
+    assert "execute time judged raw: no reference timing; execute time grows by" in str(raw.value)
+
+
 def _valid_evidence(evidence: dict) -> None:
     """A check's evidence as report.json's schema takes it (its `steps` are per-step errors): a report the diff,
     the gate and a baseline refuse is a night lost."""

@@ -1,6 +1,8 @@
 """The horizon judgement (harness/horizon.py) on synthetic long runs: a registration leaked per execute, memory
 and execute time growing with the step count are each caught with their own message; flat noisy series (heavy
-tails, a slow first execute, one jump of the allocator, a warm-up) are not."""
+tails, a slow first execute, one jump of the allocator, a warm-up) are not. Execute time is judged against the
+reference program timed after each step: the case's own growth is caught, the machine slowing both is not, and
+a run without the reference is judged raw and says so."""
 
 from __future__ import annotations
 
@@ -106,3 +108,44 @@ def test_the_evidence_names_every_series_and_its_judged_steps():
         ("peak RSS", [16, 31], False),
         ("execute time", [16, 31], False),
     ]
+
+
+def loaded(rng: np.random.Generator, base: float, rising: float) -> list[int]:
+    """Times of a program on a host whose load rises through the run's second half: each step slower by up to
+    `rising` (a third: the readback run of drv_counter long that failed raw), with the host's own noise."""
+    load = 1 + rising * np.clip((np.arange(STEPS) - STEPS / 2) / (STEPS / 2), 0, 1)
+    return [int(t) for t in base * load * (1 + 0.08 * rng.standard_normal(STEPS)).clip(0.5)]
+
+
+def test_a_case_growing_beside_a_flat_reference_is_caught_against_it():
+    rng = np.random.default_rng(3)
+    reference = loaded(rng, 200.0, 0.0)
+    times = [int(t + 0.8 * step) for step, t in enumerate(loaded(rng, 260.0, 0.0))]  # +0.8 us/step of its own
+    verdict = horizon.long_run_verdict(times, [], [], step_reference_us=reference)
+    timing = verdict.verdicts[2]
+    assert verdict.signature == "execute_time_grows" and timing.evidence()["judged_against"] == "reference"
+    assert timing.message.startswith("execute time grows by 0.") and "against the reference program" in timing.message
+    assert "the reference 2" in timing.message, "names the reference's level, in us, at the half's start and end"
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_case_and_its_reference_slowed_alike_by_the_machine_pass(seed):
+    rng = np.random.default_rng(seed)
+    times, reference = loaded(rng, 260.0, 0.35), loaded(rng, 200.0, 0.35)
+    raw = horizon.long_run_verdict(times, [], [])
+    assert raw.signature == "execute_time_grows", "the load this test emulates must fail the raw rule"
+    verdict = horizon.long_run_verdict(times, [], [], step_reference_us=reference)
+    assert verdict.ok, verdict.message()
+    assert verdict.verdicts[2].message.startswith("execute time flat against the reference program over steps 128-255")
+
+
+def test_without_a_reference_timed_at_every_step_execute_time_is_judged_raw_and_says_so():
+    rng = np.random.default_rng(5)
+    times = loaded(rng, 260.0, 0.35)
+    for reference, why in (([], "no reference timing"), ([200] * 100, "reference timing for 100 of 256 steps")):
+        verdict = horizon.long_run_verdict(times, [], [], step_reference_us=reference)
+        timing = verdict.verdicts[2]
+        assert timing.evidence()["judged_against"] == "raw" and timing.grows
+        assert timing.message.startswith(f"execute time judged raw: {why}; execute time grows by")
+    flat = horizon.long_run_verdict([260] * STEPS, [], []).verdicts[2]
+    assert not flat.grows and flat.message.startswith("execute time judged raw: no reference timing; execute time flat")

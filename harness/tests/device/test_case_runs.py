@@ -133,6 +133,31 @@ def test_repeats_run_the_plan_cycled_beside_the_reference_program_and_the_checks
     assert len(repeats) == 2
 
 
+def _driven_outcome(tmp_path: Path, driver: str) -> CaseOutcome:
+    from fixtures import drivers as driver_cards  # noqa: F401  (registers the driven cards)
+    from harness.pipeline import drivers
+
+    card = cards.find("fixtures.drivers:drv_counter")
+    case = Case(card, "fp16", Mode.DELEGATE, "SM8650", driver=driver)
+    plan = drivers.of_case(case)
+    artifact = LoweredArtifact(case.lowering, tmp_path / "lowered", LoweringFacts(), "", 0.0)
+    return CaseOutcome(case, plan.inputs(card.drive), artifact, drivers.run_eager(card, plan))
+
+
+def test_the_long_drivers_run_is_timed_beside_the_reference_program_and_no_other_case_is(tmp_path, monkeypatch):
+    """The horizon check judges the long run's execute time against the reference program's (harness/horizon.py):
+    its request carries it; any other case's, driven or not, does not; with none lowered, none."""
+    reference = tmp_path / "reference.pte"
+    monkeypatch.setattr(CaseStore, "_reference_program", lambda self, soc: reference)
+    store, long = _store(tmp_path), _driven_outcome(tmp_path, "long")
+    assert store._device_runs(long).run.reference == reference
+    assert len(store._device_runs(long).run.steps) > 256, "the whole long plan, not cycled or cut"
+    for other in (_driven_outcome(tmp_path, "reset"), _outcome(tmp_path)):
+        assert store._device_runs(other).run.reference is None, other.case.id
+    monkeypatch.setattr(CaseStore, "_reference_program", lambda self, soc: None)
+    assert store._device_runs(long).run.reference is None
+
+
 def test_a_failed_repeat_is_noted_in_its_own_field_not_the_device_log(tmp_path, recorder, monkeypatch):
     outcome = _outcome(tmp_path)
     pool = recorder(outcome, failing=(f"{outcome.case.id}.repeat2",))
